@@ -1,0 +1,39 @@
+"""tarindex: tar shards as a fast random-access dataset for PyTorch.
+
+Importing this package never imports torch.
+"""
+
+from __future__ import annotations
+
+from .build import BuildReport, build_index, merge_indexes
+from .dataset import TarDataset
+from .errors import (
+    CorruptArchiveError,
+    DuplicateMemberError,
+    IndexFormatError,
+    IndexNotFoundError,
+    SampleNotFoundError,
+    ShardNotFoundError,
+    StaleIndexError,
+    TarIndexError,
+)
+from .index.reader import IndexReader
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BuildReport",
+    "CorruptArchiveError",
+    "DuplicateMemberError",
+    "IndexFormatError",
+    "IndexNotFoundError",
+    "IndexReader",
+    "SampleNotFoundError",
+    "ShardNotFoundError",
+    "StaleIndexError",
+    "TarDataset",
+    "TarIndexError",
+    "__version__",
+    "build_index",
+    "merge_indexes",
+]

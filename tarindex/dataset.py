@@ -1,0 +1,195 @@
+"""TarDataset: map-style access to indexed tar shards, one ``os.pread`` per sample."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from .decode import DecodeMode, Decoder
+from .errors import CorruptArchiveError, IndexNotFoundError, ShardNotFoundError, StaleIndexError
+from .index.reader import IndexReader
+from .shards import INDEX_SUFFIX, default_index_path, expand_shards
+
+__all__ = ["TarDataset"]
+
+Sample = dict[str, Any]
+
+
+def _resolve_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Path:
+    if isinstance(source, (str, os.PathLike)):
+        p = Path(source)
+        if p.suffix == INDEX_SUFFIX or p.is_file() and not str(p).endswith((".tar", ".tar.zst", ".tzst")):
+            return p
+    shards = expand_shards(source)
+    index = default_index_path(shards)
+    if not index.is_file():
+        raise IndexNotFoundError(f"{index}: no index beside these shards (build one with 'tarindex build')")
+    return index
+
+
+class TarDataset:
+    """Map-style dataset over indexed tar shards.
+
+    ``ds[i]`` does one index lookup (memoryviews over the LMDB map) and one
+    positional read of the sample's whole byte range, and returns a dict with
+    ``__key__``, ``__url__`` (the shard path), ``__index__`` and one entry per
+    extension (``bytes``, or decoded). Works with any sampler and with
+    ``DataLoader`` workers: the index and shard files open lazily in each
+    process, and pickling carries paths and options only.
+
+    Args:
+        source: an index file, or shards (list, glob or brace pattern) with the
+            default index beside them.
+        decode: image decoding (``"pil"``, ``"numpy"``, ``"torch"``); ``None``
+            keeps images as bytes. Other known extensions are decoded whenever
+            ``decode`` or ``decoders`` is given.
+        decoders: custom ``{extension: fn(bytes) -> value}``.
+        transform: applied to each sample dict after decoding.
+        allow_pickle: decode pickle-based members. Never for untrusted shards.
+        max_open_files: bound on open shard files per process (LRU).
+
+    Raises:
+        IndexNotFoundError: no index at ``source`` or beside the shards.
+        IndexFormatError: the file is not a tarindex index.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+        *,
+        decode: DecodeMode | None = None,
+        decoders: Mapping[str, Callable[[bytes], Any]] | None = None,
+        transform: Callable[[Sample], Any] | None = None,
+        allow_pickle: bool = False,
+        max_open_files: int = 64,
+    ) -> None:
+        self.index_path = _resolve_index(source)
+        self.index = IndexReader(self.index_path)
+        self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
+        self.transform = transform
+        self.max_open_files = max(1, max_open_files)
+        self._pid = -1
+        self._n = self.index.n_samples
+        self.urls = [str(self.index.shard_path(i)) for i in range(len(self.index.shards))]
+
+    # -- per-process state ----------------------------------------------------
+    def _attach(self) -> None:
+        """Open this process's view: columns, no file handles yet."""
+        ix = self.index
+        self._s_shard = ix.column("sample_shard")
+        self._s_off = ix.column("sample_offset")
+        self._s_size = ix.column("sample_size")
+        self._s_mem = ix.column("sample_member")
+        self._m_ext = ix.column("member_ext")
+        self._m_off = ix.column("member_offset")
+        self._m_size = ix.column("member_size")
+        self._k_off = ix.column("key_offset")
+        self._k_blob = ix.column("key_blob")
+        self._exts = ix.exts
+        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._lru = len(ix.shards) > self.max_open_files
+        self._pid = os.getpid()
+
+    def _open_shard(self, shard: int) -> int:
+        path = self.urls[shard]
+        info = self.index.shards[shard]
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise ShardNotFoundError(f"{path}: shard named by {self.index_path} is missing") from exc
+        st = os.fstat(fd)
+        if st.st_size != info.size or st.st_mtime_ns != info.mtime_ns:
+            os.close(fd)
+            what = (
+                f"size {info.size} -> {st.st_size}" if st.st_size != info.size else f"mtime {info.mtime_ns} -> {st.st_mtime_ns}"
+            )
+            raise StaleIndexError(path, what)
+        fds = self._fds
+        while len(fds) >= self.max_open_files:
+            os.close(fds.popitem(last=False)[1])
+        fds[shard] = fd
+        return fd
+
+    def close(self) -> None:
+        """Close this process's shard files (they reopen on demand)."""
+        if self._pid == os.getpid():
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k in ("_n",)}
+        state["_pid"] = -1
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    # -- access ---------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._n
+
+    def read(self, i: int) -> Sample:
+        """Sample ``i`` as raw bytes per extension (no decoding, no transform)."""
+        if self._pid != os.getpid():
+            self._attach()
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"sample {i} out of range for {self._n} samples")
+        shard = self._s_shard[i]
+        fd = self._fds.get(shard)
+        if fd is None:
+            fd = self._open_shard(shard)
+        elif self._lru:
+            self._fds.move_to_end(shard)
+        size = self._s_size[i]
+        buf = os.pread(fd, size, self._s_off[i])
+        if len(buf) != size:
+            raise CorruptArchiveError(self.urls[shard], self._s_off[i] + len(buf), "sample runs past the end of the shard")
+        k = self._k_off
+        sample: Sample = {
+            "__key__": bytes(self._k_blob[k[i] : k[i + 1]]).decode("utf-8", "surrogateescape"),
+            "__url__": self.urls[shard],
+            "__index__": i,
+        }
+        exts, m_ext, m_off, m_size = self._exts, self._m_ext, self._m_off, self._m_size
+        for j in range(self._s_mem[i], self._s_mem[i + 1]):
+            o = m_off[j]
+            sample[exts[m_ext[j]]] = buf[o : o + m_size[j]]
+        return sample
+
+    def __getitem__(self, i: int) -> Any:
+        sample = self.read(i)
+        if self.decoder is not None:
+            sample = self.decoder(sample)
+        return self.transform(sample) if self.transform is not None else sample
+
+    def get(self, key: str) -> Any:
+        """The sample with ``key`` (the first one, if several share it).
+
+        Raises:
+            SampleNotFoundError: no sample has this key.
+        """
+        return self[self.index.lookup(key)]
+
+    def keys(self) -> Iterator[str]:
+        """Every sample's key, in index order."""
+        for i in range(self._n):
+            yield self.index.key(i)
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(self._n):
+            yield self[i]
+
+    def __repr__(self) -> str:
+        return f"TarDataset({str(self.index_path)!r}, samples={self._n}, shards={len(self.urls)})"

@@ -1,0 +1,71 @@
+"""Every exception and warning raised by tarindex."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptArchiveError",
+    "DuplicateMemberError",
+    "IndexFormatError",
+    "IndexNotFoundError",
+    "SampleNotFoundError",
+    "ShardNotFoundError",
+    "StaleIndexError",
+    "TarIndexError",
+    "TarIndexWarning",
+]
+
+
+class TarIndexError(Exception):
+    """Base class of every tarindex error."""
+
+
+class TarIndexWarning(UserWarning):
+    """Base class of every tarindex warning."""
+
+
+class CorruptArchiveError(TarIndexError, ValueError):
+    """A shard is not a valid tar archive at some byte offset."""
+
+    def __init__(self, path: str, offset: int, what: str) -> None:
+        self.path = str(path)
+        self.offset = offset
+        self.what = what
+        super().__init__(f"{path}: {what} at offset {offset}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # survive worker processes
+        return (type(self), (self.path, self.offset, self.what))
+
+
+class DuplicateMemberError(CorruptArchiveError):
+    """Two members of one sample share an extension."""
+
+
+class IndexNotFoundError(TarIndexError, FileNotFoundError):
+    """No index exists where one was expected."""
+
+
+class ShardNotFoundError(TarIndexError, FileNotFoundError):
+    """A shard named by the user or by an index does not exist."""
+
+
+class IndexFormatError(TarIndexError, ValueError):
+    """A file is not a tarindex index, or has an unsupported format version."""
+
+
+class StaleIndexError(TarIndexError):
+    """A shard changed after it was indexed."""
+
+    def __init__(self, path: str, changed: str) -> None:
+        self.path = str(path)
+        self.changed = changed
+        super().__init__(f"{path}: shard changed since it was indexed ({changed}); rebuild the index")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (self.path, self.changed))
+
+
+class SampleNotFoundError(TarIndexError, KeyError):
+    """A key or sample number is not in the index."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else ""

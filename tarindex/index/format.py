@@ -1,0 +1,126 @@
+"""Index layout: LMDB keys, column types, ``FORMAT_VERSION`` and per-shard records.
+
+See ``docs/design.md`` ("Index layout") for the table of keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..samples import SampleRecord
+
+__all__ = ["COLUMNS", "FORMAT_VERSION", "MAGIC", "ShardInfo", "ShardTable"]
+
+FORMAT_VERSION = 1
+MAGIC = "tarindex"
+META_KEY = b"meta"
+KEY_PREFIX = b"key/"
+COL_PREFIX = b"col/"
+
+#: Column name -> dtype. Every column is one little-endian array.
+COLUMNS: dict[str, str] = {
+    "shard_start": "<u8",
+    "sample_shard": "<u4",
+    "sample_offset": "<u8",
+    "sample_size": "<u8",
+    "sample_member": "<u8",
+    "member_ext": "<u2",
+    "member_offset": "<u8",
+    "member_size": "<u8",
+    "key_offset": "<u8",
+    "key_blob": "u1",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """What the index records about one shard."""
+
+    path: str
+    """Path relative to the index's directory (absolute if on another drive)."""
+    size: int
+    """File size in bytes when indexed."""
+    mtime_ns: int
+    """Modification time in nanoseconds when indexed."""
+    fingerprint: str
+    """Hex digest of the size and the first and last 64 KiB."""
+    n_samples: int
+    """Number of samples."""
+    n_members: int
+    """Number of members that belong to samples."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ShardInfo:
+        return cls(**obj)
+
+
+@dataclass(slots=True)
+class ShardTable:
+    """The offset tables of one shard, as produced by a scan (or cut from an index)."""
+
+    sample_offset: np.ndarray
+    """uint64 per sample: offset of its first header."""
+    sample_size: np.ndarray
+    """uint64 per sample: whole byte range."""
+    sample_nmembers: np.ndarray
+    """uint32 per sample: member count."""
+    member_ext: np.ndarray
+    """uint16 per member: index into ``exts``."""
+    member_offset: np.ndarray
+    """uint64 per member: data offset relative to its sample's start."""
+    member_size: np.ndarray
+    """uint64 per member: data size."""
+    keys: list[str]
+    """Key per sample."""
+    exts: list[str] = field(default_factory=list)
+    """Extension table the ``member_ext`` values index."""
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.keys)
+
+    @property
+    def n_members(self) -> int:
+        return len(self.member_ext)
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[SampleRecord]) -> ShardTable:
+        """Pack sample records into arrays."""
+        s_off: list[int] = []
+        s_size: list[int] = []
+        s_n: list[int] = []
+        keys: list[str] = []
+        m_ext: list[int] = []
+        m_off: list[int] = []
+        m_size: list[int] = []
+        ext_ids: dict[str, int] = {}
+        for rec in samples:
+            keys.append(rec.key)
+            s_off.append(rec.offset)
+            s_size.append(rec.size)
+            s_n.append(len(rec.members))
+            base = rec.offset
+            for ext, off, size in rec.members:
+                eid = ext_ids.get(ext)
+                if eid is None:
+                    eid = ext_ids[ext] = len(ext_ids)
+                m_ext.append(eid)
+                m_off.append(off - base)
+                m_size.append(size)
+        return cls(
+            np.array(s_off, np.uint64),
+            np.array(s_size, np.uint64),
+            np.array(s_n, np.uint32),
+            np.array(m_ext, np.uint16),
+            np.array(m_off, np.uint64),
+            np.array(m_size, np.uint64),
+            keys,
+            list(ext_ids),
+        )

@@ -1,0 +1,204 @@
+"""Read an index: lazy per-process LMDB, zero-copy columns, key lookup.
+
+Importing this module, or opening an index, never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from ..errors import IndexFormatError, IndexNotFoundError, SampleNotFoundError
+from .format import COL_PREFIX, COLUMNS, FORMAT_VERSION, KEY_PREFIX, MAGIC, META_KEY, ShardInfo, ShardTable
+
+__all__ = ["IndexReader"]
+
+_MV_FORMAT = {"<u8": "Q", "<u4": "I", "<u2": "H", "u1": "B"}
+
+
+class IndexReader:
+    """A read-only view of one index file.
+
+    The LMDB environment opens lazily in each process (after ``fork`` a child
+    opens its own) and keeps one read transaction, so columns are memoryviews
+    over LMDB's memory map: opening costs the same for any number of samples.
+    Pickles by path.
+
+    Raises:
+        IndexNotFoundError: the file does not exist.
+        IndexFormatError: the file is not a tarindex index or has another format version.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._pid = -1
+        self._env: Any = None
+        self._txn: Any = None
+        self._cols: dict[str, memoryview] = {}
+        self._open()
+
+    # -- process-local state -------------------------------------------------
+    def _open(self) -> None:
+        if not self.path.is_file():
+            raise IndexNotFoundError(f"{self.path}: no index here (build one with 'tarindex build')")
+        try:
+            env = lmdb.open(
+                str(self.path), subdir=False, readonly=True, lock=False, max_dbs=0, readahead=False
+            )
+        except lmdb.Error as exc:
+            raise IndexFormatError(f"{self.path}: not a tarindex index ({exc})") from exc
+        txn = env.begin(buffers=True)
+        raw = txn.get(META_KEY)
+        try:
+            meta = json.loads(bytes(raw)) if raw is not None else None
+        except ValueError:
+            meta = None
+        if not isinstance(meta, dict) or meta.get("magic") != MAGIC:
+            txn.abort()
+            env.close()
+            raise IndexFormatError(f"{self.path}: an LMDB file, but not a tarindex index")
+        if meta.get("format_version") != FORMAT_VERSION:
+            txn.abort()
+            env.close()
+            raise IndexFormatError(
+                f"{self.path}: index format version {meta.get('format_version')}, "
+                f"this tarindex reads version {FORMAT_VERSION}; rebuild the index"
+            )
+        self._env, self._txn, self._pid = env, txn, os.getpid()
+        self._cols = {}
+        self.__dict__.setdefault("meta", meta)
+
+    def _txn_here(self) -> Any:
+        if self._pid != os.getpid():
+            self._open()
+        return self._txn
+
+    def column(self, name: str) -> memoryview:
+        """One column as a typed memoryview over the LMDB map (no copy)."""
+        if self._pid != os.getpid():
+            self._open()
+        col = self._cols.get(name)
+        if col is None:
+            raw = self._txn.get(COL_PREFIX + name.encode())
+            if raw is None:
+                raise IndexFormatError(f"{self.path}: index has no column {name!r}")
+            col = self._cols[name] = raw.cast(_MV_FORMAT[COLUMNS[name]])
+        return col
+
+    def array(self, name: str) -> np.ndarray:
+        """One column as a read-only numpy array (no copy)."""
+        return np.frombuffer(self.column(name), COLUMNS[name])
+
+    def close(self) -> None:
+        """Release the LMDB environment of this process (reopened on next use)."""
+        if self._pid == os.getpid() and self._env is not None:
+            self._cols = {}
+            self._txn.abort()
+            self._env.close()
+        self._env = self._txn = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- metadata ------------------------------------------------------------
+    meta: dict[str, Any]
+
+    @cached_property
+    def shards(self) -> list[ShardInfo]:
+        """Shard records, in index order."""
+        return [ShardInfo.from_json(s) for s in self.meta["shards"]]
+
+    @cached_property
+    def exts(self) -> list[str]:
+        """Extension table."""
+        return list(self.meta["exts"])
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.meta["n_samples"])
+
+    @property
+    def n_members(self) -> int:
+        return int(self.meta["n_members"])
+
+    @property
+    def duplicate_keys(self) -> int:
+        """Samples whose key already belongs to an earlier sample."""
+        return int(self.meta["duplicate_keys"])
+
+    def __len__(self) -> int:
+        return self.n_samples
+
+    def shard_path(self, shard: int) -> Path:
+        """Absolute path of a shard."""
+        return self.path.parent / self.shards[shard].path
+
+    # -- samples -------------------------------------------------------------
+    def key(self, i: int) -> str:
+        """Key of sample ``i``."""
+        offs = self.column("key_offset")
+        return bytes(self.column("key_blob")[offs[i] : offs[i + 1]]).decode("utf-8", "surrogateescape")
+
+    def lookup(self, key: str) -> int:
+        """Sample number of ``key``; with duplicate keys, the first sample that has it.
+
+        Raises:
+            SampleNotFoundError: no sample has this key.
+        """
+        raw = self._txn_here().get(KEY_PREFIX + key.encode("utf-8", "surrogateescape"))
+        if raw is None:
+            raise SampleNotFoundError(f"{self.path}: no sample with key {key!r}")
+        return int.from_bytes(raw, "little")
+
+    def shard_of(self, i: int) -> int:
+        """Shard number of sample ``i``."""
+        return int(self.column("sample_shard")[i])
+
+    def members(self, i: int) -> list[tuple[str, int, int]]:
+        """``(extension, offset relative to the sample, size)`` of each member of sample ``i``."""
+        first = self.column("sample_member")
+        ext, off, size = self.column("member_ext"), self.column("member_offset"), self.column("member_size")
+        exts = self.exts
+        return [(exts[ext[j]], off[j], size[j]) for j in range(first[i], first[i + 1])]
+
+    def shard_table(self, shard: int) -> ShardTable:
+        """Cut one shard's tables out of the index (for incremental builds and merges)."""
+        starts = self.array("shard_start")
+        lo, hi = int(starts[shard]), int(starts[shard + 1])
+        first = self.array("sample_member")
+        m_lo, m_hi = int(first[lo]), int(first[hi])
+        exts_used, local = np.unique(self.array("member_ext")[m_lo:m_hi], return_inverse=True)
+        key_off = self.array("key_offset")
+        blob = self.array("key_blob")[int(key_off[lo]) : int(key_off[hi])].tobytes()
+        rel = (key_off[lo : hi + 1] - key_off[lo]).tolist()
+        keys = [blob[rel[k] : rel[k + 1]].decode("utf-8", "surrogateescape") for k in range(hi - lo)]
+        return ShardTable(
+            self.array("sample_offset")[lo:hi].copy(),
+            self.array("sample_size")[lo:hi].copy(),
+            np.diff(first[lo : hi + 1]).astype(np.uint32),
+            local.astype(np.uint16),
+            self.array("member_offset")[m_lo:m_hi].copy(),
+            self.array("member_size")[m_lo:m_hi].copy(),
+            keys,
+            [self.exts[e] for e in exts_used.tolist()],
+        )
+
+    def file_size(self) -> int:
+        """Size of the index file in bytes."""
+        return self.path.stat().st_size

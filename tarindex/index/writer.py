@@ -1,0 +1,136 @@
+"""Write an index: every column at once into a temporary LMDB file, then rename."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from types import TracebackType
+
+import lmdb
+import numpy as np
+
+from .format import COL_PREFIX, COLUMNS, FORMAT_VERSION, KEY_PREFIX, MAGIC, META_KEY, ShardInfo, ShardTable
+
+__all__ = ["IndexWriter"]
+
+
+class IndexWriter:
+    """Collect shard tables and write them as one index file.
+
+    A context manager: the index is written to a temporary name beside
+    ``path`` and renamed over ``path`` only on a clean exit, so an interrupted
+    or failed write leaves any previous index untouched.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._shards: list[tuple[ShardInfo, ShardTable]] = []
+
+    def add(self, info: ShardInfo, table: ShardTable) -> None:
+        """Append one shard (in index order)."""
+        self._shards.append((info, table))
+
+    def __enter__(self) -> IndexWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.write()
+
+    def _columns(self) -> tuple[dict[str, np.ndarray], list[str]]:
+        exts: dict[str, int] = {}
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in COLUMNS}
+        counts = [0]
+        member_base = 0
+        key_chunks: list[bytes] = []
+        key_lengths: list[int] = []
+        for shard_id, (_, table) in enumerate(self._shards):
+            remap = np.array([exts.setdefault(e, len(exts)) for e in table.exts] or [0], np.uint16)
+            n = table.n_samples
+            counts.append(counts[-1] + n)
+            parts["sample_shard"].append(np.full(n, shard_id, np.uint32))
+            parts["sample_offset"].append(table.sample_offset)
+            parts["sample_size"].append(table.sample_size)
+            starts = np.cumsum(table.sample_nmembers, dtype=np.uint64) - table.sample_nmembers
+            parts["sample_member"].append(starts + np.uint64(member_base))
+            member_base += table.n_members
+            parts["member_ext"].append(remap[table.member_ext])
+            parts["member_offset"].append(table.member_offset)
+            parts["member_size"].append(table.member_size)
+            for key in table.keys:
+                raw = key.encode("utf-8", "surrogateescape")
+                key_chunks.append(raw)
+                key_lengths.append(len(raw))
+        parts["sample_member"].append(np.array([member_base], np.uint64))
+        parts["shard_start"].append(np.array(counts, np.uint64))
+        key_offset = np.zeros(len(key_lengths) + 1, np.uint64)
+        np.cumsum(np.array(key_lengths, np.uint64), out=key_offset[1:])
+        parts["key_offset"].append(key_offset)
+        parts["key_blob"].append(np.frombuffer(b"".join(key_chunks), np.uint8))
+        cols = {
+            name: np.concatenate(chunks).astype(COLUMNS[name], copy=False)
+            if chunks
+            else np.zeros(0, COLUMNS[name])
+            for name, chunks in parts.items()
+        }
+        return cols, list(exts)
+
+    def _meta(self, exts: list[str], n_samples: int, n_members: int, duplicates: int) -> bytes:
+        meta = {
+            "magic": MAGIC,
+            "format_version": FORMAT_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "exts": exts,
+            "n_samples": n_samples,
+            "n_members": n_members,
+            "duplicate_keys": duplicates,
+            "shards": [info.to_json() for info, _ in self._shards],
+        }
+        return json.dumps(meta, separators=(",", ":")).encode()
+
+    def write(self) -> Path:
+        """Write the index atomically and return its path."""
+        cols, exts = self._columns()
+        n_samples = len(cols["sample_offset"])
+        keys = self._key_entries(cols)
+        data_bytes = sum(c.nbytes for c in cols.values()) + sum(len(k) + 16 for k, _ in keys)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        try:
+            env = lmdb.open(
+                str(tmp),
+                subdir=False,
+                lock=False,
+                map_size=max(2 * data_bytes + (64 << 20), 1 << 26),
+                max_dbs=0,
+                sync=True,
+            )
+            try:
+                with env.begin(write=True) as txn:
+                    for name, arr in cols.items():
+                        txn.put(COL_PREFIX + name.encode(), arr.tobytes())
+                    duplicates = n_samples - len(keys)
+                    txn.put(META_KEY, self._meta(exts, n_samples, len(cols["member_ext"]), duplicates))
+                    with txn.cursor() as cur:
+                        cur.putmulti(keys, dupdata=False, overwrite=False, append=True)
+            finally:
+                env.close()
+            os.replace(tmp, self.path)
+        finally:
+            for leftover in (tmp, Path(str(tmp) + "-lock")):
+                leftover.unlink(missing_ok=True)
+        return self.path
+
+    @staticmethod
+    def _key_entries(cols: dict[str, np.ndarray]) -> list[tuple[bytes, bytes]]:
+        """Sorted, de-duplicated ``key/<key> -> sample`` entries; the first sample wins."""
+        blob = cols["key_blob"].tobytes()
+        offs = cols["key_offset"].tolist()
+        first: dict[bytes, int] = {}
+        for i in range(len(offs) - 1):
+            first.setdefault(blob[offs[i] : offs[i + 1]], i)
+        return [(KEY_PREFIX + k, v.to_bytes(8, "little")) for k, v in sorted(first.items())]

@@ -1,0 +1,84 @@
+"""Members -> samples, by WebDataset's key rules.
+
+A member ``dir/000123.seg.png`` has key ``dir/000123`` (path up to the first
+dot of the base name, directory kept) and extension ``seg.png`` (the rest,
+lower-cased). Consecutive members with the same key form one sample. Names
+without a dot in the base name, or with a base name that starts with a dot,
+are not part of any sample, and neither are WebDataset metadata files
+(``__name__`` at the top level, or paths matching ``__*__/``). This is
+exactly what ``webdataset``'s reader does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from .errors import DuplicateMemberError
+from .tar import BLOCK
+
+__all__ = ["SampleRecord", "group_members", "split_key"]
+
+_META = re.compile(r"__[^/]*__($|/)")
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """Split a member name into ``(key, extension)``; ``None`` if it has no key."""
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot <= slash:
+        return None
+    if name.find("/", dot) >= 0:  # cannot happen after rfind, kept for clarity of the rule
+        return None
+    return name[:dot], name[dot + 1 :].lower()
+
+
+def _is_meta(name: str) -> bool:
+    if "/" not in name and name.startswith("__") and name.endswith("__"):
+        return True
+    return _META.match(name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRecord:
+    """One sample: a run of members sharing a key."""
+
+    key: str
+    """The WebDataset key (path up to the first dot of the base name)."""
+    offset: int
+    """Offset of the first header block of the sample's first member."""
+    size: int
+    """Whole byte range: headers, data and padding of every member."""
+    members: tuple[tuple[str, int, int], ...]
+    """``(extension, data offset in the shard, data size)`` per member."""
+
+
+def group_members(members: Iterable[tuple[str, int, int, int]], path: str) -> Iterator[SampleRecord]:
+    """Group ``(name, header_offset, offset, size)`` tuples into samples.
+
+    Raises:
+        DuplicateMemberError: two members of one sample have the same extension.
+    """
+    key: str | None = None
+    start = end = 0
+    current: list[tuple[str, int, int]] = []
+    seen: set[str] = set()
+    for name, header_offset, offset, size in members:
+        split = split_key(name)
+        if split is None or _is_meta(name):
+            continue
+        k, ext = split
+        if k != key:
+            if key is not None:
+                yield SampleRecord(key, start, end - start, tuple(current))
+            key, start, current, seen = k, header_offset, [], set()
+        if ext in seen:
+            raise DuplicateMemberError(
+                path, header_offset, f"duplicate extension {ext!r} in sample {k!r} (member {name!r})"
+            )
+        seen.add(ext)
+        current.append((ext, offset, size))
+        end = offset + ((size + BLOCK - 1) & ~(BLOCK - 1))
+    if key is not None:
+        yield SampleRecord(key, start, end - start, tuple(current))

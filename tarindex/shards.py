@@ -1,0 +1,93 @@
+"""Shard arguments (paths, globs, brace patterns), default index paths, fingerprints."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from .errors import ShardNotFoundError
+
+__all__ = ["INDEX_SUFFIX", "default_index_path", "expand_braces", "expand_shards", "fingerprint"]
+
+INDEX_SUFFIX = ".tarindex"
+_RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)\}")
+_FINGERPRINT_SPAN = 64 << 10
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand ``{000..099}`` ranges (zero padding kept) and ``{a,b}`` lists, left to right."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if m is None:
+        return [pattern]
+    head, body, tail = pattern[: m.start()], m.group(1), pattern[m.end() :]
+    rng = _RANGE.fullmatch(m.group(0))
+    if rng is not None:
+        lo, hi = rng.group(1), rng.group(2)
+        width = len(lo) if lo.lstrip("-").startswith("0") or len(lo) == len(hi) else 0
+        step = 1 if int(hi) >= int(lo) else -1
+        items = [f"{v:0{width}d}" for v in range(int(lo), int(hi) + step, step)]
+    elif "," in body:
+        items = body.split(",")
+    else:
+        return [head + "{" + body + "}" + t for t in expand_braces(tail)]
+    return [head + item + rest for item in items for rest in expand_braces(tail)]
+
+
+def _is_url(s: str) -> bool:
+    return "://" in s or s.startswith("pipe:") or s == "-"
+
+
+def expand_shards(specs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *, must_exist: bool = True) -> list[str]:
+    """Turn paths, globs and brace patterns into a list of shard paths, in order.
+
+    Raises:
+        ShardNotFoundError: a path does not exist, or a glob matches nothing.
+    """
+    items = [specs] if isinstance(specs, (str, os.PathLike)) else list(specs)
+    out: list[str] = []
+    for spec in items:
+        for s in expand_braces(os.fspath(spec)):
+            if _is_url(s):
+                out.append(s)
+            elif glob.has_magic(s):
+                matches = sorted(glob.glob(s))
+                if not matches and must_exist:
+                    raise ShardNotFoundError(f"{s}: no shard matches this pattern")
+                out.extend(matches)
+            else:
+                if must_exist and not os.path.isfile(s):
+                    raise ShardNotFoundError(f"{s}: no such shard")
+                out.append(s)
+    return out
+
+
+def default_index_path(shards: list[str]) -> Path:
+    """The sidecar index of a shard set: ``<dir>/<common name prefix>.tarindex``.
+
+    ``data/train-000000.tar`` ... ``data/train-000099.tar`` -> ``data/train.tarindex``.
+    """
+    if not shards:
+        raise ShardNotFoundError("no shards given")
+    paths = [Path(s).absolute() for s in shards]
+    directory = Path(os.path.commonpath([str(p.parent) for p in paths]))
+    names = [p.name for p in paths]
+    stem = os.path.commonprefix(names) if len(names) > 1 else names[0].split(".", 1)[0]
+    stem = stem.split(".", 1)[0]
+    if len(names) > 1:
+        stem = stem.rstrip("0123456789")
+    stem = stem.rstrip("-_.") or "shards"
+    return directory / (stem + INDEX_SUFFIX)
+
+
+def fingerprint(fd: int, size: int) -> str:
+    """Hex digest of a shard's size and its first and last 64 KiB."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(size.to_bytes(8, "little"))
+    h.update(os.pread(fd, _FINGERPRINT_SPAN, 0))
+    if size > _FINGERPRINT_SPAN:
+        h.update(os.pread(fd, _FINGERPRINT_SPAN, max(_FINGERPRINT_SPAN, size - _FINGERPRINT_SPAN)))
+    return h.hexdigest()
