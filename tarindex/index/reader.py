@@ -22,6 +22,73 @@ __all__ = ["IndexReader"]
 _MV_FORMAT = {"<u8": "Q", "<u4": "I", "<u2": "H", "u1": "B"}
 
 
+class _Env:
+    """One LMDB environment and read transaction per index file per process.
+
+    LMDB forbids opening one environment twice in a process, so readers of the
+    same file share it (reference counted). Keyed by inode: a rebuilt index
+    (a new file renamed over the old) gets a new environment.
+    """
+
+    def __init__(self, key: tuple[int, int], path: Path) -> None:
+        try:
+            self.env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=0, readahead=False)
+        except lmdb.Error as exc:
+            raise IndexFormatError(f"{path}: not a tarindex index ({exc})") from exc
+        self.key, self.refs = key, 0
+        self.txn = self.env.begin(buffers=True)
+        try:
+            self.meta = _check_meta(path, self.txn.get(META_KEY))
+        except IndexFormatError:
+            self.close()
+            raise
+
+    def release(self) -> None:
+        self.refs -= 1
+        if self.refs <= 0:
+            _ENVS.pop(self.key, None)
+            self.close()
+
+    def close(self) -> None:
+        self.txn.abort()
+        self.env.close()
+
+
+_ENVS: dict[tuple[int, int], _Env] = {}
+_ENVS_PID = os.getpid()
+
+
+def _acquire(path: Path) -> _Env:
+    global _ENVS_PID
+    if _ENVS_PID != os.getpid():  # inherited through fork: close the parent's, open our own
+        for handle in list(_ENVS.values()):
+            handle.close()
+        _ENVS.clear()
+        _ENVS_PID = os.getpid()
+    st = path.stat()
+    key = (st.st_dev, st.st_ino)
+    handle = _ENVS.get(key)
+    if handle is None:
+        handle = _ENVS[key] = _Env(key, path)
+    handle.refs += 1
+    return handle
+
+
+def _check_meta(path: Path, raw: Any) -> dict[str, Any]:
+    try:
+        meta = json.loads(bytes(raw)) if raw is not None else None
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict) or meta.get("magic") != MAGIC:
+        raise IndexFormatError(f"{path}: an LMDB file, but not a tarindex index")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise IndexFormatError(
+            f"{path}: index format version {meta.get('format_version')}, "
+            f"this tarindex reads version {FORMAT_VERSION}; rebuild the index"
+        )
+    return meta
+
+
 class IndexReader:
     """A read-only view of one index file.
 
@@ -38,41 +105,29 @@ class IndexReader:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._pid = -1
-        self._env: Any = None
+        self._handle: _Env | None = None
         self._txn: Any = None
         self._cols: dict[str, memoryview] = {}
         self._open()
 
     # -- process-local state -------------------------------------------------
     def _open(self) -> None:
+        self._release()
         if not self.path.is_file():
             raise IndexNotFoundError(f"{self.path}: no index here (build one with 'tarindex build')")
-        try:
-            env = lmdb.open(
-                str(self.path), subdir=False, readonly=True, lock=False, max_dbs=0, readahead=False
-            )
-        except lmdb.Error as exc:
-            raise IndexFormatError(f"{self.path}: not a tarindex index ({exc})") from exc
-        txn = env.begin(buffers=True)
-        raw = txn.get(META_KEY)
-        try:
-            meta = json.loads(bytes(raw)) if raw is not None else None
-        except ValueError:
-            meta = None
-        if not isinstance(meta, dict) or meta.get("magic") != MAGIC:
-            txn.abort()
-            env.close()
-            raise IndexFormatError(f"{self.path}: an LMDB file, but not a tarindex index")
-        if meta.get("format_version") != FORMAT_VERSION:
-            txn.abort()
-            env.close()
-            raise IndexFormatError(
-                f"{self.path}: index format version {meta.get('format_version')}, "
-                f"this tarindex reads version {FORMAT_VERSION}; rebuild the index"
-            )
-        self._env, self._txn, self._pid = env, txn, os.getpid()
+        handle = _acquire(self.path)
+        meta = handle.meta
+        self._handle, self._txn, self._pid = handle, handle.txn, os.getpid()
         self._cols = {}
         self.__dict__.setdefault("meta", meta)
+
+    def _release(self) -> None:
+        handle = self.__dict__.get("_handle")
+        self._handle = None
+        self._cols = {}
+        self._txn = None
+        if handle is not None and self._pid == os.getpid():
+            handle.release()
 
     def _txn_here(self) -> Any:
         if self._pid != os.getpid():
@@ -97,11 +152,7 @@ class IndexReader:
 
     def close(self) -> None:
         """Release the LMDB environment of this process (reopened on next use)."""
-        if self._pid == os.getpid() and self._env is not None:
-            self._cols = {}
-            self._txn.abort()
-            self._env.close()
-        self._env = self._txn = None
+        self._release()
         self._pid = -1
 
     def __getstate__(self) -> dict[str, Any]:

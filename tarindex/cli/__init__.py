@@ -1,0 +1,1 @@
+"""The ``tarindex`` command line (click). Imports nothing heavy at start-up."""

@@ -1,0 +1,45 @@
+"""``tarindex get``."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..dataset import TarDataset
+from ..errors import SampleNotFoundError
+from ._common import open_index
+
+
+@click.command("get")
+@click.argument("index")
+@click.argument("sample")
+@click.option("--ext", help="Member extension (required when the sample has several members).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout).")
+@click.option("-n", "--number", is_flag=True, help="SAMPLE is a sample number, not a key.")
+def command(index: str, sample: str, ext: str | None, output: str | None, number: bool) -> None:
+    """Write a member of SAMPLE (a key, or a number with -n) from INDEX."""
+    ds = TarDataset(open_index(index).path)
+    if number:
+        try:
+            i = int(sample)
+        except ValueError:
+            raise click.BadParameter(f"{sample!r} is not a number", param_hint="SAMPLE") from None
+        if not 0 <= i < len(ds):
+            raise SampleNotFoundError(f"{ds.index_path}: no sample {i} (index has {len(ds)})")
+    else:
+        i = ds.index.lookup(sample)
+    rec = ds.read(i)
+    exts = [k for k in rec if not k.startswith("__")]
+    if ext is None:
+        if len(exts) != 1:
+            raise click.UsageError(f"sample {rec['__key__']!r} has members {', '.join(exts)}: choose one with --ext")
+        ext = exts[0]
+    if ext not in rec:
+        raise SampleNotFoundError(f"{ds.index_path}: sample {rec['__key__']!r} has no {ext!r} (has {', '.join(exts)})")
+    if output:
+        with open(output, "wb") as f:
+            f.write(rec[ext])
+    else:
+        sys.stdout.buffer.write(rec[ext])
+        sys.stdout.buffer.flush()

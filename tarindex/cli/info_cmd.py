@@ -1,0 +1,45 @@
+"""``tarindex info``."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import click
+
+from ._common import human, open_index
+
+
+@click.command("info")
+@click.argument("index")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def command(index: str, as_json: bool) -> None:
+    """Summarise INDEX (an index file, or the shards it sits beside)."""
+    ix = open_index(index)
+    counts = Counter(ix.array("member_ext").tolist())
+    exts = {ix.exts[e]: n for e, n in sorted(counts.items(), key=lambda kv: -kv[1])}
+    data_bytes = int(ix.array("sample_size").sum(dtype="u8"))
+    summary = {
+        "index": str(ix.path),
+        "format_version": ix.meta["format_version"],
+        "created": ix.meta["created"],
+        "shards": len(ix.shards),
+        "samples": ix.n_samples,
+        "members": ix.n_members,
+        "sample_bytes": data_bytes,
+        "shard_bytes": sum(s.size for s in ix.shards),
+        "index_bytes": ix.file_size(),
+        "duplicate_keys": ix.duplicate_keys,
+        "extensions": exts,
+    }
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"index:          {summary['index']} (format {summary['format_version']}, {human(summary['index_bytes'])})")
+    click.echo(f"created:        {summary['created']}")
+    click.echo(f"shards:         {summary['shards']} ({human(summary['shard_bytes'])})")
+    click.echo(f"samples:        {summary['samples']} ({human(data_bytes)})")
+    click.echo(f"members:        {summary['members']}")
+    dup = summary["duplicate_keys"]
+    click.echo(f"duplicate keys: {dup}" + (" (lookup by key returns the first sample)" if dup else ""))
+    click.echo("extensions:     " + ", ".join(f"{e} {n}" for e, n in exts.items()))
