@@ -135,26 +135,28 @@ def verify_checksums(buf: Buffer, offsets: list[int], path: str) -> None:
     Raises:
         CorruptArchiveError: on the first block whose checksum is wrong.
     """
+    bad = _first_bad_checksum(buf, offsets)
+    if bad is not None:  # raised here, once no numpy view of ``buf`` is alive
+        raise _checksum_error(path, bad, buf[bad : bad + BLOCK])
+
+
+def _first_bad_checksum(buf: Buffer, offsets: list[int]) -> int | None:
     if not offsets:
-        return
+        return None
     arr = np.frombuffer(buf, np.uint8)  # type: ignore[call-overload]
-    try:
-        nblocks = len(arr) // BLOCK
-        blocks = arr[: nblocks * BLOCK].reshape(nblocks, BLOCK)
-        rows = np.asarray(offsets, np.int64) // BLOCK
-        for start in range(0, len(rows), 16384):
-            chunk = blocks[rows[start : start + 16384]]
-            sums = chunk.sum(axis=1, dtype=np.int64) - chunk[:, 148:156].sum(axis=1, dtype=np.int64) + 256
-            stored = np.array([_stored(buf, int(r) * BLOCK) for r in rows[start : start + 16384]], np.int64)
-            for bad in np.flatnonzero(sums != stored):
-                pos = int(rows[start + bad]) * BLOCK
-                block = buf[pos : pos + BLOCK]
-                if not _checksum_ok(block):  # the signed variant may still match
-                    raise _checksum_error(path, pos, block)
-            del chunk
-        del blocks
-    finally:
-        del arr
+    nblocks = len(arr) // BLOCK
+    blocks = arr[: nblocks * BLOCK].reshape(nblocks, BLOCK)
+    rows = np.asarray(offsets, np.int64) // BLOCK
+    step = 16384
+    for start in range(0, len(rows), step):
+        chunk = blocks[rows[start : start + step]]
+        sums = chunk.sum(axis=1, dtype=np.int64) - chunk[:, 148:156].sum(axis=1, dtype=np.int64) + 256
+        stored = np.array([_stored(buf, int(r) * BLOCK) for r in rows[start : start + step]], np.int64)
+        for j in np.flatnonzero(sums != stored).tolist():
+            pos = int(rows[start + j]) * BLOCK
+            if not _checksum_ok(buf[pos : pos + BLOCK]):  # the signed variant may still match
+                return pos
+    return None
 
 
 def _stored(buf: Buffer, pos: int) -> int:

@@ -113,10 +113,12 @@ class IndexWriter:
                 with env.begin(write=True) as txn:
                     for name, arr in cols.items():
                         txn.put(COL_PREFIX + name.encode(), arr.tobytes())
+                    with txn.cursor() as cur:  # "key/..." sorts after every "col/..." key
+                        _, added = cur.putmulti(keys, dupdata=False, overwrite=False, append=True)
+                    if added != len(keys):
+                        raise RuntimeError(f"{self.path}: wrote {added} of {len(keys)} key entries")
                     duplicates = n_samples - len(keys)
                     txn.put(META_KEY, self._meta(exts, n_samples, len(cols["member_ext"]), duplicates))
-                    with txn.cursor() as cur:
-                        cur.putmulti(keys, dupdata=False, overwrite=False, append=True)
             finally:
                 env.close()
             os.replace(tmp, self.path)
