@@ -1,0 +1,150 @@
+"""Shared fixtures: real tar shards made with GNU tar, Python tarfile and webdataset."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+LONG_DIR = "d" * 60 + "/" + "e" * 60  # 121 chars: needs ustar prefix, GNU L or PAX path
+
+
+def file_specs(fmt: str) -> list[tuple[str, bytes]]:
+    """(name, data) pairs covering the awkward cases; ustar-safe when fmt == 'ustar'."""
+    long_base = "f" * 110 if fmt != "ustar" else "short"
+    specs = [
+        ("sample000.txt", b"hello"),
+        ("sample000.json", b'{"a": 1}'),
+        ("sample001.seg.png", bytes(range(256)) * 3),  # 768 bytes, not a multiple of 512
+        ("sample001.cls", b"7"),
+        ("sample002.empty", b""),
+        ("sample002.bin", os.urandom(1000)),
+        ("sub/dir/sample003.txt", b"in a subdirectory"),
+        ("sub/dir/sample003.a.b.c", b"x" * 513),
+        (f"{LONG_DIR}/{long_base}.txt", b"long name" * 100),
+        (f"{LONG_DIR}/{long_base}.cls", b"3"),
+        ("ünïcødé/样本004.txt", "unicode ✓".encode()),
+        ("ünïcødé/样本004.dat", b"\x00" * 512),
+        ("sample005.big", os.urandom(70_000)),
+    ]
+    return specs
+
+
+def write_tree(root: Path, specs: list[tuple[str, bytes]]) -> None:
+    for name, data in specs:
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+
+
+def gnu_tar(src: Path, out: Path, fmt: str, names: list[str]) -> Path:
+    """Make ``out`` with GNU tar from ``names`` (relative to ``src``), in this order."""
+    subprocess.run(
+        ["tar", f"--format={fmt}", "--no-recursion", "-C", str(src), "-cf", str(out), *names],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def py_tar(out: Path, specs: list[tuple[str, bytes]], fmt: int, dirs: bool = True) -> Path:
+    with tarfile.open(out, "w", format=fmt, encoding="utf-8") as tf:
+        if dirs:
+            ti = tarfile.TarInfo("somedir")
+            ti.type = tarfile.DIRTYPE
+            tf.addfile(ti)
+            ln = tarfile.TarInfo("somelink.txt")
+            ln.type = tarfile.SYMTYPE
+            ln.linkname = "sample000.txt"
+            tf.addfile(ln)
+        for name, data in specs:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return out
+
+
+@pytest.fixture(params=["gnu", "pax", "ustar"])
+def gnu_tar_shard(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """One shard made by GNU tar in the given format, with dirs, long/unicode names."""
+    fmt = request.param
+    specs = file_specs(fmt)
+    src = tmp_path / "src"
+    write_tree(src, specs)
+    os.symlink("sample000.txt", src / "link.txt")
+    names = []
+    for name, _ in specs:
+        parent = name.rsplit("/", 1)[0] if "/" in name else None
+        if parent and parent not in names:
+            names.append(parent)  # directory entries, skipped by the scanner
+        names.append(name)
+    names.append("link.txt")
+    return gnu_tar(src, tmp_path / f"shard-{fmt}.tar", fmt, names)
+
+
+PY_FORMATS = {"gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT, "ustar": tarfile.USTAR_FORMAT}
+
+
+@pytest.fixture(params=list(PY_FORMATS))
+def py_tar_shard(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    fmt = request.param
+    return py_tar(tmp_path / f"py-{fmt}.tar", file_specs(fmt), PY_FORMATS[fmt])
+
+
+def wds_write(out: Path, samples: list[dict]) -> Path:
+    import webdataset as wds
+
+    with open(out, "wb") as f:
+        with wds.TarWriter(f) as w:
+            for s in samples:
+                w.write(s)
+    return out
+
+
+@pytest.fixture
+def wds_shard(tmp_path: Path) -> Path:
+    samples = [
+        {"__key__": f"s{i:04d}", "txt": f"text {i}", "cls": i % 5, "json": {"i": i}, "seg.bin": os.urandom(i * 37)}
+        for i in range(20)
+    ]
+    return wds_write(tmp_path / "wds-000000.tar", samples)
+
+
+def make_shard_set(root: Path, n_shards: int = 4, per: int = 6, fmt: int = tarfile.GNU_FORMAT) -> list[Path]:
+    """``root/train-00000{k}.tar``: ``per`` samples each with txt/cls/bin members."""
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in range(n_shards):
+        specs = []
+        for i in range(per):
+            key = f"s{s:02d}i{i:03d}"
+            specs += [
+                (f"{key}.txt", f"text {s} {i}".encode()),
+                (f"{key}.cls", str(i).encode()),
+                (f"{key}.bin", os.urandom((s * 131 + i * 97) % 2000)),
+            ]
+        paths.append(py_tar(root / f"train-{s:06d}.tar", specs, fmt, dirs=False))
+    return paths
+
+
+@pytest.fixture
+def shard_set(tmp_path: Path) -> Callable[..., list[Path]]:
+    def make(n_shards: int = 4, per: int = 6, name: str = "data") -> list[Path]:
+        return make_shard_set(tmp_path / name, n_shards, per)
+
+    return make
+
+
+def tarfile_members(path: Path) -> list[tuple[str, bytes]]:
+    """The oracle: every regular member's name and bytes, by tarfile."""
+    out = []
+    with tarfile.open(path, encoding="utf-8") as tf:
+        for m in tf:
+            if m.isreg():
+                out.append((m.name, tf.extractfile(m).read()))
+    return out

@@ -1,0 +1,325 @@
+"""TarDataset over real indexed shards: bytes, decoding, workers, staleness, builds."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tarindex
+from tarindex import TarDataset, build_index, merge_indexes
+
+from conftest import make_shard_set, py_tar, tarfile_members
+
+
+def _pattern(paths: list[Path]) -> str:
+    return str(paths[0].parent / "train-*.tar")
+
+
+def _oracle(paths: list[Path]) -> list[dict]:
+    """Samples by tarfile: key, url and bytes per extension, in shard order."""
+    out: list[dict] = []
+    for p in paths:
+        for name, data in tarfile_members(p):
+            key, ext = name.split(".", 1)
+            if not out or out[-1]["__key__"] != key or out[-1]["__url__"] != str(p):
+                out.append({"__key__": key, "__url__": str(p)})
+            out[-1][ext] = data
+    return out
+
+
+def _strip(sample: dict) -> dict:
+    return {k: v for k, v in sample.items() if k != "__index__"}
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> tuple[list[Path], TarDataset]:
+    paths = make_shard_set(tmp_path / "data", n_shards=4, per=6)
+    report = build_index(_pattern(paths), workers=2)
+    return paths, TarDataset(report.path)
+
+
+def test_bytes_equal_tarfile(built: tuple[list[Path], TarDataset]) -> None:
+    paths, ds = built
+    expected = _oracle(paths)
+    assert len(ds) == len(expected) == 24
+    for i, exp in enumerate(expected):
+        s = ds[i]
+        assert s["__index__"] == i
+        assert _strip(s) == exp
+        assert all(isinstance(v, bytes) for k, v in s.items() if not k.startswith("__"))
+    assert [_strip(s) for s in ds] == expected
+    assert list(ds.keys()) == [e["__key__"] for e in expected]
+    assert _strip(ds[-1]) == expected[-1]
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+
+
+def test_get_by_key(built: tuple[list[Path], TarDataset]) -> None:
+    paths, ds = built
+    expected = _oracle(paths)
+    s = ds.get("s02i003")
+    assert _strip(s) == expected[2 * 6 + 3]
+    assert s["__index__"] == 15
+    with pytest.raises(tarindex.SampleNotFoundError):
+        ds.get("no-such-key")
+
+
+def test_default_index_beside_shards(built: tuple[list[Path], TarDataset]) -> None:
+    paths, ds = built
+    assert ds.index_path == paths[0].parent / "train.tarindex"
+    ds2 = TarDataset(_pattern(paths))
+    assert len(ds2) == len(ds)
+
+
+def _image_shard(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    arr = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
+    png, jpg, gray = io.BytesIO(), io.BytesIO(), io.BytesIO()
+    Image.fromarray(arr).save(png, format="PNG")
+    Image.fromarray(arr).save(jpg, format="JPEG")
+    Image.fromarray(arr[:, :, 0]).save(gray, format="PNG")
+    npy = io.BytesIO()
+    np.save(npy, np.arange(6, dtype=np.float32).reshape(2, 3))
+    specs = [
+        ("img0.png", png.getvalue()),
+        ("img0.jpg", jpg.getvalue()),
+        ("img0.seg.png", gray.getvalue()),
+        ("img0.json", json.dumps({"label": "cat", "n": 3}).encode()),
+        ("img0.cls", b" 4\n"),
+        ("img0.txt", "héllo".encode()),
+        ("img0.npy", npy.getvalue()),
+        ("img0.raw", b"\x01\x02"),
+    ]
+    return py_tar(tmp_path / "img-000000.tar", specs, tarfile.PAX_FORMAT, dirs=False), arr
+
+
+@pytest.fixture
+def image_index(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    shard, arr = _image_shard(tmp_path)
+    return build_index(str(shard), workers=2).path, arr
+
+
+def _check_common(s: dict) -> None:
+    assert s["json"] == {"label": "cat", "n": 3}
+    assert s["cls"] == 4
+    assert s["txt"] == "héllo"
+    np.testing.assert_array_equal(s["npy"], np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert s["raw"] == b"\x01\x02"
+
+
+def test_decode_none_keeps_bytes(image_index: tuple[Path, np.ndarray]) -> None:
+    s = TarDataset(image_index[0])[0]
+    assert all(isinstance(s[k], bytes) for k in ("png", "jpg", "json", "cls", "txt", "npy"))
+
+
+def test_decode_pil(image_index: tuple[Path, np.ndarray]) -> None:
+    from PIL import Image
+
+    path, arr = image_index
+    s = TarDataset(path, decode="pil")[0]
+    assert isinstance(s["png"], Image.Image) and isinstance(s["jpg"], Image.Image)
+    np.testing.assert_array_equal(np.asarray(s["png"]), arr)
+    assert s["jpg"].size == (16, 12)
+    assert s["seg.png"].mode == "L"
+    _check_common(s)
+
+
+def test_decode_numpy(image_index: tuple[Path, np.ndarray]) -> None:
+    path, arr = image_index
+    s = TarDataset(path, decode="numpy")[0]
+    assert s["png"].dtype == np.uint8
+    np.testing.assert_array_equal(s["png"], arr)
+    assert s["jpg"].shape == (12, 16, 3)
+    assert s["seg.png"].shape == (12, 16, 1)
+    np.testing.assert_array_equal(s["seg.png"][:, :, 0], arr[:, :, 0])
+    _check_common(s)
+
+
+def test_decode_torch(image_index: tuple[Path, np.ndarray]) -> None:
+    import torch
+
+    path, arr = image_index
+    s = TarDataset(path, decode="torch")[0]
+    assert isinstance(s["png"], torch.Tensor) and s["png"].dtype == torch.uint8
+    assert tuple(s["png"].shape) == (3, 12, 16)
+    np.testing.assert_array_equal(s["png"].permute(1, 2, 0).numpy(), arr)
+    assert tuple(s["jpg"].shape) == (3, 12, 16)
+    assert tuple(s["seg.png"].shape) == (1, 12, 16)
+    _check_common(s)
+
+
+def test_bad_decode_mode(image_index: tuple[Path, np.ndarray]) -> None:
+    with pytest.raises(ValueError, match="decode"):
+        TarDataset(image_index[0], decode="cv2")  # type: ignore[arg-type]
+
+
+def test_custom_decoders_and_transform(image_index: tuple[Path, np.ndarray]) -> None:
+    path, _ = image_index
+    ds = TarDataset(
+        path,
+        decoders={"raw": lambda b: list(b), "seg.png": len, "txt": lambda b: b.upper()},
+        transform=lambda s: (s["__key__"], s["raw"], s["seg.png"], s["txt"], s["cls"]),
+    )
+    key, raw, seg, txt, cls = ds[0]
+    assert key == "img0"
+    assert raw == [1, 2]
+    assert isinstance(seg, int) and seg > 0
+    assert txt == "héllo".encode().upper()
+    assert cls == 4  # built-in decoders apply once decoders are given
+
+
+def test_pickle_round_trip(built: tuple[list[Path], TarDataset]) -> None:
+    paths, ds = built
+    ds[3]  # attach and open a shard in this process first
+    clone = pickle.loads(pickle.dumps(ds))
+    assert len(clone) == len(ds)
+    assert [_strip(clone[i]) for i in range(len(ds))] == [_strip(ds[i]) for i in range(len(ds))]
+    decoded = TarDataset(ds.index_path, decode="numpy", transform=_key_of)
+    assert pickle.loads(pickle.dumps(decoded))[5] == ds[5]["__key__"]
+
+
+def _key_of(sample: dict) -> str:
+    return sample["__key__"]
+
+
+def test_dataloader_workers_each_sample_once(built: tuple[list[Path], TarDataset]) -> None:
+    from torch.utils.data import DataLoader
+
+    _, ds = built
+    seen = [int(s["__index__"]) for s in DataLoader(ds, num_workers=2, batch_size=None)]
+    assert sorted(seen) == list(range(len(ds)))
+
+
+def test_distributed_sampler_disjoint_and_complete(built: tuple[list[Path], TarDataset]) -> None:
+    from torch.utils.data import DistributedSampler
+
+    _, ds = built
+    assert len(ds) % 2 == 0
+    parts = []
+    for rank in (0, 1):
+        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=7)
+        sampler.set_epoch(0)
+        parts.append({ds[i]["__index__"] for i in sampler})
+    assert parts[0].isdisjoint(parts[1])
+    assert parts[0] | parts[1] == set(range(len(ds)))
+    assert len(parts[0]) == len(parts[1]) == len(ds) // 2
+
+
+def test_max_open_files_lru(tmp_path: Path) -> None:
+    paths = make_shard_set(tmp_path / "lru", n_shards=5, per=3)
+    report = build_index(_pattern(paths), workers=2)
+    ds = TarDataset(report.path, max_open_files=2)
+    expected = _oracle(paths)
+    order = list(range(len(ds)))
+    order = order[::2] + order[1::2] + order[::-1]  # jump between shards
+    for i in order:
+        assert _strip(ds[i]) == expected[i]
+        assert len(ds._fds) <= 2
+    ds.close()
+
+
+def test_stale_shard_appended(built: tuple[list[Path], TarDataset]) -> None:
+    paths, _ = built
+    with open(paths[1], "ab") as f:
+        f.write(b"\0" * 512)
+    ds = TarDataset(_pattern(paths))
+    assert ds[0]["__key__"] == "s00i000"  # other shards still fine
+    with pytest.raises(tarindex.StaleIndexError, match=str(paths[1])) as info:
+        ds[6]
+    assert info.value.path == str(paths[1])
+
+
+def test_stale_shard_mtime(built: tuple[list[Path], TarDataset]) -> None:
+    paths, _ = built
+    st = paths[2].stat()
+    os.utime(paths[2], ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    ds = TarDataset(_pattern(paths))
+    with pytest.raises(tarindex.StaleIndexError, match=str(paths[2])):
+        ds[12]
+
+
+def test_missing_shard(built: tuple[list[Path], TarDataset]) -> None:
+    paths, ds = built
+    index = ds.index_path
+    del ds
+    paths[3].unlink()
+    ds = TarDataset(index)
+    assert ds[0]["__key__"] == "s00i000"
+    with pytest.raises(tarindex.ShardNotFoundError, match=str(paths[3])):
+        ds[len(ds) - 1]
+
+
+def test_not_an_index(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.tarindex"
+    junk.write_bytes(b"this is not an lmdb file" * 100)
+    with pytest.raises(tarindex.IndexFormatError):
+        TarDataset(junk)
+    other = tmp_path / "other.bin"
+    other.write_bytes(os.urandom(8192))
+    with pytest.raises(tarindex.IndexFormatError):
+        TarDataset(other)
+
+
+def test_missing_index(tmp_path: Path) -> None:
+    with pytest.raises(tarindex.IndexNotFoundError):
+        TarDataset(tmp_path / "nothing.tarindex")
+
+
+def test_failed_build_keeps_previous_index(tmp_path: Path) -> None:
+    paths = make_shard_set(tmp_path / "data", n_shards=3, per=4)
+    report = build_index(_pattern(paths), workers=2)
+    before = report.path.read_bytes()
+    listing = sorted(os.listdir(report.path.parent))
+    buf = bytearray(paths[1].read_bytes())
+    buf[2 * 512 + 5] ^= 0xFF  # the name of the second member's header: checksum now wrong
+    st = paths[1].stat()
+    paths[1].write_bytes(bytes(buf))
+    os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))  # surely seen as changed
+    with pytest.raises(tarindex.CorruptArchiveError, match=str(paths[1])):
+        build_index(_pattern(paths), workers=2)
+    assert report.path.read_bytes() == before
+    assert sorted(os.listdir(report.path.parent)) == listing
+    ds = TarDataset(report.path)
+    assert ds[0]["__key__"] == "s00i000"
+
+
+def test_incremental_rebuild(tmp_path: Path) -> None:
+    paths = make_shard_set(tmp_path / "data", n_shards=4, per=3)
+    first = build_index(_pattern(paths), workers=2)
+    assert sorted(first.scanned) == sorted(map(str, paths)) and first.reused == []
+    again = build_index(_pattern(paths), workers=2)
+    assert again.scanned == [] and sorted(again.reused) == sorted(map(str, paths))
+    st = paths[2].stat()
+    os.utime(paths[2], ns=(st.st_atime_ns, st.st_mtime_ns + 3_000_000_000))
+    third = build_index(_pattern(paths), workers=2)
+    assert third.scanned == [str(paths[2])]
+    assert sorted(third.reused) == sorted(str(p) for p in paths if p != paths[2])
+    ds = TarDataset(third.path)
+    assert [_strip(s) for s in ds] == _oracle(paths)
+
+
+def test_part_builds_merge_equal_full_build(tmp_path: Path) -> None:
+    paths = make_shard_set(tmp_path / "data", n_shards=5, per=4)
+    pattern = _pattern(paths)
+    full = TarDataset(build_index(pattern, index=tmp_path / "full.tarindex", workers=2).path)
+    p1 = build_index(pattern, index=tmp_path / "p1.tarindex", part=(1, 2), workers=2)
+    p2 = build_index(pattern, index=tmp_path / "p2.tarindex", part=(2, 2), workers=2)
+    assert set(p1.scanned).isdisjoint(p2.scanned)
+    assert sorted(p1.scanned + p2.scanned) == sorted(map(str, paths))
+    out = merge_indexes([p1.path, p2.path], tmp_path / "all.tarindex")
+    merged = TarDataset(out)
+    assert len(merged) == len(full) == 20
+    for i in range(len(full)):
+        assert merged[i] == full[i]
+    assert merged.get("s04i002") == full.get("s04i002")
+    with pytest.raises(tarindex.TarIndexError):
+        merge_indexes([p1.path, p1.path], tmp_path / "dup.tarindex")
