@@ -3,10 +3,11 @@
 A member ``dir/000123.seg.png`` has key ``dir/000123`` (path up to the first
 dot of the base name, directory kept) and extension ``seg.png`` (the rest,
 lower-cased). Consecutive members with the same key form one sample. Names
-without a dot in the base name, or with a base name that starts with a dot,
+without a dot in the base name, or a top-level name that starts with a dot,
 are not part of any sample, and neither are WebDataset metadata files
-(``__name__`` at the top level, or paths matching ``__*__/``). This is
-exactly what ``webdataset``'s reader does.
+(``__name__`` at the top level, or paths matching ``__*__/``). We use
+webdataset's own key pattern, so its quirks are ours too: ``x/.hidden.txt``
+has key ``x/`` and extension ``hidden.txt``.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ __all__ = ["SampleRecord", "group_members", "split_key"]
 _META = re.compile(r"__[^/]*__($|/)")
 
 
+_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext, to the letter
+
+
 def split_key(name: str) -> tuple[str, str] | None:
     """Split a member name into ``(key, extension)``; ``None`` if it has no key."""
-    slash = name.rfind("/") + 1
-    dot = name.find(".", slash)
-    if dot <= slash:
+    m = _KEY.match(name)
+    if m is None:
         return None
-    if name.find("/", dot) >= 0:  # cannot happen after rfind, kept for clarity of the rule
-        return None
-    return name[:dot], name[dot + 1 :].lower()
+    return m.group(1), m.group(2).lower()
 
 
 def _is_meta(name: str) -> bool:

@@ -123,7 +123,9 @@ def _fail(buf: Buffer, pos: int, path: str, what: str) -> CorruptArchiveError:
 def _checksum_error(path: str, pos: int, block: bytes) -> CorruptArchiveError:
     arr = np.frombuffer(block, np.uint8)
     expected = int(arr.sum()) - int(arr[148:156].sum()) + 8 * 32
-    got = block[148:156].split(b"\x00", 1)[0].strip().decode("ascii", "replace") or "empty"
+    raw = block[148:156].split(b"\x00", 1)[0].strip()
+    text = raw.decode("ascii", "replace")
+    got = (text if text.isprintable() else repr(raw)) or "empty"  # one line, whatever the bytes
     return CorruptArchiveError(
         path, pos, f"bad header checksum (expected {expected:o}, got {got}); not a tar archive or corrupt"
     )

@@ -120,6 +120,14 @@ def test_split_key(name: str, expected: tuple[str, str] | None) -> None:
     assert split_key(name) == expected
 
 
+@pytest.mark.parametrize("name", ["x/.hidden.txt", ".top.txt", "a/b.c/d", "k.", "a.b.C", "d/e/f.g.h", "__k__.x"])
+def test_split_key_matches_webdataset(name: str) -> None:
+    from webdataset.tariterators import base_plus_ext
+
+    key, ext = base_plus_ext(name)
+    assert split_key(name) == (None if key is None else (key, ext.lower()))
+
+
 def test_duplicate_extension_raises(tmp_path: Path) -> None:
     bio = io.BytesIO()
     with tarfile.open(fileobj=bio, mode="w", format=tarfile.GNU_FORMAT) as tf:

@@ -157,3 +157,12 @@ def test_directories_and_symlinks_skipped(tmp_path: Path) -> None:
         ti.size = 4
         tf.addfile(ti, io.BytesIO(b"real"))
     assert _scan(p) == [("real.txt", b"real")]
+
+
+def test_checksum_error_message_is_one_line() -> None:
+    block = bytearray(os.urandom(BLOCK))
+    block[0] = 1  # not a zero block
+    block[148:156] = b"\n\x0b\x1c\xff\x85ab\x0c"  # line breaks of every kind in the checksum field
+    err = _expect_corrupt(bytes(block) + bytes(2 * BLOCK), "lines.tar", offset=0)
+    assert len(str(err).splitlines()) == 1
+    assert str(err).isprintable()
