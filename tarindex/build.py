@@ -50,7 +50,8 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
         if st.st_size == 0:
             raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
-            buf.madvise(mmap.MADV_SEQUENTIAL) if hasattr(buf, "madvise") else None
+            if hasattr(mmap, "MADV_SEQUENTIAL"):
+                buf.madvise(mmap.MADV_SEQUENTIAL)
             table = ShardTable.from_samples(group_members(scan_tar(buf, path), path))
         info = ShardInfo(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table.n_samples, table.n_members)
         return info, table
