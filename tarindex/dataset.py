@@ -5,29 +5,16 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from .decode import DecodeMode, Decoder
-from .errors import CorruptArchiveError, IndexNotFoundError, ShardNotFoundError, StaleIndexError
+from .errors import CorruptArchiveError, ShardNotFoundError, StaleIndexError
 from .index.reader import IndexReader
-from .shards import INDEX_SUFFIX, default_index_path, expand_shards
+from .shards import resolve_index
 
 __all__ = ["TarDataset"]
 
 Sample = dict[str, Any]
-
-
-def _resolve_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Path:
-    if isinstance(source, (str, os.PathLike)):
-        p = Path(source)
-        if p.suffix == INDEX_SUFFIX or p.is_file() and not str(p).endswith((".tar", ".tar.zst", ".tzst")):
-            return p
-    shards = expand_shards(source)
-    index = default_index_path(shards)
-    if not index.is_file():
-        raise IndexNotFoundError(f"{index}: no index beside these shards (build one with 'tarindex build')")
-    return index
 
 
 class TarDataset:
@@ -66,7 +53,7 @@ class TarDataset:
         allow_pickle: bool = False,
         max_open_files: int = 64,
     ) -> None:
-        self.index_path = _resolve_index(source)
+        self.index_path = resolve_index(source)
         self.index = IndexReader(self.index_path)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform

@@ -9,9 +9,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import ShardNotFoundError
+from .errors import IndexNotFoundError, ShardNotFoundError
 
-__all__ = ["INDEX_SUFFIX", "default_index_path", "expand_braces", "expand_shards", "fingerprint"]
+__all__ = ["INDEX_SUFFIX", "default_index_path", "expand_braces", "expand_shards", "fingerprint", "resolve_index"]
 
 INDEX_SUFFIX = ".tarindex"
 _RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)\}")
@@ -91,3 +91,20 @@ def fingerprint(fd: int, size: int) -> str:
     if size > _FINGERPRINT_SPAN:
         h.update(os.pread(fd, _FINGERPRINT_SPAN, max(_FINGERPRINT_SPAN, size - _FINGERPRINT_SPAN)))
     return h.hexdigest()
+
+
+def resolve_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Path:
+    """An index given as its file, or as the shards (list, glob, brace pattern) it sits beside.
+
+    Raises:
+        IndexNotFoundError: shards were given and no index sits beside them.
+        ShardNotFoundError: a shard pattern matches nothing.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        p = Path(source)
+        if p.suffix == INDEX_SUFFIX or (p.is_file() and not str(p).endswith((".tar", ".tar.zst", ".tzst"))):
+            return p
+    index = default_index_path(expand_shards(source))
+    if not index.is_file():
+        raise IndexNotFoundError(f"{index}: no index beside these shards (build one with 'tarindex build')")
+    return index

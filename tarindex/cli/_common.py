@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..index.reader import IndexReader
-from ..shards import INDEX_SUFFIX, default_index_path, expand_shards
+from ..shards import resolve_index
 
 
 def open_index(spec: str) -> IndexReader:
     """An index given as its file, or as the shards it sits beside."""
-    p = Path(spec)
-    if p.suffix == INDEX_SUFFIX or (p.is_file() and not spec.endswith((".tar", ".tar.zst"))):
-        return IndexReader(p)
-    return IndexReader(default_index_path(expand_shards(spec)))
+    return IndexReader(resolve_index(spec))
 
 
 def human(n: float) -> str:

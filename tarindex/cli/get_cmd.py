@@ -8,7 +8,7 @@ import click
 
 from ..dataset import TarDataset
 from ..errors import SampleNotFoundError
-from ._common import open_index
+from ..shards import resolve_index
 
 
 @click.command("get")
@@ -19,7 +19,7 @@ from ._common import open_index
 @click.option("-n", "--number", is_flag=True, help="SAMPLE is a sample number, not a key.")
 def command(index: str, sample: str, ext: str | None, output: str | None, number: bool) -> None:
     """Write a member of SAMPLE (a key, or a number with -n) from INDEX."""
-    ds = TarDataset(open_index(index).path)
+    ds = TarDataset(resolve_index(index))
     if number:
         try:
             i = int(sample)

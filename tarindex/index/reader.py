@@ -136,11 +136,10 @@ class IndexReader:
 
     def column(self, name: str) -> memoryview:
         """One column as a typed memoryview over the LMDB map (no copy)."""
-        if self._pid != os.getpid():
-            self._open()
+        txn = self._txn_here()
         col = self._cols.get(name)
         if col is None:
-            raw = self._txn.get(COL_PREFIX + name.encode())
+            raw = txn.get(COL_PREFIX + name.encode())
             if raw is None:
                 raise IndexFormatError(f"{self.path}: index has no column {name!r}")
             col = self._cols[name] = raw.cast(_MV_FORMAT[COLUMNS[name]])
