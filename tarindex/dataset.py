@@ -169,6 +169,12 @@ class TarDataset:
         """
         return self[self.index.lookup(key)]
 
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Samples per shard, in index order (sample numbers run shard after shard)."""
+        starts = self.index.array("shard_start")
+        return [int(b - a) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+
     def keys(self) -> Iterator[str]:
         """Every sample's key, in index order."""
         for i in range(self._n):
