@@ -9,6 +9,7 @@ __all__ = [
     "IndexNotFoundError",
     "SampleNotFoundError",
     "ShardNotFoundError",
+    "SourceError",
     "StaleIndexError",
     "TarIndexError",
     "TarIndexWarning",
@@ -46,6 +47,22 @@ class IndexNotFoundError(TarIndexError, FileNotFoundError):
 
 class ShardNotFoundError(TarIndexError, FileNotFoundError):
     """A shard named by the user or by an index does not exist."""
+
+
+class SourceError(TarIndexError, OSError):
+    """A shard's bytes could not be read: network failure after retries, a failing ``pipe:`` command."""
+
+    def __init__(self, url: str, offset: int, what: str) -> None:
+        self.path = str(url)
+        self.offset = offset
+        self.what = what
+        super().__init__(f"{url}: {what} at byte offset {offset}")
+
+    def __str__(self) -> str:  # OSError would format its arguments as (errno, strerror)
+        return f"{self.path}: {self.what} at byte offset {self.offset}"
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # survive worker processes
+        return (type(self), (self.path, self.offset, self.what))
 
 
 class IndexFormatError(TarIndexError, ValueError):

@@ -1,0 +1,441 @@
+"""Where bytes come from: a URL opened as a sequential source of large chunks.
+
+``open_source(url)`` accepts a local path, ``-`` (standard input),
+``pipe:COMMAND`` (a shell command whose standard output is the shard, as in
+webdataset), ``http://`` and ``https://`` (the standard library's
+:mod:`http.client`; retries with backoff, resumed with a ``Range`` request at
+the byte reached) and any other ``scheme://`` that :mod:`fsspec` knows
+(``s3://``, ``gs://``, ...; ``pip install 'tarindex[s3]'``).
+
+A source is iterated once and yields consecutive bytes-like chunks of the raw
+stream: a local file is one memory map, everything else blocks of
+``block_size`` bytes filled with ``readinto`` (never one read per member).
+:func:`iter_archive` adds zstd detection by content and decompression.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import mmap
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
+from urllib.parse import urljoin, urlsplit
+
+from .errors import ShardNotFoundError, SourceError
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "FileSource",
+    "FsspecSource",
+    "HTTPSource",
+    "PipeSource",
+    "Source",
+    "is_url",
+    "iter_archive",
+    "open_source",
+]
+
+DEFAULT_BLOCK_SIZE = 4 << 20
+_RETRYABLE_STATUS = frozenset((408, 425, 429, 500, 502, 503, 504))
+_REDIRECTS = frozenset((301, 302, 303, 307, 308))
+_MAX_REDIRECTS = 5
+
+
+def is_url(spec: str) -> bool:
+    """Whether a shard name is a stream (URL, ``pipe:``, ``-``) rather than a local path."""
+    return "://" in spec or spec.startswith("pipe:") or spec == "-"
+
+
+class Source:
+    """A sequential byte stream; iterate once for its chunks, then ``close()``.
+
+    Attributes:
+        url: the name the source was opened with (used in every message).
+        position: bytes delivered so far.
+        size: total size when known in advance (file size, ``Content-Length``), else ``None``.
+        mtime_ns: modification time when known (file, ``Last-Modified``), else 0.
+    """
+
+    def __init__(self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        self.url = url
+        self.block_size = max(1 << 16, block_size)
+        self.position = 0
+        self.size: int | None = None
+        self.mtime_ns = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the file, connection or process (safe to call twice)."""
+
+    def __enter__(self) -> Source:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _blocks(self, readinto: Callable[[memoryview], int | None]) -> Iterator[bytearray]:
+        """Fill ``block_size`` blocks with ``readinto`` until it returns 0 (end of stream)."""
+        size = self.block_size
+        while True:
+            buf = bytearray(size)
+            view = memoryview(buf)
+            fill = 0
+            while fill < size:
+                n = readinto(view[fill:])
+                if not n:
+                    break
+                fill += n
+            view.release()
+            if fill == 0:
+                return
+            if fill < size:
+                del buf[fill:]
+            self.position += fill
+            yield buf
+            if fill < size:
+                return
+
+
+class FileSource(Source):
+    """A local file: one read-only memory map, yielded as the only chunk."""
+
+    def __init__(self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        super().__init__(url, block_size=block_size)
+        try:
+            self._fd = os.open(url, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise ShardNotFoundError(f"{url}: no such shard") from exc
+        except IsADirectoryError as exc:
+            raise ShardNotFoundError(f"{url}: is a directory, not a shard") from exc
+        st = os.fstat(self._fd)
+        self.size = st.st_size
+        self.mtime_ns = st.st_mtime_ns
+        self._map: mmap.mmap | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        if not stat.S_ISREG(os.fstat(self._fd).st_mode):  # a FIFO or device: blocks, not a map
+            self.size = None
+            with open(self._fd, "rb", buffering=0, closefd=False) as f:
+                yield from self._blocks(f.readinto)
+            return
+        if self.size == 0:
+            return
+        self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+        if hasattr(mmap, "MADV_SEQUENTIAL"):
+            self._map.madvise(mmap.MADV_SEQUENTIAL)
+        self.position = len(self._map)
+        yield self._map
+
+    def close(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a caller still holds a view; the map goes with it
+                pass
+            self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class StdinSource(Source):
+    """Standard input (``-``), read in blocks; never closed by us."""
+
+    def __iter__(self) -> Iterator[Any]:
+        stream = sys.stdin.buffer
+        yield from self._blocks(stream.readinto)  # type: ignore[attr-defined]
+
+
+class PipeSource(Source):
+    """``pipe:COMMAND``: the command's standard output; a non-zero exit status is an error."""
+
+    def __init__(self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        super().__init__(url, block_size=block_size)
+        self.command = url[len("pipe:") :]
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        self._proc = proc = subprocess.Popen(self.command, shell=True, stdout=subprocess.PIPE, bufsize=0)  # noqa: S602 - the user's own command
+        stdout = proc.stdout
+        if stdout is None:  # pragma: no cover - stdout=PIPE always gives one
+            raise SourceError(self.url, 0, "no standard output")
+        yield from self._blocks(stdout.readinto)  # type: ignore[attr-defined]
+        stdout.close()
+        status = proc.wait()
+        self._proc = None
+        if status != 0:
+            raise SourceError(self.url, self.position, f"command exited with status {status}")
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:  # stopped early: the rest of the output is not wanted
+            if proc.stdout is not None:
+                proc.stdout.close()
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait()
+
+
+class _Retrying(Source):
+    """Shared retry loop: reconnect at ``position`` after a failure, with exponential backoff."""
+
+    def __init__(
+        self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE, retries: int = 5, backoff: float = 0.5, timeout: float = 60.0
+    ) -> None:
+        super().__init__(url, block_size=block_size)
+        self.retries = max(0, retries)
+        self.backoff = backoff
+        self.timeout = timeout
+        self._stream: Any = None
+
+    def _open_at(self, start: int) -> Any:
+        """A readable object (``readinto``) positioned at byte ``start``."""
+        raise NotImplementedError
+
+    def _finished(self) -> None:
+        """Called at the end of a stream; raise ``OSError`` if it ended before ``size``."""
+        if self.size is not None and self.position < self.size:
+            raise ConnectionError(f"stream ended at byte {self.position} of {self.size}")
+
+    def _retryable(self, exc: Exception) -> bool:
+        return isinstance(exc, (OSError, http.client.HTTPException))
+
+    def __iter__(self) -> Iterator[Any]:
+        failures = 0
+        failed_at = -1
+        while True:
+            try:
+                if self._stream is None:
+                    self._stream = self._open_at(self.position)
+                chunks = self._blocks(self._stream.readinto)
+                for chunk in chunks:
+                    yield chunk
+                self._finished()
+                self.close()
+                return
+            except SourceError:
+                self.close()
+                raise
+            except Exception as exc:
+                self.close()
+                if not self._retryable(exc):
+                    raise
+                if self.position != failed_at:  # progress since the last failure: a fresh budget
+                    failures, failed_at = 0, self.position
+                failures += 1
+                if failures > self.retries:
+                    raise SourceError(
+                        self.url, self.position, f"read failed after {self.retries} retries ({type(exc).__name__}: {exc})"
+                    ) from exc
+                time.sleep(min(self.backoff * 2 ** (failures - 1), 30.0))
+
+    def close(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+
+class _HTTPBody:
+    """A response body with its connection; ``readinto`` flags a body cut short."""
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        self.conn = conn
+        self.resp = resp
+
+    def readinto(self, view: memoryview) -> int:
+        n = self.resp.readinto(view)
+        if not n and self.resp.length:  # http.client returns 0 when Content-Length is not met
+            raise http.client.IncompleteRead(b"", self.resp.length)
+        return n
+
+    def close(self) -> None:
+        self.resp.close()
+        self.conn.close()
+
+
+class HTTPSource(_Retrying):
+    """``http://`` / ``https://`` with retries and ``Range`` resume at the byte reached.
+
+    A resumed request carries ``If-Range`` with the first response's ``ETag``
+    (or ``Last-Modified``), so a shard that changed on the server is an error,
+    never a spliced stream. A server that ignores ``Range`` is read again from
+    the start and the bytes already delivered are skipped.
+    """
+
+    def __init__(
+        self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE, retries: int = 5, backoff: float = 0.5, timeout: float = 60.0
+    ) -> None:
+        super().__init__(url, block_size=block_size, retries=retries, backoff=backoff, timeout=timeout)
+        self._validator: str | None = None
+
+    def _open_at(self, start: int) -> _HTTPBody:
+        url = self.url
+        for _ in range(_MAX_REDIRECTS + 1):
+            parts = urlsplit(url)
+            cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+            conn = cls(parts.hostname or "localhost", parts.port, timeout=self.timeout)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            headers = {"User-Agent": "tarindex", "Accept-Encoding": "identity"}
+            if start:
+                headers["Range"] = f"bytes={start}-"
+                if self._validator:
+                    headers["If-Range"] = self._validator
+            try:
+                conn.request("GET", target, headers=headers)
+                resp = conn.getresponse()
+            except BaseException:
+                conn.close()
+                raise
+            status = resp.status
+            if status in _REDIRECTS and resp.getheader("Location"):
+                url = urljoin(url, resp.getheader("Location", ""))
+                resp.close()
+                conn.close()
+                continue
+            try:
+                return self._accept(conn, resp, start)
+            except BaseException:
+                resp.close()
+                conn.close()
+                raise
+        raise SourceError(self.url, start, f"more than {_MAX_REDIRECTS} redirects")
+
+    def _accept(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, start: int) -> _HTTPBody:
+        status = resp.status
+        if status in (404, 410):
+            raise ShardNotFoundError(f"{self.url}: no such shard (HTTP {status})")
+        if status in _RETRYABLE_STATUS:
+            raise ConnectionError(f"HTTP {status} {resp.reason}")
+        body = _HTTPBody(conn, resp)
+        if status == 200:
+            if start == 0:
+                self._first_response(resp)
+            elif self._validator and (resp.getheader("ETag") or resp.getheader("Last-Modified")) != self._validator:
+                raise SourceError(self.url, start, "shard changed on the server while it was being read")
+            else:  # Range not supported: read again and skip what we have
+                self._skip(body, start)
+            return body
+        if status == 206 and start:
+            got = resp.getheader("Content-Range", "")
+            if not got.startswith(f"bytes {start}-"):
+                raise SourceError(self.url, start, f"server answered Range bytes={start}- with Content-Range {got!r}")
+            return body
+        raise SourceError(self.url, start, f"HTTP {status} {resp.reason}")
+
+    def _first_response(self, resp: http.client.HTTPResponse) -> None:
+        length = resp.getheader("Content-Length")
+        self.size = int(length) if length and length.isdigit() else None
+        self._validator = resp.getheader("ETag") or resp.getheader("Last-Modified")
+        modified = resp.getheader("Last-Modified")
+        if modified:
+            try:
+                self.mtime_ns = int(email.utils.parsedate_to_datetime(modified).timestamp()) * 1_000_000_000
+            except (TypeError, ValueError):
+                self.mtime_ns = 0
+
+    def _skip(self, body: _HTTPBody, n: int) -> None:
+        scratch = memoryview(bytearray(min(n, self.block_size)))
+        while n:
+            got = body.readinto(scratch[: min(n, len(scratch))])
+            if not got:
+                raise ConnectionError(f"stream ended {n} bytes before the resume point")
+            n -= got
+
+
+class FsspecSource(_Retrying):
+    """Any other ``scheme://`` through :mod:`fsspec` (``s3://``, ``gs://``, ...), reopened at the byte reached."""
+
+    storage_options: dict[str, Any] = {}
+
+    def _open_at(self, start: int) -> BinaryIO:
+        try:
+            import fsspec
+        except ImportError as exc:
+            raise SourceError(self.url, 0, "fsspec is not installed: pip install 'tarindex[s3]'") from exc
+        try:
+            fs, path = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        except (ImportError, ValueError) as exc:
+            raise SourceError(self.url, 0, f"no fsspec filesystem for this URL ({exc})") from exc
+        try:
+            if start == 0:
+                info = fs.info(path)
+                self.size = info.get("size")
+                modified = info.get("LastModified") or info.get("mtime")
+                if hasattr(modified, "timestamp"):
+                    self.mtime_ns = int(modified.timestamp() * 1e9)
+            f: BinaryIO = fs.open(path, "rb", block_size=self.block_size)
+        except FileNotFoundError as exc:
+            raise ShardNotFoundError(f"{self.url}: no such shard") from exc
+        if start:
+            f.seek(start)
+        return f
+
+
+def open_source(
+    url: str,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    retries: int = 5,
+    backoff: float = 0.5,
+    timeout: float = 60.0,
+    storage_options: dict[str, Any] | None = None,
+) -> Source:
+    """Open a shard name as a sequential :class:`Source` (see the module docstring).
+
+    Args:
+        url: local path, ``-``, ``pipe:COMMAND``, ``http(s)://...`` or an fsspec URL.
+        block_size: bytes per chunk for everything but local files (which are one memory map).
+        retries: network reconnections allowed without progress before giving up.
+        backoff: seconds before the first retry; doubled on each further one (at most 30).
+        timeout: socket timeout in seconds (HTTP).
+        storage_options: keyword arguments for the fsspec filesystem (credentials, ``endpoint_url``...).
+
+    Raises:
+        ShardNotFoundError: a local shard does not exist (remote ones fail on first read).
+    """
+    if url == "-":
+        return StdinSource(url, block_size=block_size)
+    if url.startswith("pipe:"):
+        return PipeSource(url, block_size=block_size)
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in ("http", "https"):
+        return HTTPSource(url, block_size=block_size, retries=retries, backoff=backoff, timeout=timeout)
+    if scheme == "file":
+        return FileSource(url[len("file://") :], block_size=block_size)
+    if scheme:
+        source = FsspecSource(url, block_size=block_size, retries=retries, backoff=backoff, timeout=timeout)
+        source.storage_options = dict(storage_options or {})
+        return source
+    return FileSource(url, block_size=block_size)
+
+
+def iter_archive(source: Source) -> Iterator[Any]:
+    """The uncompressed tar stream of a source: zstd is detected by its first bytes and decompressed.
+
+    Raises:
+        CorruptArchiveError: bad zstd data.
+    """
+    chunks = iter(source)
+    first = next(chunks, None)
+    if first is None:
+        return
+    from .zstd import is_zstd, iter_decompressed
+
+    if is_zstd(bytes(first[:4])):
+
+        def raw() -> Iterator[Any]:
+            yield first
+            yield from chunks
+
+        yield from iter_decompressed(raw(), source.url)
+    else:
+        yield first
+        yield from chunks
