@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 import tarindex
+from conftest import py_tar, wds_write
 from tarindex.samples import group_members, split_key
 from tarindex.tar import iter_tar
-
-from conftest import py_tar, wds_write
 
 
 def _wds_samples(path: Path) -> list[dict]:

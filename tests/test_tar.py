@@ -13,9 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tarindex
-from tarindex.tar import BLOCK, iter_members, iter_tar
-
 from conftest import PY_FORMATS, tarfile_members
+from tarindex.tar import BLOCK, iter_members, iter_tar
 
 
 def _scan(path: Path) -> list[tuple[str, bytes]]:
