@@ -15,7 +15,7 @@ from .index.reader import IndexReader
 from .index.writer import IndexWriter
 from .samples import group_members
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, fingerprint
-from .tar import scan_tar
+from .tar import iter_tar
 
 __all__ = ["BuildReport", "build_index", "merge_indexes", "scan_shard"]
 
@@ -52,7 +52,7 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
             if hasattr(mmap, "MADV_SEQUENTIAL"):
                 buf.madvise(mmap.MADV_SEQUENTIAL)
-            table = ShardTable.from_samples(group_members(scan_tar(buf, path), path))
+            table = ShardTable.from_samples(group_members(iter_tar((buf,), path), path))
         info = ShardInfo(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table.n_samples, table.n_members)
         return info, table
     finally:

@@ -110,7 +110,7 @@ class TarDataset:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:
             pass
 
     def __getstate__(self) -> dict[str, Any]:

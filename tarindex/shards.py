@@ -75,7 +75,7 @@ def default_index_path(shards: list[str]) -> Path:
     paths = [Path(s).absolute() for s in shards]
     directory = Path(os.path.commonpath([str(p.parent) for p in paths]))
     names = [p.name for p in paths]
-    stem = os.path.commonprefix(names) if len(names) > 1 else names[0].split(".", 1)[0]
+    stem = os.path.commonprefix(names) if len(names) > 1 else names[0].split(".", 1)[0]  # noqa: RUF071 - a common name prefix, not a path
     stem = stem.split(".", 1)[0]
     if len(names) > 1:
         stem = stem.rstrip("0123456789")

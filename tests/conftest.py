@@ -99,10 +99,9 @@ def py_tar_shard(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 def wds_write(out: Path, samples: list[dict]) -> Path:
     import webdataset as wds
 
-    with open(out, "wb") as f:
-        with wds.TarWriter(f) as w:
-            for s in samples:
-                w.write(s)
+    with open(out, "wb") as f, wds.TarWriter(f) as w:
+        for s in samples:
+            w.write(s)
     return out
 
 

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex import TarDataset, build_index, merge_indexes
-
 from conftest import make_shard_set, py_tar, tarfile_members
+from tarindex import TarDataset, build_index, merge_indexes
 
 
 def _pattern(paths: list[Path]) -> str:
@@ -178,7 +177,7 @@ def test_custom_decoders_and_transform(image_index: tuple[Path, np.ndarray]) -> 
 
 
 def test_pickle_round_trip(built: tuple[list[Path], TarDataset]) -> None:
-    paths, ds = built
+    _, ds = built
     ds[3]  # attach and open a shard in this process first
     clone = pickle.loads(pickle.dumps(ds))
     assert len(clone) == len(ds)

@@ -60,7 +60,7 @@ _ENVS_PID = os.getpid()
 
 def _acquire(path: Path) -> _Env:
     global _ENVS_PID
-    if _ENVS_PID != os.getpid():  # inherited through fork: close the parent's, open our own
+    if os.getpid() != _ENVS_PID:  # inherited through fork: close the parent's, open our own
         for handle in list(_ENVS.values()):
             handle.close()
         _ENVS.clear()
@@ -163,7 +163,7 @@ class IndexReader:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:
             pass
 
     # -- metadata ------------------------------------------------------------
