@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "CorruptArchiveError",
+    "DecodeError",
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
@@ -11,6 +12,7 @@ __all__ = [
     "ShardNotFoundError",
     "SourceError",
     "StaleIndexError",
+    "StreamWarning",
     "TarIndexError",
     "TarIndexWarning",
 ]
@@ -39,6 +41,23 @@ class CorruptArchiveError(TarIndexError, ValueError):
 
 class DuplicateMemberError(CorruptArchiveError):
     """Two members of one sample share an extension."""
+
+
+class DecodeError(TarIndexError, ValueError):
+    """A sample's member could not be decoded (or its transform failed); names the shard and sample offset."""
+
+    def __init__(self, path: str, offset: int, what: str) -> None:
+        self.path = str(path)
+        self.offset = offset
+        self.what = what
+        super().__init__(f"{path}: {what} (sample at offset {offset})")
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # survive worker processes
+        return (type(self), (self.path, self.offset, self.what))
+
+
+class StreamWarning(TarIndexWarning):
+    """A streaming problem that was handled: a skipped sample or shard, fewer shards than workers."""
 
 
 class IndexNotFoundError(TarIndexError, FileNotFoundError):

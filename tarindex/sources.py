@@ -9,7 +9,7 @@ the byte reached) and any other ``scheme://`` that :mod:`fsspec` knows
 
 A source is iterated once and yields consecutive bytes-like chunks of the raw
 stream: a local file is one memory map, everything else blocks of
-``block_size`` bytes filled with ``readinto`` (never one read per member).
+``block_size`` bytes from buffered reads (never one read per member).
 :func:`iter_archive` adds zstd detection by content and decompression.
 """
 
@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import itertools
 import mmap
 import os
 import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 from urllib.parse import urljoin, urlsplit
 
 from .errors import ShardNotFoundError, SourceError
+from .zstd import is_zstd, iter_decompressed
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -81,27 +83,15 @@ class Source:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _blocks(self, readinto: Callable[[memoryview], int | None]) -> Iterator[bytearray]:
-        """Fill ``block_size`` blocks with ``readinto`` until it returns 0 (end of stream)."""
+    def _blocks(self, read: Callable[[int], bytes]) -> Iterator[bytes]:
+        """``block_size`` reads until an empty one (buffered readers fill each block; no extra copy)."""
         size = self.block_size
         while True:
-            buf = bytearray(size)
-            view = memoryview(buf)
-            fill = 0
-            while fill < size:
-                n = readinto(view[fill:])
-                if not n:
-                    break
-                fill += n
-            view.release()
-            if fill == 0:
+            block = read(size)
+            if not block:
                 return
-            if fill < size:
-                del buf[fill:]
-            self.position += fill
-            yield buf
-            if fill < size:
-                return
+            self.position += len(block)
+            yield block
 
 
 class FileSource(Source):
@@ -123,8 +113,8 @@ class FileSource(Source):
     def __iter__(self) -> Iterator[Any]:
         if not stat.S_ISREG(os.fstat(self._fd).st_mode):  # a FIFO or device: blocks, not a map
             self.size = None
-            with open(self._fd, "rb", buffering=0, closefd=False) as f:
-                yield from self._blocks(f.readinto)
+            with open(self._fd, "rb", closefd=False) as f:
+                yield from self._blocks(f.read)
             return
         if self.size == 0:
             return
@@ -150,8 +140,7 @@ class StdinSource(Source):
     """Standard input (``-``), read in blocks; never closed by us."""
 
     def __iter__(self) -> Iterator[Any]:
-        stream = sys.stdin.buffer
-        yield from self._blocks(stream.readinto)  # type: ignore[attr-defined]
+        yield from self._blocks(sys.stdin.buffer.read)
 
 
 class PipeSource(Source):
@@ -163,11 +152,11 @@ class PipeSource(Source):
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        self._proc = proc = subprocess.Popen(self.command, shell=True, stdout=subprocess.PIPE, bufsize=0)  # noqa: S602 - the user's own command
+        self._proc = proc = subprocess.Popen(self.command, shell=True, stdout=subprocess.PIPE)
         stdout = proc.stdout
         if stdout is None:  # pragma: no cover - stdout=PIPE always gives one
             raise SourceError(self.url, 0, "no standard output")
-        yield from self._blocks(stdout.readinto)  # type: ignore[attr-defined]
+        yield from self._blocks(stdout.read)
         stdout.close()
         status = proc.wait()
         self._proc = None
@@ -197,7 +186,7 @@ class _Retrying(Source):
         self._stream: Any = None
 
     def _open_at(self, start: int) -> Any:
-        """A readable object (``readinto``) positioned at byte ``start``."""
+        """A readable object (``read(n)``, ``close()``) positioned at byte ``start``."""
         raise NotImplementedError
 
     def _finished(self) -> None:
@@ -215,9 +204,7 @@ class _Retrying(Source):
             try:
                 if self._stream is None:
                     self._stream = self._open_at(self.position)
-                chunks = self._blocks(self._stream.readinto)
-                for chunk in chunks:
-                    yield chunk
+                yield from self._blocks(self._stream.read)
                 self._finished()
                 self.close()
                 return
@@ -244,17 +231,17 @@ class _Retrying(Source):
 
 
 class _HTTPBody:
-    """A response body with its connection; ``readinto`` flags a body cut short."""
+    """A response body with its connection; ``read`` flags a body cut short."""
 
     def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
         self.conn = conn
         self.resp = resp
 
-    def readinto(self, view: memoryview) -> int:
-        n = self.resp.readinto(view)
-        if not n and self.resp.length:  # http.client returns 0 when Content-Length is not met
+    def read(self, n: int) -> bytes:
+        data = self.resp.read(n)
+        if not data and self.resp.length:  # http.client returns b"" when Content-Length is not met
             raise http.client.IncompleteRead(b"", self.resp.length)
-        return n
+        return data
 
     def close(self) -> None:
         self.resp.close()
@@ -342,9 +329,8 @@ class HTTPSource(_Retrying):
                 self.mtime_ns = 0
 
     def _skip(self, body: _HTTPBody, n: int) -> None:
-        scratch = memoryview(bytearray(min(n, self.block_size)))
         while n:
-            got = body.readinto(scratch[: min(n, len(scratch))])
+            got = len(body.read(min(n, self.block_size)))
             if not got:
                 raise ConnectionError(f"stream ended {n} bytes before the resume point")
             n -= got
@@ -353,7 +339,18 @@ class HTTPSource(_Retrying):
 class FsspecSource(_Retrying):
     """Any other ``scheme://`` through :mod:`fsspec` (``s3://``, ``gs://``, ...), reopened at the byte reached."""
 
-    storage_options: dict[str, Any] = {}
+    def __init__(
+        self,
+        url: str,
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        retries: int = 5,
+        backoff: float = 0.5,
+        timeout: float = 60.0,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(url, block_size=block_size, retries=retries, backoff=backoff, timeout=timeout)
+        self.storage_options = dict(storage_options or {})
 
     def _open_at(self, start: int) -> BinaryIO:
         try:
@@ -411,31 +408,24 @@ def open_source(
     if scheme == "file":
         return FileSource(url[len("file://") :], block_size=block_size)
     if scheme:
-        source = FsspecSource(url, block_size=block_size, retries=retries, backoff=backoff, timeout=timeout)
-        source.storage_options = dict(storage_options or {})
-        return source
+        return FsspecSource(
+            url, block_size=block_size, retries=retries, backoff=backoff, timeout=timeout, storage_options=storage_options
+        )
     return FileSource(url, block_size=block_size)
 
 
-def iter_archive(source: Source) -> Iterator[Any]:
-    """The uncompressed tar stream of a source: zstd is detected by its first bytes and decompressed.
+def iter_archive(chunks: Iterable[Any], url: str) -> Iterator[Any]:
+    """The uncompressed tar stream of a source's chunks: zstd is detected by its first bytes and decompressed.
 
     Raises:
         CorruptArchiveError: bad zstd data.
     """
-    chunks = iter(source)
+    chunks = iter(chunks)
     first = next(chunks, None)
     if first is None:
         return
-    from .zstd import is_zstd, iter_decompressed
-
     if is_zstd(bytes(first[:4])):
-
-        def raw() -> Iterator[Any]:
-            yield first
-            yield from chunks
-
-        yield from iter_decompressed(raw(), source.url)
+        yield from iter_decompressed(itertools.chain((first,), chunks), url)
     else:
         yield first
         yield from chunks

@@ -188,8 +188,8 @@ class _Cursor:
 
     def fill(self, pos: int, need: int) -> int:
         """Make ``buf[pos:pos + need]`` available; return the new ``pos`` (-1 if the input ends first)."""
-        parts = [self.buf[pos:]]
-        have = len(parts[0])
+        parts = [self.buf[pos:]] if pos < len(self.buf) else []  # no copy of a first chunk into a join
+        have = len(parts[0]) if parts else 0
         self.base += pos
         while have < need:
             chunk = self._next()

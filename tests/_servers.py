@@ -112,7 +112,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
@@ -161,10 +161,10 @@ def _drop_handler(state: DropServer) -> type[http.server.BaseHTTPRequestHandler]
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             rng = self.headers.get("Range")
             state.requests.append(rng)
             data = state.data
