@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 from urllib.parse import urljoin, urlsplit
 
-from .errors import ShardNotFoundError, SourceError
+from .errors import ShardNotFoundError, SourceError, TarIndexError
 from .zstd import is_zstd, iter_decompressed
 
 __all__ = [
@@ -208,7 +208,7 @@ class _Retrying(Source):
                 self._finished()
                 self.close()
                 return
-            except SourceError:
+            except TarIndexError:  # not found, changed on the server: retrying cannot help
                 self.close()
                 raise
             except Exception as exc:

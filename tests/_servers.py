@@ -143,12 +143,15 @@ class DropServer:
     """Serves one file with Range support, but cuts the connection when the stream reaches byte ``drop_at``.
 
     ``mode="once"``: only the first request is cut; ``"always"``: every request is cut there.
+    ``ranges=False`` ignores ``Range``; ``change_etag=True`` serves a new ``ETag`` after the first request.
     """
 
     data: bytes
     drop_at: int
     mode: str = "once"
     port: int = 0
+    ranges: bool = True
+    change_etag: bool = False
     requests: list[str | None] = field(default_factory=list)
     etag: str = '"v1"'
 
@@ -168,7 +171,9 @@ def _drop_handler(state: DropServer) -> type[http.server.BaseHTTPRequestHandler]
             rng = self.headers.get("Range")
             state.requests.append(rng)
             data = state.data
-            start = int(rng.split("=")[1].split("-")[0]) if rng else 0
+            if state.change_etag and len(state.requests) > 1:
+                state.etag = '"v2"'
+            start = int(rng.split("=")[1].split("-")[0]) if rng and state.ranges else 0
             if rng and self.headers.get("If-Range", state.etag) != state.etag:
                 start = 0
             self.send_response(206 if start else 200)
@@ -178,7 +183,7 @@ def _drop_handler(state: DropServer) -> type[http.server.BaseHTTPRequestHandler]
                 self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
             self.end_headers()
             cut = state.mode == "always" or len(state.requests) == 1
-            end = state.drop_at if cut and start < state.drop_at else len(data)
+            end = min(max(start, state.drop_at), len(data)) if cut else len(data)
             self.wfile.write(data[start:end])
             self.wfile.flush()
             if end < len(data):
@@ -193,8 +198,8 @@ def drop_server() -> Iterator[Callable[..., DropServer]]:
     """Factory: ``drop_server(data, drop_at, mode)`` starts a :class:`DropServer` on 127.0.0.1."""
     servers: list[http.server.ThreadingHTTPServer] = []
 
-    def start(data: bytes, drop_at: int, mode: str = "once") -> DropServer:
-        state = DropServer(data, drop_at, mode)
+    def start(data: bytes, drop_at: int, mode: str = "once", **options: bool) -> DropServer:
+        state = DropServer(data, drop_at, mode, **options)
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _drop_handler(state))
         state.port = server.server_port
         threading.Thread(target=server.serve_forever, daemon=True).start()
