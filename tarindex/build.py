@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -16,7 +15,7 @@ from .index.writer import IndexWriter
 from .samples import group_members
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, fingerprint, fingerprint_stream
 from .sources import is_url, iter_archive, open_source
-from .tar import iter_tar
+from .tar import iter_tar, iter_tar_file
 
 __all__ = ["BuildReport", "build_index", "merge_indexes", "scan_shard", "scan_stream"]
 
@@ -56,10 +55,7 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
         st = os.fstat(fd)
         if st.st_size == 0:
             raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
-            if hasattr(mmap, "MADV_SEQUENTIAL"):
-                buf.madvise(mmap.MADV_SEQUENTIAL)
-            table = ShardTable.from_samples(group_members(iter_tar((buf,), path), path))
+        table = ShardTable.from_samples(group_members(iter_tar_file(fd, path), path))
         info = ShardInfo(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table.n_samples, table.n_members)
         return info, table
     finally:
