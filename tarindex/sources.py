@@ -20,9 +20,11 @@ import http.client
 import itertools
 import mmap
 import os
+import queue
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
@@ -70,12 +72,30 @@ class Source:
         self.position = 0
         self.size: int | None = None
         self.mtime_ns = 0
+        self._reader: Iterator[bytes] | None = None
+
+    prefetch = 2
+    """Blocks a reader thread keeps ready ahead of the parser (0: read in the caller's thread)."""
 
     def __iter__(self) -> Iterator[Any]:
+        chunks = self._chunks()
+        if self.prefetch <= 0:
+            return chunks
+        self._reader = _read_ahead(chunks, self.prefetch, self._interrupt)
+        return self._reader
+
+    def _chunks(self) -> Iterator[bytes]:
         raise NotImplementedError
 
+    def _interrupt(self) -> None:
+        """Release the connection or process, so that a read in progress returns (any thread)."""
+
     def close(self) -> None:
-        """Release the file, connection or process (safe to call twice)."""
+        """Stop reading and release the file, connection or process (safe to call twice)."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()  # type: ignore[attr-defined]  # a generator: stops and joins the reader thread
+        self._interrupt()
 
     def __enter__(self) -> Source:
         return self
@@ -92,6 +112,61 @@ class Source:
                 return
             self.position += len(block)
             yield block
+
+
+class _Raised:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_END = object()
+
+
+def _read_ahead(chunks: Iterator[bytes], depth: int, interrupt: Callable[[], None]) -> Iterator[bytes]:
+    """Iterate ``chunks`` in a thread, ``depth`` blocks ahead: reads (no GIL) overlap the parser.
+
+    Stopping early calls ``interrupt`` (closes the connection or ends the
+    command) so that a read in progress returns, then waits for the thread.
+    """
+    q: queue.Queue[Any] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for chunk in chunks:
+                if stop.is_set():
+                    chunks.close()  # type: ignore[attr-defined]  # a generator: runs its cleanup here
+                    return
+                q.put(chunk)
+            q.put(_END)
+        except BaseException as exc:  # handed to the consumer's thread, whatever it is
+            q.put(_Raised(exc))
+
+    thread = threading.Thread(target=run, name="tarindex-read-ahead", daemon=True)
+    thread.start()
+    finished = False
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                finished = True
+                return
+            if isinstance(item, _Raised):
+                finished = True
+                raise item.exc
+            yield item
+    finally:
+        if not finished:
+            stop.set()
+            interrupt()
+            while thread.is_alive():  # let a blocked put() through
+                try:
+                    q.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+        thread.join()
 
 
 class FileSource(Source):
@@ -139,7 +214,7 @@ class FileSource(Source):
 class StdinSource(Source):
     """Standard input (``-``), read in blocks; never closed by us."""
 
-    def __iter__(self) -> Iterator[Any]:
+    def _chunks(self) -> Iterator[bytes]:
         yield from self._blocks(sys.stdin.buffer.read)
 
 
@@ -151,23 +226,25 @@ class PipeSource(Source):
         self.command = url[len("pipe:") :]
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def __iter__(self) -> Iterator[Any]:
+    def _chunks(self) -> Iterator[bytes]:
         self._proc = proc = subprocess.Popen(self.command, shell=True, stdout=subprocess.PIPE)
         stdout = proc.stdout
         if stdout is None:  # pragma: no cover - stdout=PIPE always gives one
             raise SourceError(self.url, 0, "no standard output")
-        yield from self._blocks(stdout.read)
-        stdout.close()
+        try:
+            yield from self._blocks(stdout.read)
+        finally:
+            stdout.close()
         status = proc.wait()
+        if self._proc is None:  # closed by the consumer: the status is not ours to report
+            return
         self._proc = None
         if status != 0:
             raise SourceError(self.url, self.position, f"command exited with status {status}")
 
-    def close(self) -> None:
+    def _interrupt(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:  # stopped early: the rest of the output is not wanted
-            if proc.stdout is not None:
-                proc.stdout.close()
             if proc.poll() is None:
                 proc.terminate()
             proc.wait()
@@ -184,6 +261,7 @@ class _Retrying(Source):
         self.backoff = backoff
         self.timeout = timeout
         self._stream: Any = None
+        self._closed = False
 
     def _open_at(self, start: int) -> Any:
         """A readable object (``read(n)``, ``close()``) positioned at byte ``start``."""
@@ -197,22 +275,24 @@ class _Retrying(Source):
     def _retryable(self, exc: Exception) -> bool:
         return isinstance(exc, (OSError, http.client.HTTPException))
 
-    def __iter__(self) -> Iterator[Any]:
+    def _chunks(self) -> Iterator[bytes]:
         failures = 0
         failed_at = -1
-        while True:
+        while not self._closed:
             try:
                 if self._stream is None:
                     self._stream = self._open_at(self.position)
                 yield from self._blocks(self._stream.read)
                 self._finished()
-                self.close()
+                self._drop()
                 return
             except TarIndexError:  # not found, changed on the server: retrying cannot help
-                self.close()
+                self._drop()
                 raise
             except Exception as exc:
-                self.close()
+                self._drop()
+                if self._closed:  # the consumer stopped: the failure is our own doing
+                    return
                 if not self._retryable(exc):
                     raise
                 if self.position != failed_at:  # progress since the last failure: a fresh budget
@@ -224,10 +304,14 @@ class _Retrying(Source):
                     ) from exc
                 time.sleep(min(self.backoff * 2 ** (failures - 1), 30.0))
 
-    def close(self) -> None:
+    def _drop(self) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
             stream.close()
+
+    def _interrupt(self) -> None:
+        self._closed = True
+        self._drop()
 
 
 class _HTTPBody:

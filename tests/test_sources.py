@@ -65,8 +65,8 @@ def test_pipe_closed_early_ends_the_command(shard: Path) -> None:
     next(it)
     proc = src._proc  # the command we started
     assert proc is not None and proc.poll() is None
-    src.close()
-    assert proc.poll() is not None
+    src.close()  # stops the reader thread and ends the command, without waiting for it to finish
+    assert proc.poll() is not None and proc.stdout is not None and proc.stdout.closed
 
 
 def test_http_nginx_bytes_size_and_mtime(http_server: HTTPServer, shard: Path) -> None:
