@@ -83,7 +83,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             skip the rest of the shard; or a function of the exception that
             returns ``True`` to go on as ``"warn"`` does (webdataset's handlers).
         rank, world_size: override ``torch.distributed`` / ``RANK`` / ``WORLD_SIZE``.
-        block_size: bytes per read for streams (local files are memory-mapped).
+        block_size: bytes per read (a reader thread keeps two blocks ahead of the parser).
         retries, backoff, timeout: network retries without progress, first
             backoff in seconds (doubled each time), socket timeout.
         storage_options: keyword arguments for fsspec filesystems.

@@ -193,14 +193,19 @@ def _drop_handler(state: DropServer) -> type[http.server.BaseHTTPRequestHandler]
     return Handler
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # clients that hang up mid-body are what these tests are about
+
+
 @pytest.fixture
 def drop_server() -> Iterator[Callable[..., DropServer]]:
     """Factory: ``drop_server(data, drop_at, mode)`` starts a :class:`DropServer` on 127.0.0.1."""
-    servers: list[http.server.ThreadingHTTPServer] = []
+    servers: list[_QuietServer] = []
 
     def start(data: bytes, drop_at: int, mode: str = "once", **options: bool) -> DropServer:
         state = DropServer(data, drop_at, mode, **options)
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _drop_handler(state))
+        server = _QuietServer(("127.0.0.1", 0), _drop_handler(state))
         state.port = server.server_port
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)

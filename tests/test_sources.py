@@ -39,12 +39,12 @@ def test_kinds_and_is_url(shard: Path) -> None:
     assert [is_url(u) for u in ("-", "pipe:cat x", "s3://b/k", "data/x.tar")] == [True, True, True, False]
 
 
-def test_file_source_is_one_map_of_the_file(shard: Path) -> None:
-    with open_source(str(shard)) as src:
+def test_file_source_reads_large_blocks(shard: Path) -> None:
+    with open_source(str(shard), block_size=1 << 16) as src:
         chunks = list(src)
-        assert len(chunks) == 1 and bytes(chunks[0]) == shard.read_bytes()
+        assert b"".join(chunks) == shard.read_bytes()
+        assert all(len(c) == 1 << 16 for c in chunks[:-1]) and len(chunks) > 1
         assert src.size == src.position == shard.stat().st_size
-        del chunks
     with pytest.raises(ShardNotFoundError, match=r"nope\.tar: no such shard"):
         open_source(str(shard.parent / "nope.tar"))
 
