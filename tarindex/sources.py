@@ -431,7 +431,7 @@ class FsspecSource(_Retrying):
 
     def _open_at(self, start: int) -> BinaryIO:
         try:
-            import fsspec
+            import fsspec  # type: ignore[import-untyped]  # optional, no stubs
         except ImportError as exc:
             raise SourceError(self.url, 0, "fsspec is not installed: pip install 'tarindex[s3]'") from exc
         try:

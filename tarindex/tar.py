@@ -202,7 +202,7 @@ class _Cursor:
 
     def fill(self, pos: int, need: int) -> int:
         """Make ``buf[pos:pos + need]`` available; return the new ``pos`` (-1 if the input ends first)."""
-        parts = [self.buf[pos:]] if pos < len(self.buf) else []
+        parts: list[Buffer] = [self.buf[pos:]] if pos < len(self.buf) else []
         have = len(parts[0]) if parts else 0
         self.base += pos
         while have < need:
@@ -222,7 +222,7 @@ class _Cursor:
             else:
                 parts.append(chunk[at:] if at else chunk)
                 have += len(chunk) - at
-        self.buf = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.buf = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[arg-type]  # bytes-like parts
         return 0 if have >= need else -1
 
     def skip(self, pos: int, count: int) -> int:

@@ -62,6 +62,18 @@ def test_local_equals_tarfile_and_tardataset(shards: list[Path]) -> None:
     assert [s["__index__"] for s in from_index] == list(range(len(ds)))
 
 
+def test_same_samples_as_webdataset(shards: list[Path], http_server: HTTPServer, tmp_path: Path) -> None:
+    import warnings
+
+    import webdataset as wds
+
+    urls = [str(p) for p in shards] + _publish(http_server, shards[:1], tmp_path.name + "-wds")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # webdataset's own deprecation notices
+        expected = [{k: v for k, v in s.items() if k != "__local_path__"} for s in wds.WebDataset(urls, shardshuffle=False)]
+    assert list(TarStream(urls)) == expected
+
+
 def test_tar_flavours_equal_tarfile(gnu_tar_shard: Path, py_tar_shard: Path, wds_shard: Path) -> None:
     for p in (gnu_tar_shard, py_tar_shard, wds_shard):
         assert list(TarStream([str(p)])) == _oracle([p])
@@ -195,6 +207,11 @@ def test_truncated_shard_is_an_error_never_a_short_epoch(shards: list[Path], tmp
     errors: list[Exception] = []
     got = _keys(list(TarStream(urls, handler=lambda e: errors.append(e) is None)))  # webdataset style: True goes on
     assert len(errors) == 1 and isinstance(errors[0], CorruptArchiveError) and len(got) >= 14
+    import webdataset as wds
+
+    assert _keys(list(TarStream(urls, handler=wds.ignore_and_continue))) == got  # webdataset's handlers as is
+    with pytest.raises(CorruptArchiveError):
+        list(TarStream(urls, handler=wds.reraise_exception))
 
 
 def test_failing_pipe_command_is_an_error(shards: list[Path]) -> None:
