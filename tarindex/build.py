@@ -14,7 +14,7 @@ from .index.reader import IndexReader
 from .index.writer import IndexWriter
 from .samples import group_members
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, fingerprint, fingerprint_stream
-from .sources import is_url, iter_archive, open_source
+from .sources import is_url, open_source
 from .tar import iter_tar, iter_tar_file
 
 __all__ = ["BuildReport", "build_index", "merge_indexes", "scan_shard", "scan_stream"]
@@ -87,7 +87,7 @@ def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
             yield chunk
 
     with open_source(url) as source:
-        raw = iter_archive(tapped(source), url)
+        raw = source.archive(tapped)
         table = ShardTable.from_samples(group_members(iter_tar(raw, url), url))
         for _ in raw:  # the rest (end-of-archive padding): the size and fingerprint cover the whole stream
             pass

@@ -46,7 +46,7 @@ __all__ = [
     "open_source",
 ]
 
-DEFAULT_BLOCK_SIZE = 2 << 20
+DEFAULT_BLOCK_SIZE = 1 << 20
 _RETRYABLE_STATUS = frozenset((408, 425, 429, 500, 502, 503, 504))
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _MAX_REDIRECTS = 5
@@ -75,11 +75,21 @@ class Source:
         self.mtime_ns = 0
         self._reader: Iterator[bytes] | None = None
 
-    prefetch = 2
+    prefetch = 8
     """Blocks a reader thread keeps ready ahead of the parser (0: read in the caller's thread)."""
 
     def __iter__(self) -> Iterator[Any]:
-        chunks = self._chunks()
+        return self._run(self._chunks())
+
+    def archive(self, tap: Callable[[Iterator[bytes]], Iterator[bytes]] | None = None) -> Iterator[bytes]:
+        """The uncompressed tar stream (see :func:`iter_archive`), decompressed in the reader thread too.
+
+        ``tap`` wraps the raw chunks before decompression (it runs in the reader thread).
+        """
+        raw = self._chunks()
+        return self._run(iter_archive(tap(raw) if tap is not None else raw, self.url))
+
+    def _run(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
         if self.prefetch <= 0:
             return chunks
         self._reader = _read_ahead(chunks, self.prefetch, self._interrupt)
@@ -466,7 +476,7 @@ def open_source(
 
     Args:
         url: local path, ``-``, ``pipe:COMMAND``, ``http(s)://...`` or an fsspec URL.
-        block_size: bytes per read (default 2 MiB).
+        block_size: bytes per read (default 1 MiB).
         retries: network reconnections allowed without progress before giving up.
         backoff: seconds before the first retry; doubled on each further one (at most 30).
         timeout: socket timeout in seconds (HTTP).
@@ -491,7 +501,7 @@ def open_source(
     return FileSource(url, block_size=block_size)
 
 
-def iter_archive(chunks: Iterable[Any], url: str) -> Iterator[Any]:
+def iter_archive(chunks: Iterable[Any], url: str) -> Iterator[bytes]:
     """The uncompressed tar stream of a source's chunks: zstd is detected by its first bytes and decompressed.
 
     Raises:

@@ -23,7 +23,7 @@ from .errors import DecodeError, StreamWarning, TarIndexError
 from .index.reader import IndexReader
 from .samples import group_members
 from .shards import INDEX_SUFFIX, expand_shards
-from .sources import DEFAULT_BLOCK_SIZE, is_url, iter_archive, open_source
+from .sources import DEFAULT_BLOCK_SIZE, is_url, open_source
 from .tar import iter_tar
 
 __all__ = ["Handler", "TarStream"]
@@ -83,7 +83,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             skip the rest of the shard; or a function of the exception that
             returns ``True`` to go on as ``"warn"`` does (webdataset's handlers).
         rank, world_size: override ``torch.distributed`` / ``RANK`` / ``WORLD_SIZE``.
-        block_size: bytes per read (a reader thread keeps two blocks ahead of the parser).
+        block_size: bytes per read (a reader thread keeps 8 blocks ahead of the parser).
         retries, backoff, timeout: network retries without progress, first
             backoff in seconds (doubled each time), socket timeout.
         storage_options: keyword arguments for fsspec filesystems.
@@ -157,7 +157,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         index = self._starts[shard] if self._starts is not None else None
         source = open_source(url, **self._source_options)
         try:
-            raw = iter_archive(source, url)
+            raw = source.archive()
             for rec in group_members(iter_tar(raw, url, with_data=True), url):
                 sample: Sample = {"__key__": rec.key, "__url__": url}
                 if index is not None:
