@@ -207,7 +207,7 @@ def drop_server() -> Iterator[Callable[..., DropServer]]:
         state = DropServer(data, drop_at, mode, **options)
         server = _QuietServer(("127.0.0.1", 0), _drop_handler(state))
         state.port = server.server_port
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(server)
         return state
 
