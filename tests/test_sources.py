@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,9 @@ def test_pipe_closed_early_ends_the_command(shard: Path) -> None:
     next(it)
     proc = src._proc  # the command we started
     assert proc is not None and proc.poll() is None
-    src.close()  # stops the reader thread and ends the command, without waiting for it to finish
+    t0 = time.monotonic()
+    src.close()  # stops the reader thread and ends the command (the shell and its children), without waiting
+    assert time.monotonic() - t0 < 10  # not the 30 s of the sleep that holds the pipe open
     assert proc.poll() is not None and proc.stdout is not None and proc.stdout.closed
 
 
