@@ -17,14 +17,32 @@ if os.environ.get("TARINDEX_PURE_PYTHON"):
     _speedups = None
 from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, ShardNotFoundError, StaleIndexError
+from .index.format import ShardInfo
 from .index.reader import IndexReader
 from .shards import resolve_index
+from .sources import RangeReader, is_url
 
 __all__ = ["TarDataset"]
 
 _pread = os.pread
 
 Sample = dict[str, Any]
+
+
+def _open_url(url: str, info: ShardInfo) -> RangeReader:
+    """A ranged reader for a URL shard, checked against its index entry (size; mtime when both know one).
+
+    Raises:
+        StaleIndexError: the server's size or Last-Modified differs from the index.
+    """
+    reader = RangeReader(url)
+    if reader.size >= 0 and reader.size != info.size:
+        reader.close()
+        raise StaleIndexError(url, f"size {info.size} -> {reader.size}")
+    if reader.mtime_ns and info.mtime_ns and reader.mtime_ns != info.mtime_ns:
+        reader.close()
+        raise StaleIndexError(url, f"mtime {info.mtime_ns} -> {reader.mtime_ns}")
+    return reader
 
 
 def _close(handle: Any) -> None:
@@ -77,7 +95,7 @@ class TarDataset:
         self.max_open_files = max(1, max_open_files)
         self._gen = -1  # FORK[0] this object attached under; -1: not attached
         self._n = self.index.n_samples
-        self.urls = [str(self.index.shard_path(i)) for i in range(len(self.index.shards))]
+        self.urls = [info.path if is_url(info.path) else str(self.index.shard_path(i)) for i, info in enumerate(self.index.shards)]
 
     # -- per-process state ----------------------------------------------------
     def _attach(self) -> None:
@@ -111,6 +129,8 @@ class TarDataset:
     def _open_shard(self, shard: int) -> Any:
         path = self.urls[shard]
         info = self.index.shards[shard]
+        if path.startswith(("http://", "https://")):  # an index built from URLs: Range requests
+            return self._remember(shard, _open_url(path, info))
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:
@@ -122,14 +142,17 @@ class TarDataset:
                 f"size {info.size} -> {st.st_size}" if st.st_size != info.size else f"mtime {info.mtime_ns} -> {st.st_mtime_ns}"
             )
             raise StaleIndexError(path, what)
+        return self._remember(shard, fd)
+
+    def _remember(self, shard: int, handle: Any) -> Any:
         fds = self._fds
         while len(fds) >= self.max_open_files:
             evicted, old = fds.popitem(last=False)
             if self._fast is not None:
                 self._fast.forget(evicted)
             _close(old)
-        fds[shard] = fd
-        return fd
+        fds[shard] = handle
+        return handle
 
     def close(self) -> None:
         """Close this process's shard files (they reopen on demand)."""

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 from urllib.parse import urljoin, urlsplit
 
-from .errors import ShardNotFoundError, SourceError, TarIndexError
+from .errors import ShardNotFoundError, SourceError, StaleIndexError, TarIndexError
 from .zstd import is_zstd, iter_decompressed
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "FsspecSource",
     "HTTPSource",
     "PipeSource",
+    "RangeReader",
     "Source",
     "is_url",
     "iter_archive",
@@ -436,12 +437,7 @@ class HTTPSource(_Retrying):
         length = resp.getheader("Content-Length")
         self.size = int(length) if length and length.isdigit() else None
         self._validator = resp.getheader("ETag") or resp.getheader("Last-Modified")
-        modified = resp.getheader("Last-Modified")
-        if modified:
-            try:
-                self.mtime_ns = int(email.utils.parsedate_to_datetime(modified).timestamp()) * 1_000_000_000
-            except (TypeError, ValueError):
-                self.mtime_ns = 0
+        self.mtime_ns = _http_mtime(resp)
 
     def _skip(self, body: _HTTPBody, n: int) -> None:
         while n:
@@ -449,6 +445,131 @@ class HTTPSource(_Retrying):
             if not got:
                 raise ConnectionError(f"stream ended {n} bytes before the resume point")
             n -= got
+
+
+class RangeReader:
+    """Random reads of an HTTP(S) shard: ``read_at(offset, size)`` with ``Range`` requests.
+
+    One kept-alive connection per reader (per process), reconnected and
+    retried with backoff on failure. Every request carries ``If-Range`` with
+    the shard's ``ETag`` (or ``Last-Modified``), so a shard that changed on
+    the server is a :class:`~tarindex.errors.StaleIndexError`, never bytes of
+    another version.
+
+    Raises:
+        ShardNotFoundError: HTTP 404 or 410.
+        SourceError: the server does not answer with ranges, or fails after the retries.
+    """
+
+    def __init__(self, url: str, *, retries: int = 5, backoff: float = 0.5, timeout: float = 60.0) -> None:
+        self.url = url
+        self.retries = retries
+        self.backoff = backoff
+        self.timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+        self._target = ""
+        self._final = url
+        self._validator: str | None = None
+        self.size = -1
+        self.mtime_ns = 0
+        first = self._request("GET", {"Range": "bytes=0-0"}, 0)  # GET, not HEAD: presigned URLs allow GET only
+        if first.status == 206:
+            total = first.getheader("Content-Range", "").rpartition("/")[2]
+            self.size = int(total) if total.isdigit() else -1
+            first.read()
+        elif first.status == 200:  # no Range support: read_at will say so; the body is not wanted
+            length = first.getheader("Content-Length")
+            self.size = int(length) if length and length.isdigit() else -1
+            self.close()
+        else:
+            first.read()
+            raise SourceError(url, 0, f"HTTP {first.status} {first.reason}")
+        self._validator = first.getheader("ETag") or first.getheader("Last-Modified")
+        self.mtime_ns = _http_mtime(first)
+
+    def _request(self, method: str, headers: dict[str, str], offset: int) -> http.client.HTTPResponse:
+        failures = 0
+        while True:
+            try:
+                if self._conn is None:
+                    self._conn, resp, self._final = _http_get(self._final, headers, self.timeout, 1 << 20, offset, method)
+                    self._target = urlsplit(self._final).path or "/"
+                    if urlsplit(self._final).query:
+                        self._target += "?" + urlsplit(self._final).query
+                else:
+                    self._conn.request(method, self._target, headers={"User-Agent": "tarindex", **headers})
+                    resp = self._conn.getresponse()
+                if resp.status in (404, 410):
+                    resp.read()
+                    raise ShardNotFoundError(f"{self.url}: no such shard (HTTP {resp.status})")
+                if resp.status in _RETRYABLE_STATUS:
+                    resp.read()
+                    raise ConnectionError(f"HTTP {resp.status} {resp.reason}")
+                return resp
+            except TarIndexError:
+                raise
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                failures += 1
+                if failures > self.retries:
+                    raise SourceError(
+                        self.url, offset, f"read failed after {self.retries} retries ({type(exc).__name__}: {exc})"
+                    ) from exc
+                if failures > 1:  # a kept-alive connection the server closed is retried at once
+                    time.sleep(min(self.backoff * 2 ** (failures - 2), 30.0))
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` (fewer at the end of the shard).
+
+        Raises:
+            StaleIndexError: the shard changed on the server since this reader opened it.
+            SourceError: no ``Range`` support, or failures after the retries.
+        """
+        if size <= 0:
+            return b""
+        headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
+        if self._validator:
+            headers["If-Range"] = self._validator
+        failures = 0
+        while True:
+            resp = self._request("GET", headers, offset)
+            try:
+                data = resp.read()
+            except (OSError, http.client.HTTPException) as exc:  # cut short: once more, on a new connection
+                self.close()
+                failures += 1
+                if failures > self.retries:
+                    raise SourceError(self.url, offset, f"read failed after {self.retries} retries ({exc})") from exc
+                continue
+            if resp.status == 206:
+                return data
+            if resp.status == 416:
+                return b""
+            self.close()  # a whole body follows, or an error: not a connection to keep
+            if resp.status == 200:
+                if self._validator and (resp.getheader("ETag") or resp.getheader("Last-Modified")) != self._validator:
+                    raise StaleIndexError(self.url, "the server has a new version (ETag or Last-Modified)")
+                raise SourceError(self.url, offset, "the server does not answer Range requests")
+            raise SourceError(self.url, offset, f"HTTP {resp.status} {resp.reason}")
+
+    def close(self) -> None:
+        """Close the connection (it reopens on the next read)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def __getstate__(self) -> dict[str, Any]:  # a connection does not cross processes
+        return {**self.__dict__, "_conn": None}
+
+
+def _http_mtime(resp: http.client.HTTPResponse) -> int:
+    modified = resp.getheader("Last-Modified")
+    if not modified:
+        return 0
+    try:
+        return int(email.utils.parsedate_to_datetime(modified).timestamp()) * 1_000_000_000
+    except (TypeError, ValueError):
+        return 0
 
 
 class FsspecSource(_Retrying):

@@ -173,14 +173,17 @@ def _drop_handler(state: DropServer) -> type[http.server.BaseHTTPRequestHandler]
             data = state.data
             if state.change_etag and len(state.requests) > 1:
                 state.etag = '"v2"'
-            start = int(rng.split("=")[1].split("-")[0]) if rng and state.ranges else 0
-            if rng and self.headers.get("If-Range", state.etag) != state.etag:
-                start = 0
-            self.send_response(206 if start else 200)
+            ranged = bool(rng) and state.ranges and self.headers.get("If-Range", state.etag) == state.etag
+            start, last = 0, len(data) - 1
+            if ranged:
+                first, _, end = rng.split("=")[1].partition("-")
+                start, last = int(first), min(int(end), last) if end else last
+                data = data[: last + 1]
+            self.send_response(206 if ranged else 200)
             self.send_header("Content-Length", str(len(data) - start))
             self.send_header("ETag", state.etag)
-            if start:
-                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            if ranged:
+                self.send_header("Content-Range", f"bytes {start}-{last}/{len(state.data)}")
             self.end_headers()
             cut = state.mode == "always" or len(state.requests) == 1
             end = min(max(start, state.drop_at), len(data)) if cut else len(data)

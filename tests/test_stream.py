@@ -278,3 +278,38 @@ def test_cli_build_over_http(http_server: HTTPServer, shards: list[Path], tmp_pa
     result = CliRunner().invoke(main, ["build", urls[0].replace(".tar", "-missing.tar"), "-o", str(out), "-q"])
     assert result.exit_code == 1 and "no such shard (HTTP 404)" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_tardataset_over_an_index_of_urls(http_server: HTTPServer, shards: list[Path], tmp_path: Path) -> None:
+    if http_server.kind != "nginx":
+        pytest.skip("Python's http.server (the fallback) does not answer Range requests")
+    urls = _publish(http_server, shards[:2], tmp_path.name + "-ranged")
+    remote = TarDataset(build_index(urls, index=tmp_path / "ranged.tarindex").path)
+    local = TarDataset(build_index([str(p) for p in shards[:2]], index=tmp_path / "plain.tarindex").path)
+    assert remote.urls == urls
+    assert len(remote) == len(local) == 14
+    for i in [13, 0, 7, 6, 1]:  # random access: one Range request per sample on a kept-alive connection
+        assert {**remote[i], "__url__": None} == {**local[i], "__url__": None}
+    assert remote[8]["__url__"] == urls[1]
+    # the shard changes on the server: the next process that opens it says the index is stale
+    (http_server.root / f"{tmp_path.name}-ranged" / shards[1].name).write_bytes(shards[1].read_bytes() + bytes(512))
+    fresh = TarDataset(remote.index_path)
+    with pytest.raises(tarindex.StaleIndexError, match=rf"{urls[1]}: shard changed since it was indexed \(size"):
+        fresh[8]
+
+
+def test_url_shard_without_range_support(drop_server, shards: list[Path], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tarindex.sources import RangeReader
+
+    data = shards[0].read_bytes()
+    server = drop_server(data, drop_at=len(data), mode="once", ranges=False)
+    reader = RangeReader(server.url, backoff=0.01)
+    assert reader.size == len(data)
+    with pytest.raises(SourceError, match=rf"{server.url}: the server does not answer Range requests at byte offset 1024"):
+        reader.read_at(1024, 100)
+    ranged = drop_server(data, drop_at=len(data), mode="once")
+    reader = RangeReader(ranged.url, backoff=0.01)
+    assert reader.read_at(1024, 100) == data[1024:1124]
+    assert reader.read_at(len(data) - 10, 100) == data[-10:]
+    assert ranged.requests == ["bytes=0-0", "bytes=1024-1123", f"bytes={len(data) - 10}-{len(data) + 89}"]
+    reader.close()
