@@ -115,7 +115,8 @@ class _EpochOrder:
 
     def _window_perm(self, w: int, size: int) -> _Feistel:
         if self._feistel is None or self._feistel[0] != w:
-            keys = np.random.SeedSequence([self.seed % _U64, self.epoch % _U64, 1, w]).generate_state(_ROUNDS, np.uint64)
+            seq = np.random.SeedSequence([self.seed % _U64, self.epoch % _U64, 1, w])
+            keys = seq.generate_state(_ROUNDS, np.uint64).astype(np.uint64)
             self._feistel = (w, _Feistel(size, keys))
         return self._feistel[1]
 
