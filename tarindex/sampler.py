@@ -99,8 +99,16 @@ class _Feistel:
 class _EpochOrder:
     """The stream of one epoch: O(shards) arrays, samples computed on demand."""
 
-    def __init__(self, sizes: npt.NDArray[np.int64], starts: npt.NDArray[np.int64], *, seed: int, epoch: int,
-                 shuffle: bool, chunk_shards: int) -> None:
+    def __init__(
+        self,
+        sizes: npt.NDArray[np.int64],
+        starts: npt.NDArray[np.int64],
+        *,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        chunk_shards: int,
+    ) -> None:
         self.seed, self.epoch, self.shuffle, self.chunk = seed, epoch, shuffle, chunk_shards
         self.starts = starts
         n_shards = len(sizes)
@@ -282,7 +290,12 @@ class ShardSampler:
     def _epoch_order(self) -> _EpochOrder:
         if self._order is None or self._order.epoch != self.epoch:
             self._order = _EpochOrder(
-                self.sizes, self.starts, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle, chunk_shards=self.chunk_shards
+                self.sizes,
+                self.starts,
+                seed=self.seed,
+                epoch=self.epoch,
+                shuffle=self.shuffle,
+                chunk_shards=self.chunk_shards,
             )
         return self._order
 
@@ -358,7 +371,9 @@ class ShardSampler:
             plan = _merge((int(a), int(b)) for a, b in state["plan"])
             consumed = state["consumed"]
             counts = [int(c) for c in consumed] if isinstance(consumed, (list, tuple)) else [int(consumed)] * old_world
-            ours = {k: state[k] for k in ("seed", "shuffle", "chunk_shards", "total_samples", "num_shards", "drop_last")}
+            ours = {
+                k: state[k] for k in ("seed", "shuffle", "chunk_shards", "total_samples", "num_shards", "drop_last")
+            }
         except (KeyError, TypeError, ValueError) as exc:
             raise SamplerStateError(f"not a ShardSampler state: {exc!r}") from exc
         if fmt != _STATE_FORMAT:

@@ -61,8 +61,8 @@ def max_open_shards(shards: list[int]) -> int:
         first.setdefault(k, p)
         last[k] = p
     delta = np.zeros(len(shards) + 1, dtype=np.int64)
-    for k in first:
-        delta[first[k]] += 1
+    for k, p in first.items():
+        delta[p] += 1
         delta[last[k] + 1] -= 1
     return int(np.cumsum(delta).max())
 
@@ -73,7 +73,9 @@ def test_exactly_once_equal_lengths_padding(
     sizes: list[int], world: int, seed: int, epoch: int, chunk: int, shuffle: bool, drop_last: bool
 ) -> None:
     n = sum(sizes)
-    streams = rank_streams(sizes, world, seed=seed, epoch=epoch, chunk_shards=chunk, shuffle=shuffle, drop_last=drop_last)
+    streams = rank_streams(
+        sizes, world, seed=seed, epoch=epoch, chunk_shards=chunk, shuffle=shuffle, drop_last=drop_last
+    )
     length = expected_len(n, world, drop_last)
     assert [len(s) for s in streams] == [length] * world
     assert [len(ShardSampler(Shards(sizes), world, r, drop_last=drop_last)) for r in range(world)] == [length] * world
@@ -123,7 +125,7 @@ def test_no_shuffle_is_index_order(sizes: list[int], chunk: int) -> None:
 def test_resume_equals_uninterrupted(
     sizes: list[int], world: int, seed: int, epoch: int, chunk: int, drop_last: bool, frac: float, explicit: bool
 ) -> None:
-    kw = dict(seed=seed, chunk_shards=chunk, drop_last=drop_last)
+    kw = {"seed": seed, "chunk_shards": chunk, "drop_last": drop_last}
     for r in range(world):
         full = ShardSampler(Shards(sizes), world, r, **kw)
         full.set_epoch(epoch)
@@ -161,7 +163,7 @@ def test_resume_with_other_world_sizes_sees_rest_once(
     sizes: list[int], phases: list[tuple[int, float]], last_world: int, seed: int, chunk: int, drop_last: bool
 ) -> None:
     n = sum(sizes)
-    kw = dict(seed=seed, chunk_shards=chunk, drop_last=drop_last)
+    kw = {"seed": seed, "chunk_shards": chunk, "drop_last": drop_last}
     seen: list[int] = []
     state: dict[str, Any] | None = None
     slack = 0  # padding may repeat, drop_last may drop, fewer than `world` samples per phase
@@ -261,7 +263,9 @@ def test_sampler_needs_no_torch() -> None:
         "assert 'torch' not in sys.modules\n"
         "print('ok')\n"
     )
-    result = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], check=False, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ok\n"
 
