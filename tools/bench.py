@@ -1,6 +1,7 @@
 """Benchmarks, side by side with the physical limit, as ratios in one run.
 
 Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small]
+Sampler benchmarks (ShardSampler vs DistributedSampler): python tools/bench.py --sampler [--sets sampler]
 Results go to stdout as a markdown table; record them in docs/performance.md.
 """
 
@@ -91,18 +92,151 @@ def bench_set(paths: list[str], name: str) -> list[tuple[str, float, str]]:
     return rows
 
 
+def _evict(paths: list[str]) -> None:
+    """Drop the shards' pages from the page cache (this process's files only; nothing global)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def bench_sampler_order(index: str | Path, name: str, *, world: int = 2) -> list[tuple[str, float, str]]:
+    """TarDataset read throughput of rank 0 in ShardSampler order vs DistributedSampler order, same data.
+
+    Takes any index (plain tar today; point it at an index of zstd shards to compare frame-cache locality).
+    Warm: page cache holds the shards. Cold: the shards' pages are evicted (posix_fadvise) before each pass.
+    """
+    from torch.utils.data import DistributedSampler
+
+    ds = tarindex.TarDataset(index)
+    orders = {
+        "DistributedSampler": list(DistributedSampler(ds, num_replicas=world, rank=0, shuffle=True, seed=0)),
+        "ShardSampler": list(tarindex.ShardSampler(ds, world, 0, seed=0)),
+    }
+    read = ds.read
+    rows: list[tuple[str, float, str]] = []
+    for cache in ("warm", "cold"):
+        rate = {}
+        for label, order in orders.items():
+            best = float("inf")
+            for _ in range(3 if cache == "warm" else 2):
+                if cache == "cold":
+                    ds.close()
+                    _evict(ds.urls)
+                else:
+                    [read(i) for i in order]  # fill the page cache
+                best = min(best, timed(lambda order=order: [read(i) for i in order]))
+            rate[label] = len(order) / best
+        base = rate["DistributedSampler"]
+        rows.append((f"{name}: rank 0 of {world}, DistributedSampler order, {cache} (samples/s)", base, "peer"))
+        ratio = f"{rate['ShardSampler'] / base:.2f}x DistributedSampler"
+        rows.append(
+            (f"{name}: rank 0 of {world}, ShardSampler order, {cache} (samples/s)", rate["ShardSampler"], ratio)
+        )
+    return rows
+
+
+def _child_peak(fn, conn) -> None:  # type: ignore[no-untyped-def]
+    def hwm() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+
+    base = hwm()
+    t = timed(fn)
+    conn.send((t, (hwm() - base) / 1024))
+
+
+def _in_child(fn):  # type: ignore[no-untyped-def]
+    """(seconds, peak RSS growth in MiB) of fn, run in a forked child so peaks don't mix."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child_peak, args=(fn, send))
+    proc.start()
+    result = recv.recv()
+    proc.join()
+    return result
+
+
+class _Synthetic:
+    """Lengths only: what ShardSampler needs from a dataset."""
+
+    def __init__(self, n_shards: int, per_shard: int) -> None:
+        self.shard_sizes = np.full(n_shards, per_shard, dtype=np.int64)
+
+
+def bench_sampler_scale(
+    n_shards: int = 500_000, per_shard: int = 10_000, *, world: int = 8
+) -> list[tuple[str, float, str]]:
+    """Start of epoch and memory on a synthetic 5e9-sample dataset; DistributedSampler at 1e7 as the peer."""
+    import torch
+    from torch.utils.data import DistributedSampler
+
+    n = n_shards * per_shard
+    data = _Synthetic(n_shards, per_shard)
+
+    def start_epoch() -> None:
+        s = tarindex.ShardSampler(data, world, world - 1, seed=1)
+        s.set_epoch(3)
+        next(iter(s))
+
+    def million() -> None:
+        it = iter(tarindex.ShardSampler(data, world, 1, seed=1))
+        for _ in range(1_000_000):
+            next(it)
+
+    t_start, mem = _in_child(start_epoch)
+    t_million, _ = _in_child(million)
+    peer_n = 10_000_000
+    peer = torch.utils.data.TensorDataset(torch.empty(peer_n, 0))
+
+    def peer_start() -> None:
+        s = DistributedSampler(peer, num_replicas=world, rank=world - 1, seed=1)
+        s.set_epoch(3)
+        next(iter(s))
+
+    t_peer, mem_peer = _in_child(peer_start)
+    label = f"{n / 1e9:g}e9 samples, {n_shards:,} shards, rank {world - 1} of {world}"
+    return [
+        (f"ShardSampler {label}: start of epoch (s)", t_start, "target < 1 s"),
+        (f"ShardSampler {label}: peak memory (MiB)", mem, "target < 100 MB"),
+        (f"ShardSampler {label}: indices/s (first 1M)", 1e6 / t_million, ""),
+        (
+            f"DistributedSampler {peer_n:.0e} samples: start of epoch (s)",
+            t_peer,
+            f"5e9 samples (linear): ~{t_peer * n / peer_n:,.0f} s",
+        ),
+        (
+            f"DistributedSampler {peer_n:.0e} samples: peak memory (MiB)",
+            mem_peer,
+            f"5e9 samples (linear): ~{mem_peer * n / peer_n / 1024:,.0f} GiB",
+        ),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default="bench-data", type=Path)
     ap.add_argument("--sets", default="jpeg,small")
+    ap.add_argument("--sampler", action="store_true", help="ShardSampler vs DistributedSampler benchmarks instead")
     args = ap.parse_args()
     specs = {"jpeg": (20, 1000, (20_000, 120_000)), "small": (20, 10_000, (800, 1200))}
+    specs["sampler"] = (40, 500, (4_000, 16_000))  # quick set for the sampler benchmarks
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print("| measurement | value | ratio |\n|---|---|---|")
     for name in args.sets.split(","):
         n_shards, per, size = specs[name]
         paths = make_set(args.dir / name, name, n_shards, per, size)
-        for label, value, ratio in bench_set(paths, name):
+        if args.sampler:
+            index = tarindex.build_index(paths, index=Path(paths[0]).with_name(f"{name}.tarindex")).path
+        for label, value, ratio in bench_sampler_order(index, name) if args.sampler else bench_set(paths, name):
+            print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
+    if args.sampler:
+        for label, value, ratio in bench_sampler_scale():
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
 
 
