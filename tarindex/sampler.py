@@ -6,8 +6,10 @@ The order of one epoch is a *stream*: a bijection from stream positions
 1. shards are permuted (numpy, seeded from ``(seed, epoch)``);
 2. consecutive permuted shards form windows of ``chunk_shards`` shards; the
    samples of a window occupy a contiguous range of stream positions;
-3. inside a window, positions are permuted by a keyed Feistel network over the
-   window's size (cycle walking), so no list of indices is ever built.
+3. inside a window, positions are permuted: a numpy permutation of the
+   window's size when it has at most ``2**20`` samples (8 MB at most), else a
+   keyed Feistel network over the window's size (cycle walking), so memory
+   never grows with the number of samples.
 
 The stream is dealt to ranks in contiguous blocks (rank ``r`` gets positions
 ``[r*L, (r+1)*L)``), so each rank reads a few windows, one after the other, and
@@ -38,7 +40,8 @@ from .errors import SamplerStateError
 __all__ = ["ShardSampler", "ShardSized"]
 
 _BLOCK = 8192  # stream positions mapped per vectorised step
-_ROUNDS = 4  # Feistel rounds (Luby-Rackoff: 4 rounds of a good mixer give a strong permutation)
+_TABLE_MAX = 1 << 20  # windows up to this size get an exact numpy permutation; larger ones a Feistel network
+_ROUNDS = 8  # Feistel rounds (Luby-Rackoff needs 4 with ideal round functions; 8 for margin)
 _U64 = 2**64
 _STATE_FORMAT = 1
 _M1 = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64 finaliser constants
@@ -119,14 +122,19 @@ class _EpochOrder:
         self.pcum = np.zeros(n_shards + 1, dtype=np.int64)
         np.cumsum(sizes[self.perm], out=self.pcum[1:])
         self.win_bounds = self.pcum[np.r_[0:n_shards:chunk_shards, n_shards]]
-        self._feistel: tuple[int, _Feistel] | None = None
+        self._window: tuple[int, _Feistel | npt.NDArray[np.int64]] | None = None
 
-    def _window_perm(self, w: int, size: int) -> _Feistel:
-        if self._feistel is None or self._feistel[0] != w:
+    def _window_perm(self, w: int, size: int) -> _Feistel | npt.NDArray[np.int64]:
+        """Window ``w``'s permutation of ``[0, size)``: a table if small, else a Feistel network."""
+        if self._window is None or self._window[0] != w:
             seq = np.random.SeedSequence([self.seed % _U64, self.epoch % _U64, 1, w])
-            keys = seq.generate_state(_ROUNDS, np.uint64).astype(np.uint64)
-            self._feistel = (w, _Feistel(size, keys))
-        return self._feistel[1]
+            perm: _Feistel | npt.NDArray[np.int64]
+            if size <= _TABLE_MAX:
+                perm = np.random.default_rng(seq).permutation(size)
+            else:
+                perm = _Feistel(size, seq.generate_state(_ROUNDS, np.uint64).astype(np.uint64))
+            self._window = (w, perm)
+        return self._window[1]
 
     def samples(self, a: int, b: int) -> Iterator[npt.NDArray[np.int64]]:
         """Sample numbers at stream positions ``[a, b)``, in arrays of at most ``_BLOCK``."""
@@ -144,10 +152,13 @@ class _EpochOrder:
             stop = min(b, end)
             shards = self.perm[w * chunk : (w + 1) * chunk]
             cum = self.pcum[w * chunk : w * chunk + len(shards) + 1] - base
-            feistel = self._window_perm(w, end - base)
+            perm = self._window_perm(w, end - base)
             for lo in range(a, stop, _BLOCK):
                 hi = min(stop, lo + _BLOCK)
-                j = feistel(np.arange(lo - base, hi - base, dtype=np.uint64)).astype(np.int64)
+                if isinstance(perm, _Feistel):
+                    j = perm(np.arange(lo - base, hi - base, dtype=np.uint64)).astype(np.int64)
+                else:
+                    j = perm[lo - base : hi - base]
                 t = np.searchsorted(cum, j, side="right") - 1
                 yield self.starts[shards[t]] + (j - cum[t])
             a = stop
@@ -288,7 +299,7 @@ class ShardSampler:
         self._yielded = 0
 
     def _epoch_order(self) -> _EpochOrder:
-        if self._order is None or self._order.epoch != self.epoch:
+        if self._order is None or (self._order.epoch, self._order.seed) != (self.epoch, self.seed):
             self._order = _EpochOrder(
                 self.sizes,
                 self.starts,

@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tarindex
+import tarindex.sampler as sampler_module
 from tarindex import SamplerStateError, ShardSampler, TarDataset
+from tarindex.sampler import _ROUNDS, _Feistel
 
 SETTINGS = settings(max_examples=120, deadline=None)
 
@@ -67,15 +69,23 @@ def max_open_shards(shards: list[int]) -> int:
     return int(np.cumsum(delta).max())
 
 
+# windows up to _TABLE_MAX samples use a numpy permutation table, larger ones the Feistel network:
+# with 0 every window takes the Feistel path
+WINDOW_PATHS = pytest.mark.parametrize("table_max", [sampler_module._TABLE_MAX, 0], ids=["table", "feistel"])
+
+
+@WINDOW_PATHS
 @SETTINGS
 @given(shard_lists, worlds, seeds, epochs, chunks, st.booleans(), st.booleans())
 def test_exactly_once_equal_lengths_padding(
-    sizes: list[int], world: int, seed: int, epoch: int, chunk: int, shuffle: bool, drop_last: bool
+    table_max: int, sizes: list[int], world: int, seed: int, epoch: int, chunk: int, shuffle: bool, drop_last: bool
 ) -> None:
     n = sum(sizes)
-    streams = rank_streams(
-        sizes, world, seed=seed, epoch=epoch, chunk_shards=chunk, shuffle=shuffle, drop_last=drop_last
-    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampler_module, "_TABLE_MAX", table_max)
+        streams = rank_streams(
+            sizes, world, seed=seed, epoch=epoch, chunk_shards=chunk, shuffle=shuffle, drop_last=drop_last
+        )
     length = expected_len(n, world, drop_last)
     assert [len(s) for s in streams] == [length] * world
     assert [len(ShardSampler(Shards(sizes), world, r, drop_last=drop_last)) for r in range(world)] == [length] * world
@@ -120,9 +130,26 @@ def test_no_shuffle_is_index_order(sizes: list[int], chunk: int) -> None:
     assert rank_streams(sizes, 1, shuffle=False, chunk_shards=chunk) == [list(range(sum(sizes)))]
 
 
+@WINDOW_PATHS
 @SETTINGS
 @given(shard_lists, worlds, seeds, epochs, chunks, st.booleans(), st.floats(0, 1), st.booleans())
 def test_resume_equals_uninterrupted(
+    table_max: int,
+    sizes: list[int],
+    world: int,
+    seed: int,
+    epoch: int,
+    chunk: int,
+    drop_last: bool,
+    frac: float,
+    explicit: bool,
+) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampler_module, "_TABLE_MAX", table_max)
+        check_resume(sizes, world, seed, epoch, chunk, drop_last, frac, explicit)
+
+
+def check_resume(
     sizes: list[int], world: int, seed: int, epoch: int, chunk: int, drop_last: bool, frac: float, explicit: bool
 ) -> None:
     kw = {"seed": seed, "chunk_shards": chunk, "drop_last": drop_last}
@@ -188,6 +215,34 @@ def test_resume_with_other_world_sizes_sees_rest_once(
     else:
         assert set(counts) == set(range(n))
         assert len(seen) - n <= slack
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 3000), st.lists(st.integers(0, 2**64 - 1), min_size=_ROUNDS, max_size=_ROUNDS))
+def test_feistel_is_a_bijection(n: int, keys: list[int]) -> None:
+    perm = _Feistel(n, np.array(keys, dtype=np.uint64))(np.arange(n, dtype=np.uint64))
+    assert sorted(perm.tolist()) == list(range(n))
+
+
+def test_feistel_bijection_past_table_size() -> None:
+    n = sampler_module._TABLE_MAX * 2 + 3  # 22 bits: 11-bit halves, cycle walking from 2**22
+    keys = np.random.SeedSequence(5).generate_state(_ROUNDS, np.uint64).astype(np.uint64)
+    perm = _Feistel(n, keys)(np.arange(n, dtype=np.uint64))
+    assert np.array_equal(np.sort(perm), np.arange(n, dtype=np.uint64))
+    assert abs(np.corrcoef(perm[:-1].astype(np.float64), perm[1:].astype(np.float64))[0, 1]) < 0.01
+
+
+@pytest.mark.parametrize("table_max", [sampler_module._TABLE_MAX, 0], ids=["table", "feistel"])
+def test_window_shuffle_is_uniform(table_max: int) -> None:
+    """Which of 10 samples comes first, over 2,000 seeds: chi-square within 5 sigma of its 9 degrees of freedom."""
+    n, seeds = 10, 2000
+    first = np.zeros(n)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampler_module, "_TABLE_MAX", table_max)
+        for seed in range(seeds):
+            first[next(iter(ShardSampler(Shards([n]), 1, 0, seed=seed)))] += 1
+    chi2 = float(((first - seeds / n) ** 2 / (seeds / n)).sum())
+    assert chi2 < 9 + 5 * math.sqrt(18), first
 
 
 def test_resume_other_world_size_exact_example() -> None:
