@@ -115,51 +115,28 @@ def bench_sampler_order(index: str | Path, name: str, *, world: int = 2) -> list
     orders = {
         "DistributedSampler": list(DistributedSampler(ds, num_replicas=world, rank=0, shuffle=True, seed=0)),
         "ShardSampler": list(tarindex.ShardSampler(ds, world, 0, seed=0)),
+        "index order (sequential: the locality limit)": list(tarindex.ShardSampler(ds, world, 0, shuffle=False)),
     }
     read = ds.read
     rows: list[tuple[str, float, str]] = []
     for cache in ("warm", "cold"):
         rate = {}
         for label, order in orders.items():
+            if cache == "warm":
+                [read(i) for i in order]  # fill the page cache
             best = float("inf")
             for _ in range(3 if cache == "warm" else 2):
                 if cache == "cold":
                     ds.close()
                     _evict(ds.urls)
-                else:
-                    [read(i) for i in order]  # fill the page cache
                 best = min(best, timed(lambda order=order: [read(i) for i in order]))
             rate[label] = len(order) / best
         base = rate["DistributedSampler"]
-        rows.append((f"{name}: rank 0 of {world}, DistributedSampler order, {cache} (samples/s)", base, "peer"))
-        ratio = f"{rate['ShardSampler'] / base:.2f}x DistributedSampler"
-        rows.append(
-            (f"{name}: rank 0 of {world}, ShardSampler order, {cache} (samples/s)", rate["ShardSampler"], ratio)
-        )
+        rows.append((f"{name}: rank 0 of {world}, DistributedSampler, {cache} (samples/s)", base, "peer"))
+        for label in list(orders)[1:]:
+            ratio = f"{rate[label] / base:.2f}x DistributedSampler"
+            rows.append((f"{name}: rank 0 of {world}, {label}, {cache} (samples/s)", rate[label], ratio))
     return rows
-
-
-def _child_peak(fn, conn) -> None:  # type: ignore[no-untyped-def]
-    def hwm() -> int:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
-
-    base = hwm()
-    t = timed(fn)
-    conn.send((t, (hwm() - base) / 1024))
-
-
-def _in_child(fn):  # type: ignore[no-untyped-def]
-    """(seconds, peak RSS growth in MiB) of fn, run in a forked child so peaks don't mix."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_peak, args=(fn, send))
-    proc.start()
-    result = recv.recv()
-    proc.join()
-    return result
 
 
 class _Synthetic:
@@ -169,37 +146,58 @@ class _Synthetic:
         self.shard_sizes = np.full(n_shards, per_shard, dtype=np.int64)
 
 
+def _scale_case(case: str, n_shards: int, per_shard: int, world: int, conn) -> None:  # type: ignore[no-untyped-def]
+    """Child process: (seconds, peak RSS growth in MiB) of one case, after imports and the dataset exist."""
+    import torch
+    from torch.utils.data import DistributedSampler
+
+    def hwm() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+
+    if case == "peer":
+        peer = torch.utils.data.TensorDataset(torch.empty(n_shards * per_shard, 0))
+    else:
+        data = _Synthetic(n_shards, per_shard)
+    base = hwm()
+    t0 = time.perf_counter()
+    if case == "start":  # construct, choose the epoch, first index
+        s = tarindex.ShardSampler(data, world, world - 1, seed=1)
+        s.set_epoch(3)
+        next(iter(s))
+    elif case == "million":
+        it = iter(tarindex.ShardSampler(data, world, 1, seed=1))
+        for _ in range(1_000_000):
+            next(it)
+    else:
+        d = DistributedSampler(peer, num_replicas=world, rank=world - 1, seed=1)
+        d.set_epoch(3)
+        next(iter(d))
+    conn.send((time.perf_counter() - t0, (hwm() - base) / 1024))
+
+
+def _in_child(*args: object) -> tuple[float, float]:
+    """Run ``_scale_case`` in a fresh (spawned) process so peaks don't mix and no lock is inherited."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_scale_case, args=(*args, send))
+    proc.start()
+    result = recv.recv()
+    proc.join()
+    return result  # type: ignore[no-any-return]
+
+
 def bench_sampler_scale(
     n_shards: int = 500_000, per_shard: int = 10_000, *, world: int = 8
 ) -> list[tuple[str, float, str]]:
     """Start of epoch and memory on a synthetic 5e9-sample dataset; DistributedSampler at 1e7 as the peer."""
-    import torch
-    from torch.utils.data import DistributedSampler
-
     n = n_shards * per_shard
-    data = _Synthetic(n_shards, per_shard)
-
-    def start_epoch() -> None:
-        s = tarindex.ShardSampler(data, world, world - 1, seed=1)
-        s.set_epoch(3)
-        next(iter(s))
-
-    def million() -> None:
-        it = iter(tarindex.ShardSampler(data, world, 1, seed=1))
-        for _ in range(1_000_000):
-            next(it)
-
-    t_start, mem = _in_child(start_epoch)
-    t_million, _ = _in_child(million)
+    t_start, mem = _in_child("start", n_shards, per_shard, world)
+    t_million, _ = _in_child("million", n_shards, per_shard, world)
     peer_n = 10_000_000
-    peer = torch.utils.data.TensorDataset(torch.empty(peer_n, 0))
-
-    def peer_start() -> None:
-        s = DistributedSampler(peer, num_replicas=world, rank=world - 1, seed=1)
-        s.set_epoch(3)
-        next(iter(s))
-
-    t_peer, mem_peer = _in_child(peer_start)
+    t_peer, mem_peer = _in_child("peer", peer_n, 1, world)
     label = f"{n / 1e9:g}e9 samples, {n_shards:,} shards, rank {world - 1} of {world}"
     return [
         (f"ShardSampler {label}: start of epoch (s)", t_start, "target < 1 s"),
