@@ -13,11 +13,13 @@ from .errors import (
     IndexFormatError,
     IndexNotFoundError,
     SampleNotFoundError,
+    SamplerStateError,
     ShardNotFoundError,
     StaleIndexError,
     TarIndexError,
 )
 from .index.reader import IndexReader
+from .sampler import ShardSampler
 
 __version__ = "0.1.0"
 
@@ -29,7 +31,9 @@ __all__ = [
     "IndexNotFoundError",
     "IndexReader",
     "SampleNotFoundError",
+    "SamplerStateError",
     "ShardNotFoundError",
+    "ShardSampler",
     "StaleIndexError",
     "TarDataset",
     "TarIndexError",

@@ -9,6 +9,7 @@ __all__ = [
     "IndexFormatError",
     "IndexNotFoundError",
     "SampleNotFoundError",
+    "SamplerStateError",
     "ShardNotFoundError",
     "SourceError",
     "StaleIndexError",
@@ -105,3 +106,7 @@ class SampleNotFoundError(TarIndexError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else ""
+
+
+class SamplerStateError(TarIndexError, ValueError):
+    """A sampler state dict is malformed or belongs to another dataset or configuration."""

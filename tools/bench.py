@@ -3,6 +3,7 @@
 Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream]
 (``--only stream,quick``: the streaming benchmark over 4 shards per set.)
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
+Sampler: --only sampler (ShardSampler vs DistributedSampler read order) and --only scale (5e9-sample start).
 Results go to stdout as a markdown table; record them in docs/performance.md.
 """
 
@@ -27,7 +28,11 @@ from tarindex.index.format import ShardInfo, ShardTable
 from tarindex.index.writer import IndexWriter
 
 Row = tuple[str, float, str]
-SPECS = {"jpeg": (20, 1000, (20_000, 120_000)), "small": (20, 10_000, (800, 1200))}
+SPECS = {
+    "jpeg": (20, 1000, (20_000, 120_000)),
+    "small": (20, 10_000, (800, 1200)),
+    "sampler": (40, 500, (4_000, 16_000)),  # a quick set for the sampler benchmarks
+}
 
 
 # -- data ------------------------------------------------------------------------------
@@ -336,13 +341,142 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_open(ds, name, work)
     if "stream" in only:
         yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
+    if "sampler" in only:
+        yield from bench_sampler_order(index, name)
+
+
+# -- samplers ---------------------------------------------------------------------------
+
+
+def _evict(paths: list[str]) -> None:
+    """Drop the shards' pages from the page cache (this process's files only; nothing global)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def bench_sampler_order(index: str | Path, name: str, *, world: int = 2) -> list[tuple[str, float, str]]:
+    """TarDataset read throughput of rank 0 in ShardSampler order vs DistributedSampler order, same data.
+
+    Takes any index (plain tar today; point it at an index of zstd shards to compare frame-cache locality).
+    Warm: page cache holds the shards. Cold: the shards' pages are evicted (posix_fadvise) before each pass.
+    """
+    from torch.utils.data import DistributedSampler
+
+    ds = tarindex.TarDataset(index)
+    orders = {
+        "DistributedSampler": list(DistributedSampler(ds, num_replicas=world, rank=0, shuffle=True, seed=0)),
+        "ShardSampler": list(tarindex.ShardSampler(ds, world, 0, seed=0)),
+        "index order (sequential: the locality limit)": list(tarindex.ShardSampler(ds, world, 0, shuffle=False)),
+    }
+    read = ds.read
+    rows: list[tuple[str, float, str]] = []
+    for cache in ("warm", "cold"):
+        rate = {}
+        for label, order in orders.items():
+            if cache == "warm":
+                _read_all(read, order)  # fill the page cache
+            best = float("inf")
+            for _ in range(3 if cache == "warm" else 2):
+                if cache == "cold":
+                    ds.close()
+                    _evict(ds.urls)
+                best = min(best, timed(lambda order=order: _read_all(read, order)))
+            rate[label] = len(order) / best
+        base = rate["DistributedSampler"]
+        rows.append((f"{name}: rank 0 of {world}, DistributedSampler, {cache} (samples/s)", base, "peer"))
+        for label in list(orders)[1:]:
+            ratio = f"{rate[label] / base:.2f}x DistributedSampler"
+            rows.append((f"{name}: rank 0 of {world}, {label}, {cache} (samples/s)", rate[label], ratio))
+    return rows
+
+
+class _Synthetic:
+    """Lengths only: what ShardSampler needs from a dataset."""
+
+    def __init__(self, n_shards: int, per_shard: int) -> None:
+        self.shard_sizes = np.full(n_shards, per_shard, dtype=np.int64)
+
+
+def _scale_case(case: str, n_shards: int, per_shard: int, world: int, conn) -> None:  # type: ignore[no-untyped-def]
+    """Child process: (seconds, peak RSS growth in MiB) of one case, after imports and the dataset exist."""
+    import torch
+    from torch.utils.data import DistributedSampler
+
+    def hwm() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+
+    if case == "peer":
+        peer = torch.utils.data.TensorDataset(torch.empty(n_shards * per_shard, 0))
+    else:
+        data = _Synthetic(n_shards, per_shard)
+    base = hwm()
+    t0 = time.perf_counter()
+    if case == "start":  # construct, choose the epoch, first index
+        s = tarindex.ShardSampler(data, world, world - 1, seed=1)
+        s.set_epoch(3)
+        next(iter(s))
+    elif case == "million":
+        it = iter(tarindex.ShardSampler(data, world, 1, seed=1))
+        for _ in range(1_000_000):
+            next(it)
+    else:
+        d = DistributedSampler(peer, num_replicas=world, rank=world - 1, seed=1)
+        d.set_epoch(3)
+        next(iter(d))
+    conn.send((time.perf_counter() - t0, (hwm() - base) / 1024))
+
+
+def _in_child(*args: object) -> tuple[float, float]:
+    """Run ``_scale_case`` in a fresh (spawned) process so peaks don't mix and no lock is inherited."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_scale_case, args=(*args, send))
+    proc.start()
+    result = recv.recv()
+    proc.join()
+    return result  # type: ignore[no-any-return]
+
+
+def bench_sampler_scale(
+    n_shards: int = 500_000, per_shard: int = 10_000, *, world: int = 8
+) -> list[tuple[str, float, str]]:
+    """Start of epoch and memory on a synthetic 5e9-sample dataset; DistributedSampler at 1e7 as the peer."""
+    n = n_shards * per_shard
+    t_start, mem = _in_child("start", n_shards, per_shard, world)
+    t_million, _ = _in_child("million", n_shards, per_shard, world)
+    peer_n = 10_000_000
+    t_peer, mem_peer = _in_child("peer", peer_n, 1, world)
+    label = f"{n / 1e9:g}e9 samples, {n_shards:,} shards, rank {world - 1} of {world}"
+    return [
+        (f"ShardSampler {label}: start of epoch (s)", t_start, "target < 1 s"),
+        (f"ShardSampler {label}: peak memory (MiB)", mem, "target < 100 MB"),
+        (f"ShardSampler {label}: indices/s (first 1M)", 1e6 / t_million, ""),
+        (
+            f"DistributedSampler {peer_n:.0e} samples: start of epoch (s)",
+            t_peer,
+            f"5e9 samples (linear): ~{t_peer * n / peer_n:,.0f} s",
+        ),
+        (
+            f"DistributedSampler {peer_n:.0e} samples: peak memory (MiB)",
+            mem_peer,
+            f"5e9 samples (linear): ~{mem_peer * n / peer_n / 1024:,.0f} GiB",
+        ),
+    ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default="bench-data", type=Path)
     ap.add_argument("--sets", default="jpeg,small")
-    ap.add_argument("--only", default="build,access,loader,open,stream")
+    ap.add_argument("--only", default="build,access,loader,open,sampler,scale,stream")
     args = ap.parse_args()
     only = set(args.only.split(","))
     work = args.dir / "work"
@@ -354,6 +488,9 @@ def main() -> None:
         n_shards, per, size = SPECS[name]
         paths = make_set(args.dir / name, name, n_shards, per, size)
         for label, value, ratio in run_set(name, paths, only, work):
+            print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
+    if "scale" in only:
+        for label, value, ratio in bench_sampler_scale():
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
 
 
