@@ -9,13 +9,16 @@ from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset
 from .errors import (
     CorruptArchiveError,
+    DecodeError,
     DuplicateMemberError,
     IndexFormatError,
     IndexNotFoundError,
     SampleNotFoundError,
     SamplerStateError,
     ShardNotFoundError,
+    SourceError,
     StaleIndexError,
+    StreamWarning,
     TarIndexError,
 )
 from .index.reader import IndexReader
@@ -26,6 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BuildReport",
     "CorruptArchiveError",
+    "DecodeError",
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
@@ -34,7 +38,9 @@ __all__ = [
     "SamplerStateError",
     "ShardNotFoundError",
     "ShardSampler",
+    "SourceError",
     "StaleIndexError",
+    "StreamWarning",
     "TarDataset",
     "TarIndexError",
     "TarStream",
