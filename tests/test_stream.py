@@ -313,3 +313,19 @@ def test_url_shard_without_range_support(drop_server, shards: list[Path], tmp_pa
     assert reader.read_at(len(data) - 10, 100) == data[-10:]
     assert ranged.requests == ["bytes=0-0", "bytes=1024-1123", f"bytes={len(data) - 10}-{len(data) + 89}"]
     reader.close()
+
+
+def test_s3_through_fsspec_against_moto(s3_server, shards: list[Path], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import fsspec
+
+    options = s3_server.storage_options()
+    fs = fsspec.filesystem("s3", **options)
+    prefix = f"{s3_server.bucket}/{tmp_path.name}"
+    for p in shards[:2]:
+        fs.put(str(p), f"{prefix}/{p.name}")
+    urls = [f"s3://{prefix}/{p.name}" for p in shards[:2]]
+    assert list(TarStream(urls, storage_options=options, block_size=1 << 16)) == _oracle(shards[:2], urls)
+    brace = f"s3://{prefix}/train-{{000000..000001}}.tar"
+    assert _keys(list(TarStream(brace, storage_options=options))) == _keys(_oracle(shards[:2]))
+    with pytest.raises(tarindex.ShardNotFoundError, match="no such shard"):
+        list(TarStream([f"s3://{prefix}/missing.tar"], storage_options=options))
