@@ -336,6 +336,12 @@ class _HTTPBody:
         return data
 
     def close(self) -> None:
+        sock = self.conn.sock
+        if sock is not None:  # wakes a read blocked in another thread (closing alone does not)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self.resp.close()
         self.conn.close()
 

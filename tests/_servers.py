@@ -143,7 +143,8 @@ class DropServer:
     """Serves one file with Range support, but cuts the connection when the stream reaches byte ``drop_at``.
 
     ``mode="once"``: only the first request is cut; ``"always"``: every request is cut there.
-    ``ranges=False`` ignores ``Range``; ``change_etag=True`` serves a new ``ETag`` after the first request.
+    ``ranges=False`` ignores ``Range``; ``change_etag=True`` serves a new ``ETag`` after the first request;
+    ``stall=S`` keeps the connection open S seconds before cutting it.
     """
 
     data: bytes
@@ -152,6 +153,7 @@ class DropServer:
     port: int = 0
     ranges: bool = True
     change_etag: bool = False
+    stall: float = 0.0
     requests: list[str | None] = field(default_factory=list)
     etag: str = '"v1"'
 
@@ -190,6 +192,8 @@ def _drop_handler(state: DropServer) -> type[http.server.BaseHTTPRequestHandler]
             self.wfile.write(data[start:end])
             self.wfile.flush()
             if end < len(data):
+                if state.stall:  # a server that stops sending but keeps the connection
+                    time.sleep(state.stall)
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
 
@@ -206,7 +210,7 @@ def drop_server() -> Iterator[Callable[..., DropServer]]:
     """Factory: ``drop_server(data, drop_at, mode)`` starts a :class:`DropServer` on 127.0.0.1."""
     servers: list[_QuietServer] = []
 
-    def start(data: bytes, drop_at: int, mode: str = "once", **options: bool) -> DropServer:
+    def start(data: bytes, drop_at: int, mode: str = "once", **options: float) -> DropServer:
         state = DropServer(data, drop_at, mode, **options)
         server = _QuietServer(("127.0.0.1", 0), _drop_handler(state))
         state.port = server.server_port

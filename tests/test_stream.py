@@ -329,3 +329,21 @@ def test_s3_through_fsspec_against_moto(s3_server, shards: list[Path], tmp_path:
     assert _keys(list(TarStream(brace, storage_options=options))) == _keys(_oracle(shards[:2]))
     with pytest.raises(tarindex.ShardNotFoundError, match="no such shard"):
         list(TarStream([f"s3://{prefix}/missing.tar"], storage_options=options))
+
+
+def test_stopping_early_on_a_stalled_server_returns_at_once(drop_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from tarindex.tar import iter_tar
+
+    shard = make_shard_set(tmp_path / "big", n_shards=1, per=800)[0]
+    data = shard.read_bytes()
+    # the parser yields its first batch once it has seen 1,024 headers; the server stalls soon after,
+    # where the reader thread (up to 8 blocks ahead) is sure to be waiting for bytes
+    stall_at = [h for _, h, _, _, _ in iter_tar([data], "x")][1100]
+    server = drop_server(data, drop_at=stall_at, mode="always", stall=30)
+    it = iter(TarStream([server.url], block_size=1 << 16))
+    assert next(it)["__key__"] == "s00i000"
+    t0 = time.monotonic()
+    it.close()  # the reader thread is blocked in a read that the server never answers
+    assert time.monotonic() - t0 < 10
