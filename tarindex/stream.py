@@ -8,6 +8,7 @@ decoders as :class:`tarindex.TarDataset`. Importing this module imports torch.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import random
@@ -49,6 +50,34 @@ def _shard_list(urls: Any) -> tuple[list[str], list[int] | None]:
     if reader is not urls:
         reader.close()
     return names, starts
+
+
+class _Chain:
+    """``second(first(x))``; picklable when both are (DataLoader workers)."""
+
+    def __init__(self, first: Callable[[Any], Any], second: Callable[[Any], Any]) -> None:
+        self.first, self.second = first, second
+
+    def __call__(self, sample: Any) -> Any:
+        return self.second(self.first(sample))
+
+
+class _ToTuple:
+    """webdataset's ``to_tuple``: one value per field, a field's keys separated by ``;``."""
+
+    def __init__(self, fields: tuple[str, ...]) -> None:
+        self.fields = [f.split(";") for f in fields]
+
+    def __call__(self, sample: Sample) -> tuple[Any, ...]:
+        out = []
+        for keys in self.fields:
+            for k in keys:
+                if k in sample:
+                    out.append(sample[k])
+                    break
+            else:
+                raise KeyError(f"none of {keys} in {sorted(sample)}")
+        return tuple(out)
 
 
 class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
@@ -124,7 +153,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self.urls, self._starts = _shard_list(urls)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
-        self.shuffle = shuffle
+        self.shuffle_size = shuffle
         self.shuffle_shards = shuffle > 0 if shuffle_shards is None else shuffle_shards
         self.seed = seed
         self.epoch = 0
@@ -139,6 +168,38 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             "timeout": timeout,
             "storage_options": dict(storage_options or {}),
         }
+
+    # -- webdataset's fluent stages: ds.shuffle(1000).decode("pil").to_tuple("jpg", "cls").map(fn) --------
+    def shuffle(self, size: int) -> TarStream:
+        """A copy with a sample shuffle buffer of ``size`` (and shard shuffling), as ``shuffle=size`` gives."""
+        out = copy.copy(self)
+        out.shuffle_size = size
+        out.shuffle_shards = size > 0
+        return out
+
+    def decode(self, mode: DecodeMode | None = "pil", **options: Any) -> TarStream:
+        """A copy that decodes as ``TarDataset(decode=mode, decoders=..., allow_pickle=...)`` does.
+
+        Decoding runs before ``transform`` and every ``map``/``to_tuple`` stage, whatever the call order.
+        """
+        out = copy.copy(self)
+        out.decoder = Decoder(mode, **options)
+        return out
+
+    def map(self, fn: Callable[[Any], Any]) -> TarStream:
+        """A copy that applies ``fn`` to each sample after the stages before it."""
+        out = copy.copy(self)
+        out.transform = fn if self.transform is None else _Chain(self.transform, fn)
+        return out
+
+    def to_tuple(self, *keys: str) -> TarStream:
+        """A copy that yields tuples, as webdataset's ``to_tuple``: ``"jpg;png"`` takes the first present.
+
+        A sample without any of a field's keys is a ``DecodeError`` (then the ``handler`` decides).
+        """
+        if len(keys) == 1 and " " in keys[0]:
+            keys = tuple(keys[0].split())
+        return self.map(_ToTuple(keys))
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it reseeds the shard order and the shuffle buffer (call before each epoch)."""
@@ -258,12 +319,12 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         if not shards or quota == 0:
             return
         stream: Iterator[Any] = self._passes(shards)
-        if self.shuffle > 0:
+        if self.shuffle_size > 0:
             rng = random.Random(f"tarindex-samples-{self.seed}-{epoch}-{slot.rank}-{slot.worker}")
-            stream = buffer_shuffle(stream, self.shuffle, rng)
+            stream = buffer_shuffle(stream, self.shuffle_size, rng)
         if quota is not None:
             stream = itertools.islice(stream, quota)
         yield from stream
 
     def __repr__(self) -> str:
-        return f"TarStream({len(self.urls)} shards, shuffle={self.shuffle}, epoch={self.epoch})"
+        return f"TarStream({len(self.urls)} shards, shuffle={self.shuffle_size}, epoch={self.epoch})"

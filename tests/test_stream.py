@@ -347,3 +347,22 @@ def test_stopping_early_on_a_stalled_server_returns_at_once(drop_server, tmp_pat
     t0 = time.monotonic()
     it.close()  # the reader thread is blocked in a read that the server never answers
     assert time.monotonic() - t0 < 10
+
+
+def test_webdataset_fluent_pipeline_drop_in(shards: list[Path], tmp_path: Path) -> None:
+    import warnings
+
+    import webdataset as wds
+
+    samples = [{"__key__": f"k{i:03d}", "json": {"i": i}, "cls": i % 3, "txt": f"t{i}"} for i in range(12)]
+    urls = [str(wds_write(tmp_path / f"w-{k:06d}.tar", samples[k * 6 : k * 6 + 6])) for k in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # webdataset's own deprecation notices
+        expected = list(wds.WebDataset(urls, shardshuffle=False).decode("pil").to_tuple("txt", "cls;missing", "json"))
+    ours = TarStream(urls).decode("pil").to_tuple("txt", "cls;missing", "json")
+    assert list(ours) == expected == [(f"t{i}", i % 3, {"i": i}) for i in range(12)]
+    assert list(TarStream(urls).decode("pil").map(lambda s: s["cls"]).map(lambda c: c * 10)) == [i % 3 * 10 for i in range(12)]
+    shuffled = TarStream(urls).shuffle(5).to_tuple("__key__")
+    assert sorted(shuffled) == [(f"k{i:03d}",) for i in range(12)] and list(shuffled) != sorted(shuffled)
+    with pytest.raises(DecodeError, match=r"w-000000\.tar: sample 'k000': KeyError: .*none of \['jpg', 'png'\]"):
+        list(TarStream(urls).to_tuple("jpg;png"))
