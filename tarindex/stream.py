@@ -238,7 +238,9 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             return False
         if callable(handler):
             return bool(handler(exc))
-        warnings.warn(f"{exc}; {'skipping' if handler == 'warn' else 'skipping the rest of the shard'}", StreamWarning, stacklevel=3)
+        sample_only = handler == "warn" and isinstance(exc, DecodeError)
+        skipped = "skipping the sample" if sample_only else "skipping the rest of the shard"
+        warnings.warn(f"{exc}; {skipped}", StreamWarning, stacklevel=3)
         return True
 
     def shard_samples(self, shard: int) -> Iterator[Any]:

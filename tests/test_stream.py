@@ -201,7 +201,7 @@ def test_truncated_shard_is_an_error_never_a_short_epoch(shards: list[Path], tmp
         list(TarStream(urls))
     with pytest.raises(CorruptArchiveError, match=r"truncated archive"):
         list(TarStream([f"pipe:head -c 5000 {shards[1]}"]))
-    with pytest.warns(StreamWarning, match=r"bad-000001\.tar: truncated archive.*; skipping"):
+    with pytest.warns(StreamWarning, match=r"bad-000001\.tar: truncated archive.*; skipping the rest of the shard"):
         got = _keys(list(TarStream(urls, handler="warn")))
     assert got[:7] == _keys(_oracle([shards[0]])) and got[-7:] == _keys(_oracle([shards[2]]))
     errors: list[Exception] = []
@@ -228,7 +228,7 @@ def test_decode_error_policies(tmp_path: Path) -> None:
             tf.addfile(ti, io.BytesIO(payload))
     with pytest.raises(DecodeError, match=r"j-000000\.tar: sample 's1': JSONDecodeError.*\(sample at offset 1024\)"):
         list(TarStream([str(shard)], decode="pil"))
-    with pytest.warns(StreamWarning, match="sample 's1'"):
+    with pytest.warns(StreamWarning, match="sample 's1'.*; skipping the sample"):
         assert _keys(list(TarStream([str(shard)], decode="pil", handler="warn"))) == ["s0", "s2"]
     with pytest.warns(StreamWarning, match="skipping the rest of the shard"):
         assert _keys(list(TarStream([str(shard)], decode="pil", handler="skip_shard"))) == ["s0"]
