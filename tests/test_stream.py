@@ -275,6 +275,14 @@ def test_cli_build_over_http(http_server: HTTPServer, shards: list[Path], tmp_pa
     result = CliRunner().invoke(main, ["build", *urls, "-o", str(out), "-q"])
     assert result.exit_code == 0, result.output
     assert IndexReader(out).n_samples == 7
+    result = CliRunner().invoke(main, ["verify", str(out), "--deep"])
+    assert result.exit_code == 0 and "1 shards ok (deep)" in result.output, result.output
+    served = http_server.root / f"{tmp_path.name}-cli" / shards[0].name
+    data = bytearray(served.read_bytes())
+    data[600] ^= 1  # same size, one byte of the first member's data changed (within the first 64 KiB)
+    served.write_bytes(bytes(data))
+    result = CliRunner().invoke(main, ["verify", str(out)])
+    assert result.exit_code == 1 and f"{urls[0]}: shard changed since it was indexed (content fingerprint differs)" in result.output
     result = CliRunner().invoke(main, ["build", urls[0].replace(".tar", "-missing.tar"), "-o", str(out), "-q"])
     assert result.exit_code == 1 and "no such shard (HTTP 404)" in result.output
     assert len(result.output.strip().splitlines()) == 1
