@@ -37,7 +37,16 @@ __all__ = [
     "StaleIndexError",
     "TarDataset",
     "TarIndexError",
+    "TarStream",
     "__version__",
     "build_index",
     "merge_indexes",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "TarStream":  # imports torch, so only on use
+        from .stream import TarStream
+
+        return TarStream
+    raise AttributeError(f"module 'tarindex' has no attribute {name!r}")

@@ -1,6 +1,7 @@
 """Benchmarks, side by side with the peers and the physical limit, as ratios in one run.
 
-Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open]
+Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream]
+(``--only stream,quick``: the streaming benchmark over 4 shards per set.)
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
 Sampler: --only sampler (ShardSampler vs DistributedSampler read order) and --only scale (5e9-sample start).
 Results go to stdout as a markdown table; record them in docs/performance.md.
@@ -261,6 +262,67 @@ def bench_open(ds: tarindex.TarDataset, name: str, work: Path) -> list[Row]:
     return rows
 
 
+# -- streaming ---------------------------------------------------------------------------------
+
+
+def _stream_pass(urls: list[str]) -> int:
+    return sum(1 for _ in tarindex.TarStream(urls))
+
+
+def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None = None) -> list[Row]:
+    """TarStream from the page cache, a pipe and loopback nginx, beside webdataset and ``cat``."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    paths = paths[:max_shards] if max_shards else paths
+    total_mb = sum(os.path.getsize(p) for p in paths) / 1e6
+    n = _stream_pass(paths)  # also warms the page cache
+    t_cat = timed(lambda: subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True), 3)
+    t_local = timed(lambda: _stream_pass(paths), 3)
+    rows: list[Row] = [(f"{name}: cat shards > /dev/null (MB/s)", total_mb / t_cat, "physical limit (page cache)")]
+    t_wds = None
+    try:
+        import webdataset as wds
+
+        t_wds = timed(lambda: sum(1 for _ in wds.WebDataset(paths, shardshuffle=False)), 1)
+        rows.append((f"{name}: webdataset.WebDataset raw iteration (samples/s)", n / t_wds, "peer"))
+    except ImportError:
+        pass
+    vs_wds = f"{t_wds / t_local:.1f}x webdataset (target >= 5x); " if t_wds else ""
+    rows.append(
+        (f"{name}: TarStream local files (samples/s)", n / t_local, f"{vs_wds}{total_mb / t_local:,.0f} MB/s")
+    )
+    rows.append(
+        (f"{name}: TarStream local files (MB/s)", total_mb / t_local, f"{t_cat / t_local:.2f}x cat (target >= 0.5x)")
+    )
+    t_pipe = timed(lambda: _stream_pass([f"pipe:cat {p}" for p in paths]), 2)
+    rows.append((f"{name}: TarStream pipe:cat (MB/s)", total_mb / t_pipe, f"{t_local / t_pipe:.2f}x local files"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _servers import start_nginx, stop  # the test suite's nginx launcher (a foreground child process)
+
+    root = Path(paths[0]).parent.resolve()
+    started = start_nginx(root, Path(tempfile.mkdtemp(dir=work)))
+    if started is None:
+        rows.append((f"{name}: TarStream over HTTP", float("nan"), "nginx did not start"))
+        return rows
+    proc, port = started
+    try:
+        urls = [f"http://127.0.0.1:{port}/{Path(p).name}" for p in paths]
+        t_http = timed(lambda: _stream_pass(urls), 2)
+        rows.append(
+            (f"{name}: TarStream over HTTP, loopback nginx (MB/s)", total_mb / t_http,
+             f"{t_local / t_http:.2f}x local files (target >= 0.5x)")
+        )
+        if shutil.which("curl"):
+            t_curl = timed(lambda: [subprocess.run(["curl", "-s", "-o", "/dev/null", u], check=True) for u in urls], 2)
+            rows.append((f"{name}: curl over HTTP, loopback nginx (MB/s)", total_mb / t_curl, "network limit"))
+    finally:
+        stop(proc)
+    return rows
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -279,6 +341,8 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_open(ds, name, work)
     if "sampler" in only:
         yield from bench_sampler_order(index, name)
+    if "stream" in only:
+        yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
 
 
 # -- samplers ---------------------------------------------------------------------------
@@ -412,7 +476,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default="bench-data", type=Path)
     ap.add_argument("--sets", default="jpeg,small")
-    ap.add_argument("--only", default="build,access,loader,open,sampler,scale")
+    ap.add_argument("--only", default="build,access,loader,open,stream,sampler,scale")
     args = ap.parse_args()
     only = set(args.only.split(","))
     work = args.dir / "work"
