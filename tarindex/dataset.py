@@ -11,10 +11,18 @@ from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, ShardNotFoundError, StaleIndexError
 from .index.reader import IndexReader
 from .shards import resolve_index
+from .zstd import open_zstd_shard
 
 __all__ = ["TarDataset"]
 
 Sample = dict[str, Any]
+
+
+def _close(handle: Any) -> None:
+    if type(handle) is int:
+        os.close(handle)
+    else:
+        handle.close()
 
 
 class TarDataset:
@@ -37,6 +45,13 @@ class TarDataset:
         transform: applied to each sample dict after decoding.
         allow_pickle: decode pickle-based members. Never for untrusted shards.
         max_open_files: bound on open shard files per process (LRU).
+        zstd_cache_dir: opt-in slower path for zstd shards made of one large
+            frame (``zstd`` CLI output): each such shard is decompressed once
+            into this directory and read from there. Without it, random access
+            to such a shard raises :class:`~tarindex.errors.RandomAccessError`.
+            See docs/zstd.md.
+        zstd_cache_bytes: size bound of ``zstd_cache_dir`` (least recently
+            used shards are deleted).
 
     Raises:
         IndexNotFoundError: no index at ``source`` or beside the shards.
@@ -52,12 +67,16 @@ class TarDataset:
         transform: Callable[[Sample], Any] | None = None,
         allow_pickle: bool = False,
         max_open_files: int = 64,
+        zstd_cache_dir: str | os.PathLike[str] | None = None,
+        zstd_cache_bytes: int = 16 << 30,
     ) -> None:
         self.index_path = resolve_index(source)
         self.index = IndexReader(self.index_path)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
         self.max_open_files = max(1, max_open_files)
+        self.zstd_cache_dir = os.fspath(zstd_cache_dir) if zstd_cache_dir is not None else None
+        self.zstd_cache_bytes = zstd_cache_bytes
         self._pid = -1
         self._n = self.index.n_samples
         self.urls = [str(self.index.shard_path(i)) for i in range(len(self.index.shards))]
@@ -76,11 +95,11 @@ class TarDataset:
         self._k_off = ix.column("key_offset")
         self._k_blob = ix.column("key_blob")
         self._exts = ix.exts
-        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._fds: OrderedDict[int, Any] = OrderedDict()  # shard -> fd (plain tar) or reader with read_at
         self._lru = len(ix.shards) > self.max_open_files
         self._pid = os.getpid()
 
-    def _open_shard(self, shard: int) -> int:
+    def _open_shard(self, shard: int) -> Any:
         path = self.urls[shard]
         info = self.index.shards[shard]
         try:
@@ -94,17 +113,22 @@ class TarDataset:
                 f"size {info.size} -> {st.st_size}" if st.st_size != info.size else f"mtime {info.mtime_ns} -> {st.st_mtime_ns}"
             )
             raise StaleIndexError(path, what)
+        handle: Any = fd
+        if info.compression == "zstd":
+            handle = open_zstd_shard(
+                path, fd, info, self.index.frame_table(shard), cache_dir=self.zstd_cache_dir, cache_bytes=self.zstd_cache_bytes
+            )
         fds = self._fds
         while len(fds) >= self.max_open_files:
-            os.close(fds.popitem(last=False)[1])
-        fds[shard] = fd
-        return fd
+            _close(fds.popitem(last=False)[1])
+        fds[shard] = handle
+        return handle
 
     def close(self) -> None:
         """Close this process's shard files (they reopen on demand)."""
         if self._pid == os.getpid():
             for fd in self._fds.values():
-                os.close(fd)
+                _close(fd)
             self._fds.clear()
 
     def __del__(self) -> None:
@@ -140,7 +164,7 @@ class TarDataset:
         elif self._lru:
             self._fds.move_to_end(shard)
         size = self._s_size[i]
-        buf = os.pread(fd, size, self._s_off[i])
+        buf = os.pread(fd, size, self._s_off[i]) if type(fd) is int else fd.read_at(self._s_off[i], size)
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], self._s_off[i] + len(buf), "sample runs past the end of the shard")
         k = self._k_off

@@ -7,6 +7,7 @@ __all__ = [
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
+    "RandomAccessError",
     "SampleNotFoundError",
     "ShardNotFoundError",
     "StaleIndexError",
@@ -50,6 +51,18 @@ class ShardNotFoundError(TarIndexError, FileNotFoundError):
 
 class IndexFormatError(TarIndexError, ValueError):
     """A file is not a tarindex index, or has an unsupported format version."""
+
+
+class RandomAccessError(TarIndexError, ValueError):
+    """A shard cannot be read at random cheaply (a zstd shard made of one large frame)."""
+
+    def __init__(self, path: str, what: str) -> None:
+        self.path = str(path)
+        self.what = what
+        super().__init__(f"{path}: {what}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (self.path, self.what))
 
 
 class StaleIndexError(TarIndexError):
