@@ -24,7 +24,7 @@ import zstandard
 from .errors import CorruptArchiveError, ShardNotFoundError
 from .samples import group_members
 from .tar import BLOCK, iter_tar
-from .zstd import MAX_FRAME_BYTES, is_zstd, iter_decompressed, seek_table_frame
+from .zstd import MAX_FRAME_BYTES, close_map, is_zstd, iter_decompressed, seek_table_frame
 
 __all__ = ["DEFAULT_FRAME_SIZE", "DEFAULT_LEVEL", "SeekableZstdWriter", "ShardWriter", "compress_shard"]
 
@@ -73,7 +73,7 @@ class SeekableZstdWriter:
             raise ValueError(f"frame size must be positive, got {frame_size}")
         self.file = file
         self.frame_size = min(frame_size, MAX_FRAME_BYTES)
-        self._cctx = zstandard.ZstdCompressor(level=level, write_content_size=True)
+        self._cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
         self.sizes: list[tuple[int, int]] = []
@@ -118,22 +118,23 @@ def _sample_starts(buf: Any, path: str) -> list[int]:
 
 
 def _compress_plain(src: str, fd: int, out: BinaryIO, level: int, frame_size: int) -> list[tuple[int, int]]:
-    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
+    buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    try:
         starts = _sample_starts(buf, src)
         writer = SeekableZstdWriter(out, level=level, frame_size=frame_size)
         mv = memoryview(buf)
-        try:
-            prev = 0
-            for off in starts:
-                if off > prev:
-                    writer.write(mv[prev:off])
-                    prev = off
-                    writer.boundary()
-            writer.write(mv[prev:])
-            writer.close()
-        finally:
-            mv.release()
-        return writer.sizes
+        prev = 0
+        for off in starts:
+            if off > prev:
+                writer.write(mv[prev:off])
+                prev = off
+                writer.boundary()
+        writer.write(mv[prev:])
+        writer.close()
+        mv.release()
+    finally:
+        close_map(buf)
+    return writer.sizes
 
 
 def compress_shard(

@@ -42,6 +42,7 @@ __all__ = [
     "FrameCache",
     "ZstdShardReader",
     "check_seek_table",
+    "close_map",
     "decompress_frames",
     "fix_command",
     "frame_array",
@@ -497,6 +498,14 @@ def random_access(frames: np.ndarray) -> bool:
     return bool(len(frames) == 0 or int(frames[:, 3].max()) <= RANDOM_ACCESS_FRAME_LIMIT)
 
 
+def close_map(buf: mmap.mmap) -> None:
+    """Close a map now, or leave it to the garbage collector while an error's traceback still holds views of it."""
+    try:
+        buf.close()
+    except BufferError:
+        pass
+
+
 def scan_zstd(fd: int, path: str) -> ShardTable:
     """Index a zstd shard: one streaming decompression, the tar parser on its output, the frame table.
 
@@ -506,21 +515,22 @@ def scan_zstd(fd: int, path: str) -> ShardTable:
         CorruptArchiveError: corrupt or truncated zstd data, a seek table that
             disagrees with the frames, or a decompressed stream that is not a tar.
     """
-    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
+    buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    try:
         if hasattr(mmap, "MADV_SEQUENTIAL"):
             buf.madvise(mmap.MADV_SEQUENTIAL)
         seek = read_seek_table(buf, path)
         mv = memoryview(buf)
-        try:
-            rows: list[tuple[int, int, int, int]] = []
-            pieces = (mv[i : i + _MAP_SLICE] for i in range(0, len(mv), _MAP_SLICE))
-            chunks = decompress_frames(pieces, path, rows)
-            table = ShardTable.from_samples(group_members(iter_tar(chunks, path), path))
-            for _ in chunks:  # the frames after the end-of-archive marker
-                pass
-            del pieces, chunks
-        finally:
-            mv.release()
+        rows: list[tuple[int, int, int, int]] = []
+        pieces = (mv[i : i + _MAP_SLICE] for i in range(0, len(mv), _MAP_SLICE))
+        chunks = decompress_frames(pieces, path, rows)
+        table = ShardTable.from_samples(group_members(iter_tar(chunks, path), path))
+        for _ in chunks:  # the frames after the end-of-archive marker
+            pass
+        del pieces, chunks
+        mv.release()
+    finally:
+        close_map(buf)
     frames = frame_array(rows)
     if seek is not None:
         check_seek_table(frames, seek, path)
