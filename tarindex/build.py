@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import mmap
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable
@@ -16,7 +15,7 @@ from .index.reader import IndexReader
 from .index.writer import IndexWriter
 from .samples import group_members
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, fingerprint
-from .tar import iter_tar
+from .tar import iter_tar_file
 from .zstd import is_zstd, random_access, scan_zstd
 
 __all__ = ["BuildReport", "build_index", "merge_indexes", "scan_shard"]
@@ -54,10 +53,7 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
         if is_zstd(os.pread(fd, 4, 0)):
             table = scan_zstd(fd, path)
         else:
-            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
-                if hasattr(mmap, "MADV_SEQUENTIAL"):
-                    buf.madvise(mmap.MADV_SEQUENTIAL)
-                table = ShardTable.from_samples(group_members(iter_tar((buf,), path), path))
+            table = ShardTable.from_samples(group_members(iter_tar_file(fd, path), path))
         info = ShardInfo(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table.n_samples, table.n_members)
         if table.frames is not None:
             info = dataclasses.replace(info, compression="zstd", random_access=random_access(table.frames))

@@ -7,6 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from ._process import FORK
 from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, ShardNotFoundError, StaleIndexError
 from .index.reader import IndexReader
@@ -14,6 +15,8 @@ from .shards import resolve_index
 from .zstd import open_zstd_shard
 
 __all__ = ["TarDataset"]
+
+_pread = os.pread
 
 Sample = dict[str, Any]
 
@@ -77,7 +80,7 @@ class TarDataset:
         self.max_open_files = max(1, max_open_files)
         self.zstd_cache_dir = os.fspath(zstd_cache_dir) if zstd_cache_dir is not None else None
         self.zstd_cache_bytes = zstd_cache_bytes
-        self._pid = -1
+        self._gen = -1  # FORK[0] this object attached under; -1: not attached
         self._n = self.index.n_samples
         self.urls = [str(self.index.shard_path(i)) for i in range(len(self.index.shards))]
 
@@ -95,9 +98,9 @@ class TarDataset:
         self._k_off = ix.column("key_offset")
         self._k_blob = ix.column("key_blob")
         self._exts = ix.exts
-        self._fds: OrderedDict[int, Any] = OrderedDict()  # shard -> fd (plain tar) or reader with read_at
+        self._fds: OrderedDict[int, Any] = OrderedDict()  # shard -> int fd, or an object with read_at()
         self._lru = len(ix.shards) > self.max_open_files
-        self._pid = os.getpid()
+        self._gen = FORK[0]
 
     def _open_shard(self, shard: int) -> Any:
         path = self.urls[shard]
@@ -126,9 +129,9 @@ class TarDataset:
 
     def close(self) -> None:
         """Close this process's shard files (they reopen on demand)."""
-        if self._pid == os.getpid():
-            for fd in self._fds.values():
-                _close(fd)
+        if self._gen == FORK[0]:
+            for handle in self._fds.values():
+                _close(handle)
             self._fds.clear()
 
     def __del__(self) -> None:
@@ -138,8 +141,8 @@ class TarDataset:
             pass
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k in ("_n",)}
-        state["_pid"] = -1
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k == "_n"}
+        state["_gen"] = -1
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -151,25 +154,27 @@ class TarDataset:
 
     def read(self, i: int) -> Sample:
         """Sample ``i`` as raw bytes per extension (no decoding, no transform)."""
-        if self._pid != os.getpid():
+        if self._gen != FORK[0]:
             self._attach()
+        n = self._n
         if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError(f"sample {i} out of range for {self._n} samples")
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} out of range for {n} samples")
         shard = self._s_shard[i]
-        fd = self._fds.get(shard)
-        if fd is None:
-            fd = self._open_shard(shard)
+        handle = self._fds.get(shard)
+        if handle is None:
+            handle = self._open_shard(shard)
         elif self._lru:
             self._fds.move_to_end(shard)
         size = self._s_size[i]
-        buf = os.pread(fd, size, self._s_off[i]) if type(fd) is int else fd.read_at(self._s_off[i], size)
+        offset = self._s_off[i]
+        buf = _pread(handle, size, offset) if type(handle) is int else handle.read_at(offset, size)
         if len(buf) != size:
-            raise CorruptArchiveError(self.urls[shard], self._s_off[i] + len(buf), "sample runs past the end of the shard")
+            raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
         k = self._k_off
         sample: Sample = {
-            "__key__": bytes(self._k_blob[k[i] : k[i + 1]]).decode("utf-8", "surrogateescape"),
+            "__key__": str(self._k_blob[k[i] : k[i + 1]], "utf-8", "surrogateescape"),
             "__url__": self.urls[shard],
             "__index__": i,
         }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import DuplicateMemberError
 from .tar import BLOCK, Entry
@@ -45,9 +45,8 @@ def _is_meta(name: str) -> bool:
     return _META.match(name) is not None
 
 
-@dataclass(frozen=True, slots=True)
-class SampleRecord:
-    """One sample: a run of members sharing a key."""
+class SampleRecord(NamedTuple):
+    """One sample: a run of members sharing a key (a named tuple: one is made per sample on the hot path)."""
 
     key: str
     """The WebDataset key (path up to the first dot of the base name)."""
@@ -70,22 +69,29 @@ def group_members(entries: Iterable[Entry], path: str) -> Iterator[SampleRecord]
     key: str | None = None
     start = end = 0
     current: list[tuple[str, int, int]] = []
+    exts: list[str] = []
     payloads: list[bytes] = []
     with_data = False
     for name, header_offset, offset, size, data in entries:
-        split = split_key(name)
-        if split is None or (name.startswith("__") and _is_meta(name)):
-            continue
-        k, ext = split
+        slash = name.rfind("/")
+        dot = name.find(".", slash + 1)
+        if dot > slash + 1 and name[0] != "_":  # the common case: no pattern, no metadata name
+            k, ext = name[:dot], name[dot + 1 :].lower()
+        else:
+            split = split_key(name)
+            if split is None or _is_meta(name):
+                continue
+            k, ext = split
         if k != key:
             if key is not None:
                 yield SampleRecord(key, start, end - start, tuple(current), tuple(payloads) if with_data else None)
-            key, start, current, payloads = k, header_offset, [], []
-        elif any(e == ext for e, _, _ in current):
+            key, start, current, exts, payloads = k, header_offset, [], [], []
+        elif ext in exts:
             raise DuplicateMemberError(
                 path, header_offset, f"duplicate extension {ext!r} in sample {k!r} (member {name!r})"
             )
         current.append((ext, offset, size))
+        exts.append(ext)
         if data is not None:
             with_data = True
             payloads.append(data)

@@ -16,6 +16,7 @@ batches: a batch's members are yielded only after its checksums passed.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,7 +25,7 @@ import numpy as np
 
 from .errors import CorruptArchiveError
 
-__all__ = ["BLOCK", "Buffer", "Entry", "Member", "iter_members", "iter_tar", "scan_tar"]
+__all__ = ["BLOCK", "Buffer", "Entry", "Member", "iter_members", "iter_tar", "iter_tar_file", "scan_tar"]
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
@@ -38,6 +39,8 @@ _POSIX_MAGIC = b"ustar\x00"
 _TERMINATORS = frozenset(b"\x00 ")
 _BATCH_HEADERS = 1024  # headers per checksum batch
 _BATCH_BYTES = 16 << 20  # member data held back per batch (with_data)
+_WINDOW = 64 << 10
+_SMALL_WINDOW = 4 << 10
 
 log = logging.getLogger(__name__)
 
@@ -214,11 +217,46 @@ class _Cursor:
         return pos
 
 
+class _FileCursor:
+    """A forward-only window over a file read with ``os.pread``: skipped data is never read.
+
+    Windows are 64 KiB while they serve several headers (small members) and
+    4 KiB once members outgrow them, so large members cost one small read each.
+    """
+
+    __slots__ = ("base", "buf", "fd", "large", "size")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+        self.buf: bytes = b""
+        self.base = 0
+        self.large = False  # the last window ended inside a member's data
+
+    def fill(self, pos: int, need: int) -> int:
+        self.base += pos
+        self.buf = os.pread(self.fd, max(need, _SMALL_WINDOW if self.large else _WINDOW), self.base)
+        self.large = False
+        return 0 if len(self.buf) >= need else -1
+
+    def skip(self, pos: int, count: int) -> int:
+        pos += count
+        if pos <= len(self.buf):
+            return pos
+        self.large = True
+        if self.base + pos > self.size:
+            self.base, self.buf = self.size, b""
+            return -1
+        self.base += pos
+        self.buf = b""
+        return 0
+
+
 def iter_tar(chunks: Iterable[Buffer], path: str, *, with_data: bool = False) -> Iterator[Entry]:
     """Yield ``(name, header_offset, data_offset, size, data)`` for each regular member.
 
-    ``chunks`` are consecutive pieces of the archive (one ``mmap`` of a whole
-    shard, or blocks read from a stream). Offsets are absolute in the archive.
+    ``chunks`` are consecutive pieces of the archive (a whole buffer, or
+    blocks read from a stream). Offsets are absolute in the archive.
     ``data`` is the member's bytes with ``with_data``, else ``None``. Members
     are yielded in batches once their headers' checksums passed; the walk ends
     at the end-of-archive marker (input after it is not read).
@@ -228,8 +266,19 @@ def iter_tar(chunks: Iterable[Buffer], path: str, *, with_data: bool = False) ->
             (input that ends early) or a missing end-of-archive marker, naming
             ``path`` and the offset.
     """
-    path = str(path)
-    cur = _Cursor(chunks)
+    return _walk(_Cursor(chunks), str(path), with_data)
+
+
+def iter_tar_file(fd: int, path: str) -> Iterator[Entry]:
+    """Like :func:`iter_tar` over an open file, reading headers with ``os.pread`` and never member data.
+
+    Raises:
+        CorruptArchiveError: see :func:`iter_tar`.
+    """
+    return _walk(_FileCursor(fd), str(path), False)
+
+
+def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[Entry]:
     pending: list[Entry] = []
     blocks: list[bytes] = []
     block_offsets: list[int] = []
@@ -291,7 +340,7 @@ def iter_tar(chunks: Iterable[Buffer], path: str, *, with_data: bool = False) ->
                 start = -1
             elif typ == _GNU_LONGNAME:
                 long_name = _decode_name(payload.split(b"\x00", 1)[0])
-            pos = cur.skip(pos, _padded(size))
+            pos = cur.skip(pos, (size + BLOCK - 1) & ~(BLOCK - 1))
             if pos < 0:
                 raise fail(here, f"truncated archive: extension header data needs {size} bytes")
             continue
@@ -322,8 +371,8 @@ def iter_tar(chunks: Iterable[Buffer], path: str, *, with_data: bool = False) ->
                 name = long_name
             else:
                 nul = hdr.find(b"\x00", 0, 100)
-                name = _decode_name(hdr[: nul if nul >= 0 else 100])
-                if hdr[257:263] == _POSIX_MAGIC and hdr[345]:
+                name = hdr[: nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
+                if hdr[345] and hdr[257:263] == _POSIX_MAGIC:
                     name = _decode_name(hdr[345:500].split(b"\x00", 1)[0]) + "/" + name
             if merged and any(k.startswith("GNU.sparse.") for k in merged):
                 log.warning("%s: skipping GNU sparse member %r at offset %d", path, name, start)
@@ -331,7 +380,11 @@ def iter_tar(chunks: Iterable[Buffer], path: str, *, with_data: bool = False) ->
                 pending.append((name, start, data_offset, size, data))
         elif typ == _SPARSE:
             log.warning("%s: skipping GNU sparse member at offset %d", path, start)
-        pos = cur.skip(pos, _padded(size))
+        padded = (size + BLOCK - 1) & ~(BLOCK - 1)
+        if pos + padded <= len(buf):
+            pos += padded
+        else:
+            pos = cur.skip(pos, padded)
         if pos < 0:
             raise fail(here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base}")
         start = -1
