@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
+from ._process import FORK
 from .errors import CorruptArchiveError, IndexFormatError, RandomAccessError
 from .index.format import ShardInfo, ShardTable
 from .samples import group_members
@@ -73,9 +74,10 @@ RANDOM_ACCESS_FRAME_LIMIT = 16 << 20
 FRAME_FIELDS = ("c_offset", "c_size", "d_offset", "d_size")
 """Columns of a frame table."""
 
-_PIECE_BLOCKS = 32  # blocks per decompressor call: bounds one call's output to 4 MiB
+_PIECE_BLOCKS = 32  # blocks per scanner piece (4 MiB of output at most)
 _MAP_SLICE = 16 << 20  # compressed bytes handed to the scanner at a time when indexing a file
-_HOLD_BYTES = 32 << 20  # a frame's output is held back until its end is verified, up to this much
+_HOLD_BYTES = 32 << 20
+_OUT_PIECE = 1 << 20  # decompressed bytes per read  # a frame's output is held back until its end is verified, up to this much
 
 # scanner states
 _MAGIC, _SKIP_SIZE, _FHD, _FHD_REST, _BLOCK, _CHECKSUM = range(6)
@@ -237,51 +239,98 @@ class _Scanner:
             raise self._error(f"truncated zstd frame (stream ends at {self.pos})")
 
 
+class _FrameSource:
+    """A file-like ``read`` over the pieces of the current data frame, pulled from the scanner."""
+
+    def __init__(self, events: Iterator[tuple[int, int, Any]]) -> None:
+        self._events = events
+        self._piece: Any = b""
+        self.ended: tuple[int, int] | None = None  # (frame offset, compressed size) once the frame's END is seen
+
+    def start(self, piece: Any) -> None:
+        self._piece, self.ended = piece, None
+
+    def read(self, n: int = -1) -> Any:
+        while not len(self._piece):
+            if self.ended is not None:
+                return b""
+            event = next(self._events, None)
+            if event is None:  # input ended inside the frame; the scanner reports it
+                return b""
+            kind, off, value = event
+            if kind == PIECE:
+                self._piece = value
+            elif kind == END:
+                self.ended = (off, value)
+        piece = self._piece
+        if n < 0 or n >= len(piece):
+            self._piece = b""
+            return piece
+        self._piece = piece[n:]
+        return piece[:n]
+
+
+def _events(chunks: Iterable[Any], scanner: _Scanner) -> Iterator[tuple[int, int, Any]]:
+    for chunk in chunks:
+        yield from scanner.feed(chunk)
+    scanner.finish()
+
+
 def decompress_frames(
-    chunks: Iterable[Any], path: str, frames: list[tuple[int, int, int, int]] | None = None
+    chunks: Iterable[Any],
+    path: str,
+    frames: list[tuple[int, int, int, int]] | None = None,
+    *,
+    hold: bool = True,
 ) -> Iterator[bytes]:
     """Decompress a zstd stream, frame by frame; append each frame's table row to ``frames``.
 
     Each data frame gets a fresh decompressor, so a damaged frame is named by
-    its own compressed offset. Output of frames up to 32 MiB is held back
-    until the frame's end (and content checksum, when present) is verified, so
-    nothing from a damaged frame is returned; larger frames stream.
+    its own compressed offset. With ``hold``, the output of frames up to 32 MiB
+    is held back until the frame's end (and content checksum, when present) is
+    verified, so nothing from a damaged frame is returned; larger frames
+    stream. Without it (indexing, where any error discards everything) output
+    flows at once, which keeps memory hot. Output pieces are at most 1 MiB.
 
     Raises:
         CorruptArchiveError: a corrupt or truncated frame, or bytes that are not zstd.
     """
     dctx = zstandard.ZstdDecompressor()
-    scanner = _Scanner(path)
-    obj: Any = None
-    held: list[bytes] = []
-    held_bytes = 0
-    d_off = d_frame = 0
-    for chunk in chunks:
-        for kind, off, value in scanner.feed(chunk):
-            if kind == PIECE:
-                if obj is None:
-                    obj, d_frame = dctx.decompressobj(), 0
-                try:
-                    out = obj.decompress(value)
-                except zstandard.ZstdError as exc:
-                    raise CorruptArchiveError(path, off, f"corrupt zstd frame ({exc})") from exc
-                if out:
-                    d_frame += len(out)
-                    held.append(out)
-                    held_bytes += len(out)
-                    if held_bytes > _HOLD_BYTES:
-                        yield from held
-                        held, held_bytes = [], 0
-            elif kind == END:
-                if obj is None or not obj.eof:
-                    raise CorruptArchiveError(path, off, "corrupt zstd frame (blocks end before the frame does)")
-                obj = None
-                if frames is not None:
-                    frames.append((off, value, d_off, d_frame))
-                d_off += d_frame
-                yield from held
-                held, held_bytes = [], 0
-    scanner.finish()
+    events = _events(chunks, _Scanner(path))
+    source = _FrameSource(events)
+    d_off = 0
+    hold_limit = _HOLD_BYTES if hold else 0
+    for kind, off, value in events:
+        if kind != PIECE:
+            continue  # skippable frames (an END always follows a PIECE of its frame)
+        source.start(value)
+        reader = dctx.stream_reader(source, read_size=_OUT_PIECE, read_across_frames=False)
+        held: list[bytes] = []
+        held_bytes = d_frame = 0
+        try:
+            while True:
+                out = reader.read(_OUT_PIECE)
+                if not out:
+                    break
+                d_frame += len(out)
+                held.append(out)
+                held_bytes += len(out)
+                if held_bytes > hold_limit:
+                    yield from held
+                    held, held_bytes = [], 0
+        except zstandard.ZstdError as exc:
+            raise CorruptArchiveError(path, off, f"corrupt zstd frame ({exc})") from exc
+        if source.ended is None:
+            if source.read(1):  # the decompressor stopped before the blocks did
+                raise CorruptArchiveError(path, off, "corrupt zstd frame (data ends before its blocks do)")
+            if source.ended is None:  # input ended inside the frame: the scanner raises
+                for _ in events:
+                    pass
+                raise CorruptArchiveError(path, off, "truncated zstd frame")
+        if frames is not None:
+            frames.append((off, source.ended[1], d_off, d_frame))
+        d_off += d_frame
+        yield from held
 
 
 def iter_decompressed(chunks: Iterable[Any], path: str) -> Iterator[bytes]:
@@ -397,15 +446,15 @@ class FrameCache:
 
 
 _CACHE: FrameCache | None = None
-_CACHE_PID = -1
+_CACHE_GEN = -1
 DEFAULT_CACHE_BYTES = 64 << 20
 
 
 def frame_cache() -> FrameCache:
     """This process's cache of decompressed frames (64 MiB; set ``.max_bytes`` to change)."""
-    global _CACHE, _CACHE_PID
-    if _CACHE is None or os.getpid() != _CACHE_PID:
-        _CACHE, _CACHE_PID = FrameCache(DEFAULT_CACHE_BYTES), os.getpid()
+    global _CACHE, _CACHE_GEN
+    if _CACHE is None or FORK[0] != _CACHE_GEN:  # a forked child starts with an empty cache
+        _CACHE, _CACHE_GEN = FrameCache(DEFAULT_CACHE_BYTES), FORK[0]
     return _CACHE
 
 
@@ -413,7 +462,8 @@ class ZstdShardReader:
     """``read_at(offset, size)`` over a zstd shard's decompressed bytes, through its frame table.
 
     Reads and decompresses only the frames that overlap the range; recently
-    used frames are served from the per-process :func:`frame_cache`.
+    used frames are served from the per-process :func:`frame_cache` (a frame
+    read whole for one range, such as a one-sample frame, is not kept).
 
     Args:
         path: the shard (used in errors).
@@ -432,8 +482,8 @@ class ZstdShardReader:
         self._key = (st.st_dev, st.st_ino, st.st_mtime_ns)
         self._dctx = zstandard.ZstdDecompressor()
 
-    def frame(self, k: int) -> bytes:
-        """Decompressed frame ``k`` (from the cache, or read and decompressed).
+    def frame(self, k: int, *, keep: bool = True) -> bytes:
+        """Decompressed frame ``k`` (from the cache, or read and decompressed; cached if ``keep``).
 
         Raises:
             CorruptArchiveError: the frame is truncated or corrupt, or decompresses
@@ -456,7 +506,8 @@ class ZstdShardReader:
             raise CorruptArchiveError(
                 self.path, c_off, f"zstd frame decompresses to {len(data)} bytes, the index says {d_size}"
             )
-        cache.put(key, data)
+        if keep:
+            cache.put(key, data)
         return data
 
     def read_at(self, offset: int, size: int) -> bytes:
@@ -471,9 +522,10 @@ class ZstdShardReader:
             return b""
         start = offset - d_off[k]
         end = start + size
-        data = self.frame(k)
+        whole = start == 0 and end >= self._d_size[k]  # a frame that holds just this range is not kept
+        data = self.frame(k, keep=not whole)
         if end <= len(data):
-            return data[start:end]
+            return data if whole and end == len(data) else data[start:end]
         parts = [data[start:]]
         need = size - len(parts[0])
         while need > 0 and k + 1 < len(d_off):
@@ -523,7 +575,7 @@ def scan_zstd(fd: int, path: str) -> ShardTable:
         mv = memoryview(buf)
         rows: list[tuple[int, int, int, int]] = []
         pieces = (mv[i : i + _MAP_SLICE] for i in range(0, len(mv), _MAP_SLICE))
-        chunks = decompress_frames(pieces, path, rows)
+        chunks = decompress_frames(pieces, path, rows, hold=False)
         table = ShardTable.from_samples(group_members(iter_tar(chunks, path), path))
         for _ in chunks:  # the frames after the end-of-archive marker
             pass
