@@ -12,12 +12,14 @@ from .errors import (
     DuplicateMemberError,
     IndexFormatError,
     IndexNotFoundError,
+    RandomAccessError,
     SampleNotFoundError,
     ShardNotFoundError,
     StaleIndexError,
     TarIndexError,
 )
 from .index.reader import IndexReader
+from .writer import ShardWriter, compress_shard
 
 __version__ = "0.1.0"
 
@@ -28,12 +30,15 @@ __all__ = [
     "IndexFormatError",
     "IndexNotFoundError",
     "IndexReader",
+    "RandomAccessError",
     "SampleNotFoundError",
     "ShardNotFoundError",
+    "ShardWriter",
     "StaleIndexError",
     "TarDataset",
     "TarIndexError",
     "__version__",
     "build_index",
+    "compress_shard",
     "merge_indexes",
 ]

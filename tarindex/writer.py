@@ -30,7 +30,7 @@ __all__ = ["DEFAULT_FRAME_SIZE", "DEFAULT_LEVEL", "SeekableZstdWriter", "ShardWr
 
 DEFAULT_LEVEL = 3
 """zstd level of ``tarindex compress`` and ``ShardWriter`` (zstd's own default)."""
-DEFAULT_FRAME_SIZE = 64 << 10
+DEFAULT_FRAME_SIZE = 8 << 10
 """Target uncompressed bytes per frame; chosen from the table in docs/performance.md."""
 
 _READ = 4 << 20

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -77,7 +77,7 @@ FRAME_FIELDS = ("c_offset", "c_size", "d_offset", "d_size")
 _PIECE_BLOCKS = 32  # blocks per scanner piece (4 MiB of output at most)
 _MAP_SLICE = 16 << 20  # compressed bytes handed to the scanner at a time when indexing a file
 _HOLD_BYTES = 32 << 20
-_OUT_PIECE = 1 << 20  # decompressed bytes per read  # a frame's output is held back until its end is verified, up to this much
+_OUT_PIECE = 1 << 20  # decompressed bytes per read of a frame that arrives in several pieces  # a frame's output is held back until its end is verified, up to this much
 
 # scanner states
 _MAGIC, _SKIP_SIZE, _FHD, _FHD_REST, _BLOCK, _CHECKSUM = range(6)
@@ -239,23 +239,45 @@ class _Scanner:
             raise self._error(f"truncated zstd frame (stream ends at {self.pos})")
 
 
+class _Events:
+    """The scanner's events over ``chunks``, pulled one at a time, with one event of lookahead."""
+
+    def __init__(self, chunks: Iterable[Any], path: str) -> None:
+        self._chunks = iter(chunks)
+        self._scanner = _Scanner(path)
+        self._queue: deque[tuple[int, int, Any]] = deque()
+
+    def peek(self) -> tuple[int, int, Any] | None:
+        queue = self._queue
+        while not queue:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                self._scanner.finish()  # raises if the input ended inside a frame
+                return None
+            queue.extend(self._scanner.feed(chunk))
+        return queue[0]
+
+    def pop(self) -> tuple[int, int, Any] | None:
+        event = self.peek()
+        if event is not None:
+            self._queue.popleft()
+        return event
+
+
 class _FrameSource:
-    """A file-like ``read`` over the pieces of the current data frame, pulled from the scanner."""
+    """A file-like ``read`` over the pieces of the current data frame, for ``stream_reader``."""
 
-    def __init__(self, events: Iterator[tuple[int, int, Any]]) -> None:
+    def __init__(self, events: _Events, piece: Any) -> None:
         self._events = events
-        self._piece: Any = b""
+        self._piece = piece
         self.ended: tuple[int, int] | None = None  # (frame offset, compressed size) once the frame's END is seen
-
-    def start(self, piece: Any) -> None:
-        self._piece, self.ended = piece, None
 
     def read(self, n: int = -1) -> Any:
         while not len(self._piece):
             if self.ended is not None:
                 return b""
-            event = next(self._events, None)
-            if event is None:  # input ended inside the frame; the scanner reports it
+            event = self._events.pop()
+            if event is None:
                 return b""
             kind, off, value = event
             if kind == PIECE:
@@ -270,10 +292,15 @@ class _FrameSource:
         return piece[:n]
 
 
-def _events(chunks: Iterable[Any], scanner: _Scanner) -> Iterator[tuple[int, int, Any]]:
-    for chunk in chunks:
-        yield from scanner.feed(chunk)
-    scanner.finish()
+def _whole_frame(dctx: Any, piece: Any, path: str, off: int) -> bytes:
+    """Decompress a complete frame given as one piece (at most ``_PIECE_BLOCKS`` blocks)."""
+    try:
+        size = zstandard.frame_content_size(piece)
+        if size > _PIECE_BLOCKS * _BLOCK_MAX:
+            raise CorruptArchiveError(path, off, f"corrupt zstd frame (header says {size} bytes, its blocks hold less)")
+        return bytes(dctx.decompress(piece, max_output_size=_PIECE_BLOCKS * _BLOCK_MAX))
+    except zstandard.ZstdError as exc:
+        raise CorruptArchiveError(path, off, f"corrupt zstd frame ({exc})") from exc
 
 
 def decompress_frames(
@@ -290,20 +317,33 @@ def decompress_frames(
     is held back until the frame's end (and content checksum, when present) is
     verified, so nothing from a damaged frame is returned; larger frames
     stream. Without it (indexing, where any error discards everything) output
-    flows at once, which keeps memory hot. Output pieces are at most 1 MiB.
+    flows at once, which keeps memory hot. Output pieces are at most 4 MiB.
 
     Raises:
         CorruptArchiveError: a corrupt or truncated frame, or bytes that are not zstd.
     """
     dctx = zstandard.ZstdDecompressor()
-    events = _events(chunks, _Scanner(path))
-    source = _FrameSource(events)
+    events = _Events(chunks, path)
     d_off = 0
     hold_limit = _HOLD_BYTES if hold else 0
-    for kind, off, value in events:
+    while True:
+        event = events.pop()
+        if event is None:
+            return
+        kind, off, value = event
         if kind != PIECE:
             continue  # skippable frames (an END always follows a PIECE of its frame)
-        source.start(value)
+        after = events.peek()
+        if after is not None and after[0] == END:  # the whole frame in one piece: one call
+            events.pop()
+            out = _whole_frame(dctx, value, path, off)
+            if frames is not None:
+                frames.append((off, after[2], d_off, len(out)))
+            d_off += len(out)
+            if out:
+                yield out
+            continue
+        source = _FrameSource(events, value)
         reader = dctx.stream_reader(source, read_size=_OUT_PIECE, read_across_frames=False)
         held: list[bytes] = []
         held_bytes = d_frame = 0
@@ -320,13 +360,11 @@ def decompress_frames(
                     held, held_bytes = [], 0
         except zstandard.ZstdError as exc:
             raise CorruptArchiveError(path, off, f"corrupt zstd frame ({exc})") from exc
-        if source.ended is None:
-            if source.read(1):  # the decompressor stopped before the blocks did
-                raise CorruptArchiveError(path, off, "corrupt zstd frame (data ends before its blocks do)")
-            if source.ended is None:  # input ended inside the frame: the scanner raises
-                for _ in events:
-                    pass
-                raise CorruptArchiveError(path, off, "truncated zstd frame")
+        if source.ended is None and source.read(1):  # the decompressor stopped before the blocks did
+            raise CorruptArchiveError(path, off, "corrupt zstd frame (data ends before its blocks do)")
+        if source.ended is None:  # the input ended inside the frame
+            events.peek()  # raises the scanner's truncation error
+            raise CorruptArchiveError(path, off, "truncated zstd frame")
         if frames is not None:
             frames.append((off, source.ended[1], d_off, d_frame))
         d_off += d_frame
@@ -337,7 +375,7 @@ def iter_decompressed(chunks: Iterable[Any], path: str) -> Iterator[bytes]:
     """Decompress a zstd stream given as consecutive compressed pieces (any sizes).
 
     Streaming across frames; skippable frames (``pzstd`` headers, seek tables)
-    are ignored. Each piece of output is at most a few MiB.
+    are ignored. Each piece of output is at most 4 MiB.
 
     Raises:
         CorruptArchiveError: corrupt or truncated data, naming ``path`` and the
