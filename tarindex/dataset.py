@@ -8,6 +8,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ._process import FORK
+
+try:  # the C read path; the pure-Python one below is the reference
+    from . import _speedups  # type: ignore[attr-defined]
+except ImportError:  # not compiled here
+    _speedups = None
+if os.environ.get("TARINDEX_PURE_PYTHON"):
+    _speedups = None
 from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, ShardNotFoundError, StaleIndexError
 from .index.reader import IndexReader
@@ -100,7 +107,18 @@ class TarDataset:
         self._exts = ix.exts
         self._fds: OrderedDict[int, Any] = OrderedDict()  # shard -> int fd, or an object with read_at()
         self._lru = len(ix.shards) > self.max_open_files
+        self._read: Callable[[int], Sample] = self._read_py
+        self._fast: Any = None
+        if _speedups is not None:
+            cols = (self._s_shard, self._s_off, self._s_size, self._s_mem, self._m_ext, self._m_off, self._m_size, self._k_off, self._k_blob)
+            self._fast = _speedups.Reader(*cols, tuple(self._exts), tuple(self.urls), self._open_plain, self._read_py, CorruptArchiveError)
+            self._read = self._fast.read
         self._gen = FORK[0]
+
+    def _open_plain(self, shard: int) -> int | None:
+        """For the C read path: the shard's fd, or ``None`` when it is not a plain tar file."""
+        handle = self._open_shard(shard)
+        return handle if type(handle) is int else None
 
     def _open_shard(self, shard: int) -> Any:
         path = self.urls[shard]
@@ -123,14 +141,19 @@ class TarDataset:
             )
         fds = self._fds
         while len(fds) >= self.max_open_files:
-            _close(fds.popitem(last=False)[1])
+            evicted, old = fds.popitem(last=False)
+            if self._fast is not None:
+                self._fast.forget(evicted)
+            _close(old)
         fds[shard] = handle
         return handle
 
     def close(self) -> None:
         """Close this process's shard files (they reopen on demand)."""
         if self._gen == FORK[0]:
-            for handle in self._fds.values():
+            for shard, handle in self._fds.items():
+                if self._fast is not None:
+                    self._fast.forget(shard)
                 _close(handle)
             self._fds.clear()
 
@@ -153,9 +176,19 @@ class TarDataset:
         return self._n
 
     def read(self, i: int) -> Sample:
-        """Sample ``i`` as raw bytes per extension (no decoding, no transform)."""
+        """Sample ``i`` as raw bytes per extension (no decoding, no transform).
+
+        Raises:
+            IndexError: ``i`` is out of range.
+            StaleIndexError: the shard changed since it was indexed.
+            ShardNotFoundError: the shard is missing.
+            CorruptArchiveError: the shard is shorter than the index says.
+        """
         if self._gen != FORK[0]:
             self._attach()
+        return self._read(i)
+
+    def _read_py(self, i: int) -> Sample:
         n = self._n
         if i < 0:
             i += n

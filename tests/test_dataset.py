@@ -6,6 +6,7 @@ import io
 import json
 import os
 import pickle
+import re
 import tarfile
 from pathlib import Path
 
@@ -31,6 +32,25 @@ def _oracle(paths: list[Path]) -> list[dict]:
                 out.append({"__key__": key, "__url__": str(p)})
             out[-1][ext] = data
     return out
+
+
+@pytest.fixture(params=["c", "python"], autouse=True)
+def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs on both read paths: the C one (built by the install) and the Python reference."""
+    import tarindex.dataset
+
+    if request.param == "python":
+        monkeypatch.setattr(tarindex.dataset, "_speedups", None)
+    else:
+        assert tarindex.dataset._speedups is not None, "the C read path was not built (pip install -e . compiles it)"
+    return str(request.param)
+
+
+def test_read_paths_agree(built: tuple[list[Path], TarDataset], read_path: str) -> None:
+    _, ds = built
+    ds.read(0)
+    assert (ds._fast is not None) == (read_path == "c")
+    assert [ds.read(i) for i in range(len(ds))] == [ds._read_py(i) for i in range(len(ds))]
 
 
 def _strip(sample: dict) -> dict:
@@ -322,3 +342,18 @@ def test_part_builds_merge_equal_full_build(tmp_path: Path) -> None:
     assert merged.get("s04i002") == full.get("s04i002")
     with pytest.raises(tarindex.TarIndexError):
         merge_indexes([p1.path, p1.path], tmp_path / "dup.tarindex")
+
+
+def test_index_past_the_end_of_a_shard_is_corrupt(tmp_path: Path) -> None:
+    from tarindex.build import scan_shard
+    from tarindex.index.writer import IndexWriter
+
+    paths = make_shard_set(tmp_path / "short", n_shards=1, per=3)
+    info, table = scan_shard(str(paths[0]))
+    table.sample_offset[-1] = info.size - 100  # the index now says the last sample runs past the end
+    with IndexWriter(tmp_path / "short" / "bad.tarindex") as w:
+        w.add(type(info)(paths[0].name, info.size, info.mtime_ns, info.fingerprint, info.n_samples, info.n_members), table)
+    ds = TarDataset(tmp_path / "short" / "bad.tarindex")
+    assert _strip(ds[0])["__key__"] == "s00i000"
+    with pytest.raises(tarindex.CorruptArchiveError, match=rf"{re.escape(str(paths[0]))}: sample runs past the end of the shard at offset {info.size}"):
+        ds[2]
