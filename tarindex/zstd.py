@@ -76,8 +76,8 @@ FRAME_FIELDS = ("c_offset", "c_size", "d_offset", "d_size")
 
 _PIECE_BLOCKS = 32  # blocks per scanner piece (4 MiB of output at most)
 _MAP_SLICE = 16 << 20  # compressed bytes handed to the scanner at a time when indexing a file
-_HOLD_BYTES = 32 << 20
-_OUT_PIECE = 1 << 20  # decompressed bytes per read of a frame that arrives in several pieces  # a frame's output is held back until its end is verified, up to this much
+_HOLD_BYTES = 32 << 20  # a frame's output is held back until its end is verified, up to this much
+_OUT_PIECE = 1 << 20  # decompressed bytes per read of a frame that arrives in several pieces
 
 # scanner states
 _MAGIC, _SKIP_SIZE, _FHD, _FHD_REST, _BLOCK, _CHECKSUM = range(6)
@@ -374,6 +374,9 @@ def decompress_frames(
 def iter_decompressed(chunks: Iterable[Any], path: str) -> Iterator[bytes]:
     """Decompress a zstd stream given as consecutive compressed pieces (any sizes).
 
+    The pieces are bytes-like objects that stay unchanged once handed over
+    (``bytes``, or slices of a map); a reused read buffer must be copied first.
+
     Streaming across frames; skippable frames (``pzstd`` headers, seek tables)
     are ignored. Each piece of output is at most 4 MiB.
 
@@ -496,6 +499,10 @@ def frame_cache() -> FrameCache:
     return _CACHE
 
 
+_pread = os.pread
+_bisect_right = bisect.bisect_right
+
+
 class ZstdShardReader:
     """``read_at(offset, size)`` over a zstd shard's decompressed bytes, through its frame table.
 
@@ -527,13 +534,15 @@ class ZstdShardReader:
             CorruptArchiveError: the frame is truncated or corrupt, or decompresses
                 to another size than the frame table says.
         """
-        cache = frame_cache()
+        cache = _CACHE if _CACHE_GEN == FORK[0] and _CACHE is not None else frame_cache()
         key = (self._key, k)
-        data = cache.get(key)
+        items = cache._items
+        data = items.get(key)
         if data is not None:
+            items.move_to_end(key)
             return data
         c_off, c_size, d_size = self._c_off[k], self._c_size[k], self._d_size[k]
-        raw = os.pread(self.fd, c_size, c_off)
+        raw = _pread(self.fd, c_size, c_off)
         if len(raw) != c_size:
             raise CorruptArchiveError(self.path, c_off, f"truncated zstd frame ({len(raw)} of {c_size} bytes)")
         try:
@@ -555,7 +564,7 @@ class ZstdShardReader:
             CorruptArchiveError: see :meth:`frame`.
         """
         d_off = self._d_off
-        k = bisect.bisect_right(d_off, offset) - 1
+        k = _bisect_right(d_off, offset) - 1
         if k < 0 or size <= 0:
             return b""
         start = offset - d_off[k]
