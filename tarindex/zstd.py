@@ -344,7 +344,7 @@ def decompress_frames(
                 yield out
             continue
         source = _FrameSource(events, value)
-        reader = dctx.stream_reader(source, read_size=_OUT_PIECE, read_across_frames=False)
+        reader = dctx.stream_reader(source, read_size=_OUT_PIECE, read_across_frames=False)  # type: ignore[arg-type]  # any object with read()
         held: list[bytes] = []
         held_bytes = d_frame = 0
         try:
@@ -534,7 +534,7 @@ class ZstdShardReader:
             CorruptArchiveError: the frame is truncated or corrupt, or decompresses
                 to another size than the frame table says.
         """
-        cache = _CACHE if _CACHE_GEN == FORK[0] and _CACHE is not None else frame_cache()
+        cache = _CACHE if FORK[0] == _CACHE_GEN and _CACHE is not None else frame_cache()
         key = (self._key, k)
         items = cache._items
         data = items.get(key)
