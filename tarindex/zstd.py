@@ -546,6 +546,8 @@ class ZstdShardReader:
         if len(raw) != c_size:
             raise CorruptArchiveError(self.path, c_off, f"truncated zstd frame ({len(raw)} of {c_size} bytes)")
         try:
+            if zstandard.frame_content_size(raw) not in (-1, d_size):  # never allocate what a damaged header claims
+                raise CorruptArchiveError(self.path, c_off, f"zstd frame header disagrees with the index ({d_size} bytes)")
             data = self._dctx.decompress(raw, max_output_size=d_size)
         except zstandard.ZstdError as exc:
             raise CorruptArchiveError(self.path, c_off, f"corrupt zstd frame ({exc})") from exc
@@ -605,10 +607,44 @@ def close_map(buf: mmap.mmap) -> None:
         pass
 
 
+class _SeekTableMismatch(Exception):
+    """The seek table does not describe the file exactly: index it by walking its frames instead."""
+
+
+def _by_seek_table(mv: memoryview, seek: np.ndarray, rows: list[tuple[int, int, int, int]]) -> Iterator[bytes]:
+    """Decompress the frames the seek table lists, one call each, checking every size and frame end.
+
+    Raises:
+        _SeekTableMismatch: any disagreement or damage (the frame walk then names it precisely).
+    """
+    dctx = zstandard.ZstdDecompressor()
+    off = d_off = 0
+    for c_size, d_size in seek.tolist():
+        frame = mv[off : off + c_size]
+        try:
+            if len(frame) != c_size or zstandard.frame_content_size(frame) not in (-1, d_size):
+                raise _SeekTableMismatch
+            out = dctx.decompress(frame, max_output_size=d_size, allow_extra_data=False)
+        except zstandard.ZstdError as exc:
+            raise _SeekTableMismatch from exc
+        if len(out) != d_size:
+            raise _SeekTableMismatch
+        rows.append((off, c_size, d_off, d_size))
+        off += c_size
+        d_off += d_size
+        yield out
+    if off + 8 + len(seek) * 8 + _FOOTER != len(mv):  # the seek table frame (no checksums) must follow at once
+        raise _SeekTableMismatch
+
+
 def scan_zstd(fd: int, path: str) -> ShardTable:
     """Index a zstd shard: one streaming decompression, the tar parser on its output, the frame table.
 
-    A seek table (seekable format), when present, is checked against the frames.
+    With a seek table (seekable format) whose frames are at most 4 MiB, the
+    frames are decompressed where the table puts them, one call each, and
+    every size is checked; any disagreement, and any file without such a
+    table, is indexed by walking the frames' headers, which also names the
+    frame at fault.
 
     Raises:
         CorruptArchiveError: corrupt or truncated zstd data, a seek table that
@@ -621,12 +657,16 @@ def scan_zstd(fd: int, path: str) -> ShardTable:
         seek = read_seek_table(buf, path)
         mv = memoryview(buf)
         rows: list[tuple[int, int, int, int]] = []
-        pieces = (mv[i : i + _MAP_SLICE] for i in range(0, len(mv), _MAP_SLICE))
-        chunks = decompress_frames(pieces, path, rows, hold=False)
-        table = ShardTable.from_samples(group_members(iter_tar(chunks, path), path))
-        for _ in chunks:  # the frames after the end-of-archive marker
-            pass
-        del pieces, chunks
+        table = None
+        if seek is not None and len(seek) and int(seek[:, 1].max()) <= _PIECE_BLOCKS * _BLOCK_MAX:
+            try:
+                table = _scan_chunks(_by_seek_table(mv, seek, rows), path)
+            except _SeekTableMismatch:
+                rows.clear()
+        if table is None:
+            pieces = (mv[i : i + _MAP_SLICE] for i in range(0, len(mv), _MAP_SLICE))
+            table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False), path)
+            del pieces
         mv.release()
     finally:
         close_map(buf)
@@ -634,6 +674,14 @@ def scan_zstd(fd: int, path: str) -> ShardTable:
     if seek is not None:
         check_seek_table(frames, seek, path)
     table.frames = frames
+    return table
+
+
+def _scan_chunks(chunks: Iterator[bytes], path: str) -> ShardTable:
+    """The tar parser over decompressed pieces; the pieces after the end-of-archive marker are drained too."""
+    table = ShardTable.from_samples(group_members(iter_tar(chunks, path), path))
+    for _ in chunks:  # the frames after the end-of-archive marker
+        pass
     return table
 
 

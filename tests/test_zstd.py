@@ -287,6 +287,20 @@ def test_seek_table_that_disagrees(big: Path, tmp_path: Path) -> None:
     assert err.value.offset == frame3
 
 
+def test_seek_table_with_shifted_compressed_sizes(big: Path, tmp_path: Path) -> None:
+    """Entries 3 and 4 keep their sum but move the boundary: frame 3 then holds bytes of frame 4."""
+    shard = _by_compress(big, tmp_path / "s.tar.zst")
+    data = bytearray(shard.read_bytes())
+    table = independent_seek_table(bytes(data))
+    at = len(data) - 9 - len(table) * 8 + 3 * 8
+    data[at : at + 4] = (table[3][0] + 10).to_bytes(4, "little")
+    data[at + 8 : at + 12] = (table[4][0] - 10).to_bytes(4, "little")
+    shard.write_bytes(bytes(data))
+    frame3 = sum(c for c, _ in table[:3])
+    with pytest.raises(CorruptArchiveError, match=rf"seek table disagrees with frame 3 .* at offset {frame3}$"):
+        scan_shard(str(shard))
+
+
 # -- streaming decompression ---------------------------------------------------------
 
 
