@@ -67,7 +67,12 @@ def test_shard_writer_round_trip(compress: str | None, tmp_path: Path) -> None:
         assert {k: v for k, v in got.items() if not k.startswith("__")} == encoded(data[i])
     if compress:
         assert all(s.compression == "zstd" and s.random_access for s in ds.index.shards)
-        assert len(ds.index.frame_table(0)) > 10
+        frames = ds.index.frame_table(0)
+        assert len(frames) > 10
+        table = ds.index.shard_table(0)
+        boundaries = set(table.sample_offset.tolist()) | {0, int(table.sample_offset[-1] + table.sample_size[-1])}
+        assert set(frames[:, 2].tolist()) <= boundaries  # every frame starts on a sample boundary (or the end marker)
+        assert all(int(d) >= 4096 for d in frames[:-1, 3])
 
 
 def test_plain_shards_read_by_webdataset(tmp_path: Path) -> None:

@@ -466,6 +466,22 @@ def test_random_access_reads_only_needed_frames(big: Path, tmp_path: Path) -> No
     assert len(frame_cache()._items) == 1
 
 
+def test_dataloader_workers_read_zstd_shards(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    plain = make_shard_set(tmp_path / "d", n_shards=3, per=20)
+    shards = [_by_compress(p, tmp_path / "d" / f"z{k}.tar.zst") for k, p in enumerate(plain)]
+    report = tarindex.build_index(shards, index=tmp_path / "z.tarindex", workers=1)
+    ds = tarindex.TarDataset(report.path)
+    ds[0]  # the parent has open readers and a warm frame cache before the workers fork
+    order = random_order(len(ds))
+    got = {s["__key__"]: s["bin"] for s in DataLoader(ds, sampler=order, num_workers=2, batch_size=None)}
+    oracle: dict[str, dict[str, bytes]] = {}
+    for p in plain:
+        oracle.update(expected_samples(p))
+    assert got == {k: v["bin"] for k, v in oracle.items()}
+
+
 def test_get_cli_on_zstd(big: Path, tmp_path: Path) -> None:
     shard = _by_compress(big, tmp_path / "g.tar.zst")
     tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1)
