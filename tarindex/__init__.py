@@ -9,6 +9,7 @@ from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset
 from .errors import (
     CorruptArchiveError,
+    CorruptFrameError,
     DuplicateMemberError,
     IndexFormatError,
     IndexNotFoundError,
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BuildReport",
     "CorruptArchiveError",
+    "CorruptFrameError",
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "CorruptArchiveError",
+    "CorruptFrameError",
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
@@ -35,6 +36,10 @@ class CorruptArchiveError(TarIndexError, ValueError):
 
     def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # survive worker processes
         return (type(self), (self.path, self.offset, self.what))
+
+
+class CorruptFrameError(CorruptArchiveError):
+    """zstd data is damaged (corrupt or truncated frame, bad seek table); the offset is in the compressed file."""
 
 
 class DuplicateMemberError(CorruptArchiveError):

@@ -29,7 +29,7 @@ import numpy as np
 import zstandard
 
 from ._process import FORK
-from .errors import CorruptArchiveError, IndexFormatError, RandomAccessError
+from .errors import CorruptArchiveError, CorruptFrameError, IndexFormatError, RandomAccessError
 from .index.format import ShardInfo, ShardTable
 from .samples import group_members
 from .tar import iter_tar
@@ -117,8 +117,8 @@ class _Scanner:
         self.checksum = False
         self.blocks = 0
 
-    def _error(self, what: str, offset: int | None = None) -> CorruptArchiveError:
-        return CorruptArchiveError(self.path, self.frame_off if offset is None else offset, what)
+    def _error(self, what: str, offset: int | None = None) -> CorruptFrameError:
+        return CorruptFrameError(self.path, self.frame_off if offset is None else offset, what)
 
     def feed(self, chunk: Any) -> list[tuple[int, int, Any]]:
         mv = memoryview(chunk)
@@ -297,10 +297,10 @@ def _whole_frame(dctx: Any, piece: Any, path: str, off: int) -> bytes:
     try:
         size = zstandard.frame_content_size(piece)
         if size > _PIECE_BLOCKS * _BLOCK_MAX:
-            raise CorruptArchiveError(path, off, f"corrupt zstd frame (header says {size} bytes, its blocks hold less)")
+            raise CorruptFrameError(path, off, f"corrupt zstd frame (header says {size} bytes, its blocks hold less)")
         return bytes(dctx.decompress(piece, max_output_size=_PIECE_BLOCKS * _BLOCK_MAX))
     except zstandard.ZstdError as exc:
-        raise CorruptArchiveError(path, off, f"corrupt zstd frame ({exc})") from exc
+        raise CorruptFrameError(path, off, f"corrupt zstd frame ({exc})") from exc
 
 
 def decompress_frames(
@@ -320,7 +320,7 @@ def decompress_frames(
     flows at once, which keeps memory hot. Output pieces are at most 4 MiB.
 
     Raises:
-        CorruptArchiveError: a corrupt or truncated frame, or bytes that are not zstd.
+        CorruptFrameError: a corrupt or truncated frame, or bytes that are not zstd.
     """
     dctx = zstandard.ZstdDecompressor()
     events = _Events(chunks, path)
@@ -359,12 +359,12 @@ def decompress_frames(
                     yield from held
                     held, held_bytes = [], 0
         except zstandard.ZstdError as exc:
-            raise CorruptArchiveError(path, off, f"corrupt zstd frame ({exc})") from exc
+            raise CorruptFrameError(path, off, f"corrupt zstd frame ({exc})") from exc
         if source.ended is None and source.read(1):  # the decompressor stopped before the blocks did
-            raise CorruptArchiveError(path, off, "corrupt zstd frame (data ends before its blocks do)")
+            raise CorruptFrameError(path, off, "corrupt zstd frame (data ends before its blocks do)")
         if source.ended is None:  # the input ended inside the frame
             events.peek()  # raises the scanner's truncation error
-            raise CorruptArchiveError(path, off, "truncated zstd frame")
+            raise CorruptFrameError(path, off, "truncated zstd frame")
         if frames is not None:
             frames.append((off, source.ended[1], d_off, d_frame))
         d_off += d_frame
@@ -381,7 +381,7 @@ def iter_decompressed(chunks: Iterable[Any], path: str) -> Iterator[bytes]:
     are ignored. Each piece of output is at most 4 MiB.
 
     Raises:
-        CorruptArchiveError: corrupt or truncated data, naming ``path`` and the
+        CorruptFrameError: corrupt or truncated data, naming ``path`` and the
             compressed offset of the damaged frame.
     """
     return decompress_frames(chunks, path)
@@ -394,7 +394,7 @@ def read_seek_table(buf: Any, path: str) -> np.ndarray | None:
     """The ``(compressed_size, decompressed_size)`` rows of a trailing seek table, or ``None``.
 
     Raises:
-        CorruptArchiveError: the footer says seek table but the table is malformed.
+        CorruptFrameError: the footer says seek table but the table is malformed.
     """
     n = len(buf)
     if n < _FOOTER + 8:
@@ -405,15 +405,15 @@ def read_seek_table(buf: Any, path: str) -> np.ndarray | None:
     n_frames = int.from_bytes(footer[0:4], "little")
     descriptor = footer[4]
     if descriptor & 0x7C:
-        raise CorruptArchiveError(path, n - _FOOTER, "bad seek table descriptor (reserved bits set)")
+        raise CorruptFrameError(path, n - _FOOTER, "bad seek table descriptor (reserved bits set)")
     entry = 12 if descriptor & 0x80 else 8
     size = n_frames * entry + _FOOTER
     start = n - size - 8
     if start < 0:
-        raise CorruptArchiveError(path, n - _FOOTER, f"seek table of {n_frames} frames does not fit in the file")
+        raise CorruptFrameError(path, n - _FOOTER, f"seek table of {n_frames} frames does not fit in the file")
     head = bytes(buf[start : start + 8])
     if int.from_bytes(head[:4], "little") != _SEEK_TABLE_SKIPPABLE or int.from_bytes(head[4:], "little") != size:
-        raise CorruptArchiveError(path, start, "seek table footer without a matching skippable frame header")
+        raise CorruptFrameError(path, start, "seek table footer without a matching skippable frame header")
     raw = np.frombuffer(bytes(buf[start + 8 : start + 8 + n_frames * entry]), "<u4").reshape(n_frames, entry // 4)
     return raw[:, :2].astype(np.uint64)
 
@@ -430,19 +430,19 @@ def check_seek_table(table: np.ndarray, seek: np.ndarray, path: str) -> None:
     """Compare a walked frame table with a seek table.
 
     Raises:
-        CorruptArchiveError: they disagree, naming the first frame that differs.
+        CorruptFrameError: they disagree, naming the first frame that differs.
     """
     for k in range(min(len(table), len(seek))):
         c, d = int(seek[k, 0]), int(seek[k, 1])
         if c != int(table[k, 1]) or d != int(table[k, 3]):
-            raise CorruptArchiveError(
+            raise CorruptFrameError(
                 path,
                 int(table[k, 0]),
                 f"seek table disagrees with frame {k} (table: {c} -> {d} bytes, "
                 f"frame: {int(table[k, 1])} -> {int(table[k, 3])} bytes)",
             )
     if len(table) != len(seek):
-        raise CorruptArchiveError(
+        raise CorruptFrameError(
             path, 0, f"seek table lists {len(seek)} frames, the file has {len(table)} data frames"
         )
 
@@ -531,7 +531,7 @@ class ZstdShardReader:
         """Decompressed frame ``k`` (from the cache, or read and decompressed; cached if ``keep``).
 
         Raises:
-            CorruptArchiveError: the frame is truncated or corrupt, or decompresses
+            CorruptFrameError: the frame is truncated or corrupt, or decompresses
                 to another size than the frame table says.
         """
         cache = _CACHE if FORK[0] == _CACHE_GEN and _CACHE is not None else frame_cache()
@@ -544,15 +544,15 @@ class ZstdShardReader:
         c_off, c_size, d_size = self._c_off[k], self._c_size[k], self._d_size[k]
         raw = _pread(self.fd, c_size, c_off)
         if len(raw) != c_size:
-            raise CorruptArchiveError(self.path, c_off, f"truncated zstd frame ({len(raw)} of {c_size} bytes)")
+            raise CorruptFrameError(self.path, c_off, f"truncated zstd frame ({len(raw)} of {c_size} bytes)")
         try:
             if zstandard.frame_content_size(raw) not in (-1, d_size):  # never allocate what a damaged header claims
-                raise CorruptArchiveError(self.path, c_off, f"zstd frame header disagrees with the index ({d_size} bytes)")
+                raise CorruptFrameError(self.path, c_off, f"zstd frame header disagrees with the index ({d_size} bytes)")
             data = self._dctx.decompress(raw, max_output_size=d_size)
         except zstandard.ZstdError as exc:
-            raise CorruptArchiveError(self.path, c_off, f"corrupt zstd frame ({exc})") from exc
+            raise CorruptFrameError(self.path, c_off, f"corrupt zstd frame ({exc})") from exc
         if len(data) != d_size:
-            raise CorruptArchiveError(
+            raise CorruptFrameError(
                 self.path, c_off, f"zstd frame decompresses to {len(data)} bytes, the index says {d_size}"
             )
         if keep:
@@ -563,7 +563,7 @@ class ZstdShardReader:
         """``size`` decompressed bytes from ``offset`` (fewer only at the end of the shard).
 
         Raises:
-            CorruptArchiveError: see :meth:`frame`.
+            CorruptFrameError: see :meth:`frame`.
         """
         d_off = self._d_off
         k = _bisect_right(d_off, offset) - 1
@@ -647,8 +647,9 @@ def scan_zstd(fd: int, path: str) -> ShardTable:
     frame at fault.
 
     Raises:
-        CorruptArchiveError: corrupt or truncated zstd data, a seek table that
-            disagrees with the frames, or a decompressed stream that is not a tar.
+        CorruptFrameError: corrupt or truncated zstd data, or a seek table that
+            disagrees with the frames (compressed offsets).
+        CorruptArchiveError: a decompressed stream that is not a valid tar.
     """
     buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     try:
@@ -678,8 +679,19 @@ def scan_zstd(fd: int, path: str) -> ShardTable:
 
 
 def _scan_chunks(chunks: Iterator[bytes], path: str) -> ShardTable:
-    """The tar parser over decompressed pieces; the pieces after the end-of-archive marker are drained too."""
-    table = ShardTable.from_samples(group_members(iter_tar(chunks, path), path))
+    """The tar parser over decompressed pieces; the pieces after the end-of-archive marker are drained too.
+
+    Raises:
+        CorruptFrameError: damaged zstd data (compressed offset).
+        CorruptArchiveError: the decompressed stream is not a valid tar (the
+            message says the offset is in the decompressed tar).
+    """
+    try:
+        table = ShardTable.from_samples(group_members(iter_tar(chunks, path), path))
+    except CorruptFrameError:
+        raise
+    except CorruptArchiveError as exc:
+        raise type(exc)(path, exc.offset, f"{exc.what} (in the decompressed tar)") from exc
     for _ in chunks:  # the frames after the end-of-archive marker
         pass
     return table
@@ -759,7 +771,7 @@ def _cached_copy(path: str, fd: int, info: ShardInfo, frames: np.ndarray, cache_
                 f.write(chunk)
             written = f.tell()
         if written != total:
-            raise CorruptArchiveError(path, 0, f"decompresses to {written} bytes, the index says {total}")
+            raise CorruptFrameError(path, 0, f"decompresses to {written} bytes, the index says {total}")
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

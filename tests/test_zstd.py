@@ -23,7 +23,7 @@ import tarindex
 from conftest import make_shard_set, py_tar, tarfile_members
 from tarindex.build import scan_shard
 from tarindex.cli.main import main
-from tarindex.errors import CorruptArchiveError, RandomAccessError, StaleIndexError
+from tarindex.errors import CorruptArchiveError, CorruptFrameError, RandomAccessError, StaleIndexError
 from tarindex.index.reader import IndexReader
 from tarindex.samples import split_key
 from tarindex.writer import compress_shard
@@ -282,7 +282,7 @@ def test_seek_table_that_disagrees(big: Path, tmp_path: Path) -> None:
     data[entry_at : entry_at + 4] = (table[3][1] + 512).to_bytes(4, "little")
     shard.write_bytes(bytes(data))
     frame3 = sum(c for c, _ in table[:3])
-    with pytest.raises(CorruptArchiveError, match=rf"s\.tar\.zst: seek table disagrees with frame 3 .* at offset {frame3}$") as err:
+    with pytest.raises(CorruptFrameError, match=rf"s\.tar\.zst: seek table disagrees with frame 3 .* at offset {frame3}$") as err:
         scan_shard(str(shard))
     assert err.value.offset == frame3
 
@@ -297,7 +297,7 @@ def test_seek_table_with_shifted_compressed_sizes(big: Path, tmp_path: Path) -> 
     data[at + 8 : at + 12] = (table[4][0] - 10).to_bytes(4, "little")
     shard.write_bytes(bytes(data))
     frame3 = sum(c for c, _ in table[:3])
-    with pytest.raises(CorruptArchiveError, match=rf"seek table disagrees with frame 3 .* at offset {frame3}$"):
+    with pytest.raises(CorruptFrameError, match=rf"seek table disagrees with frame 3 .* at offset {frame3}$"):
         scan_shard(str(shard))
 
 
@@ -328,7 +328,7 @@ def test_corrupt_frame_at_build_names_offset(big: Path, tmp_path: Path) -> None:
     data = bytearray(shard.read_bytes())
     data[frame5 + table[5][0] // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(CorruptArchiveError, match=rf"c\.tar\.zst: corrupt zstd frame .* at offset {frame5}$"):
+    with pytest.raises(CorruptFrameError, match=rf"c\.tar\.zst: corrupt zstd frame .* at offset {frame5}$"):
         scan_shard(str(shard))
     result = CliRunner().invoke(main, ["build", str(shard), "-o", str(tmp_path / "c.tarindex")])
     assert result.exit_code == 1
@@ -352,7 +352,7 @@ def test_corrupt_frame_at_read_names_offset_and_returns_nothing(big: Path, tmp_p
     offsets = ds.index.array("sample_offset")
     inside = int(np.searchsorted(offsets, d_off))
     ds[0]  # other frames still read
-    with pytest.raises(CorruptArchiveError, match=rf"c\.tar\.zst: corrupt zstd frame .* at offset {c_off}$"):
+    with pytest.raises(CorruptFrameError, match=rf"c\.tar\.zst: corrupt zstd frame .* at offset {c_off}$"):
         ds[inside]
 
 
@@ -362,11 +362,11 @@ def test_truncated_file(big: Path, tmp_path: Path) -> None:
         data = shard.read_bytes()
         cut = data[: len(data) * 2 // 3] if tool == "zstd-cli" else data[: len(data) - 2000]
         shard.write_bytes(cut)
-        with pytest.raises(CorruptArchiveError, match=r"\.tar\.zst: truncated zstd frame .* at offset \d+$") as err:
+        with pytest.raises(CorruptFrameError, match=r"\.tar\.zst: truncated zstd frame .* at offset \d+$") as err:
             scan_shard(str(shard))
         if tool == "zstd-cli":
             assert err.value.offset == 0
-    with pytest.raises(CorruptArchiveError, match="truncated zstd frame"):
+    with pytest.raises(CorruptFrameError, match="truncated zstd frame"):
         list(iter_decompressed([data[:-3]], "x.zst"))
 
 
@@ -375,8 +375,16 @@ def test_garbage_after_frames(big: Path, tmp_path: Path) -> None:
     size = shard.stat().st_size
     with open(shard, "ab") as f:
         f.write(b"this is not zstd")
-    with pytest.raises(CorruptArchiveError, match=rf"not a zstd frame \(magic 74686973\) at offset {size}$"):
+    with pytest.raises(CorruptFrameError, match=rf"not a zstd frame \(magic 74686973\) at offset {size}$"):
         scan_shard(str(shard))
+
+
+def test_zstd_of_something_that_is_not_tar(tmp_path: Path) -> None:
+    shard = tmp_path / "n.tar.zst"
+    shard.write_bytes(zstandard.ZstdCompressor().compress(b"just text, " * 1000))
+    with pytest.raises(CorruptArchiveError, match=r"n\.tar\.zst: bad header checksum .* \(in the decompressed tar\) at offset 0$") as err:
+        scan_shard(str(shard))
+    assert not isinstance(err.value, CorruptFrameError)
 
 
 def test_stale_zstd_shard(big: Path, tmp_path: Path) -> None:
