@@ -223,6 +223,17 @@ class TarDataset:
             sample = self.decoder(sample)
         return self.transform(sample) if self.transform is not None else sample
 
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A batch of samples, read in index order (shard by shard, offset by offset) and returned in the order asked.
+
+        ``DataLoader`` calls this for batched sampling; reading in file order keeps
+        reads local (page cache, zstd frames) whatever order the sampler chose.
+        """
+        out: list[Any] = [None] * len(indices)
+        for k in sorted(range(len(indices)), key=indices.__getitem__):
+            out[k] = self[indices[k]]
+        return out
+
     def get(self, key: str) -> Any:
         """The sample with ``key`` (the first one, if several share it).
 

@@ -357,3 +357,15 @@ def test_index_past_the_end_of_a_shard_is_corrupt(tmp_path: Path) -> None:
     assert _strip(ds[0])["__key__"] == "s00i000"
     with pytest.raises(tarindex.CorruptArchiveError, match=rf"{re.escape(str(paths[0]))}: sample runs past the end of the shard at offset {info.size}"):
         ds[2]
+
+
+def test_batched_fetch_keeps_the_sampler_order(built: tuple[list[Path], TarDataset]) -> None:
+    import torch
+
+    paths, ds = built
+    expected = _oracle(paths)
+    order = list(range(len(ds)))[::-1][::2] + list(range(len(ds)))[::2]
+    loader = torch.utils.data.DataLoader(ds, sampler=order, batch_size=5, collate_fn=list)
+    got = [s for batch in loader for s in batch]
+    assert [s["__index__"] for s in got] == order
+    assert [_strip(s) for s in got] == [expected[i] for i in order]
