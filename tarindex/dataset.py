@@ -19,6 +19,7 @@ from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, ShardNotFoundError, StaleIndexError
 from .index.reader import IndexReader
 from .shards import resolve_index
+from .zstd import open_zstd_shard
 
 __all__ = ["TarDataset"]
 
@@ -54,6 +55,13 @@ class TarDataset:
         transform: applied to each sample dict after decoding.
         allow_pickle: decode pickle-based members. Never for untrusted shards.
         max_open_files: bound on open shard files per process (LRU).
+        zstd_cache_dir: opt-in slower path for zstd shards made of one large
+            frame (``zstd`` CLI output): each such shard is decompressed once
+            into this directory and read from there. Without it, random access
+            to such a shard raises :class:`~tarindex.errors.RandomAccessError`.
+            See docs/zstd.md.
+        zstd_cache_bytes: size bound of ``zstd_cache_dir`` (least recently
+            used shards are deleted).
 
     Raises:
         IndexNotFoundError: no index at ``source`` or beside the shards.
@@ -69,12 +77,16 @@ class TarDataset:
         transform: Callable[[Sample], Any] | None = None,
         allow_pickle: bool = False,
         max_open_files: int = 64,
+        zstd_cache_dir: str | os.PathLike[str] | None = None,
+        zstd_cache_bytes: int = 16 << 30,
     ) -> None:
         self.index_path = resolve_index(source)
         self.index = IndexReader(self.index_path)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
         self.max_open_files = max(1, max_open_files)
+        self.zstd_cache_dir = os.fspath(zstd_cache_dir) if zstd_cache_dir is not None else None
+        self.zstd_cache_bytes = zstd_cache_bytes
         self._gen = -1  # FORK[0] this object attached under; -1: not attached
         self._n = self.index.n_samples
         self.urls = [str(self.index.shard_path(i)) for i in range(len(self.index.shards))]
@@ -122,14 +134,19 @@ class TarDataset:
                 f"size {info.size} -> {st.st_size}" if st.st_size != info.size else f"mtime {info.mtime_ns} -> {st.st_mtime_ns}"
             )
             raise StaleIndexError(path, what)
+        handle: Any = fd
+        if info.compression == "zstd":
+            handle = open_zstd_shard(
+                path, fd, info, self.index.frame_table(shard), cache_dir=self.zstd_cache_dir, cache_bytes=self.zstd_cache_bytes
+            )
         fds = self._fds
         while len(fds) >= self.max_open_files:
             evicted, old = fds.popitem(last=False)
             if self._fast is not None:
                 self._fast.forget(evicted)
             _close(old)
-        fds[shard] = fd
-        return fd
+        fds[shard] = handle
+        return handle
 
     def close(self) -> None:
         """Close this process's shard files (they reopen on demand)."""

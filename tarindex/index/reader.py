@@ -15,7 +15,17 @@ import lmdb
 import numpy as np
 
 from ..errors import IndexFormatError, IndexNotFoundError, SampleNotFoundError
-from .format import COL_PREFIX, COLUMNS, FORMAT_VERSION, KEY_PREFIX, MAGIC, META_KEY, ShardInfo, ShardTable
+from .format import (
+    COL_PREFIX,
+    COLUMNS,
+    FORMAT_VERSION,
+    FRAMES_PREFIX,
+    KEY_PREFIX,
+    MAGIC,
+    META_KEY,
+    ShardInfo,
+    ShardTable,
+)
 
 __all__ = ["IndexReader"]
 
@@ -247,7 +257,15 @@ class IndexReader:
             self.array("member_size")[m_lo:m_hi].copy(),
             keys,
             [self.exts[e] for e in exts_used.tolist()],
+            self.frame_table(shard),
         )
+
+    def frame_table(self, shard: int) -> np.ndarray | None:
+        """A zstd shard's ``(n_frames, 4)`` frame table (a copy); ``None`` for a plain tar."""
+        raw = self._txn_here().get(FRAMES_PREFIX + str(shard).encode())
+        if raw is None:
+            return None
+        return np.frombuffer(raw, "<u8").reshape(-1, 4).copy()
 
     def file_size(self) -> int:
         """Size of the index file in bytes."""
