@@ -9,10 +9,12 @@ from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset
 from .errors import (
     CorruptArchiveError,
+    CorruptFrameError,
     DecodeError,
     DuplicateMemberError,
     IndexFormatError,
     IndexNotFoundError,
+    RandomAccessError,
     SampleNotFoundError,
     SamplerStateError,
     ShardNotFoundError,
@@ -23,21 +25,25 @@ from .errors import (
 )
 from .index.reader import IndexReader
 from .sampler import ShardSampler
+from .writer import ShardWriter, compress_shard
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BuildReport",
     "CorruptArchiveError",
+    "CorruptFrameError",
     "DecodeError",
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
     "IndexReader",
+    "RandomAccessError",
     "SampleNotFoundError",
     "SamplerStateError",
     "ShardNotFoundError",
     "ShardSampler",
+    "ShardWriter",
     "SourceError",
     "StaleIndexError",
     "StreamWarning",
@@ -46,6 +52,7 @@ __all__ = [
     "TarStream",
     "__version__",
     "build_index",
+    "compress_shard",
     "merge_indexes",
 ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -16,6 +17,7 @@ from .samples import group_members
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, fingerprint, fingerprint_stream
 from .sources import is_url, open_source
 from .tar import iter_tar, iter_tar_file
+from .zstd import is_zstd, random_access, scan_zstd
 
 __all__ = ["BuildReport", "build_index", "merge_indexes", "scan_shard", "scan_stream"]
 
@@ -35,7 +37,7 @@ class BuildReport:
 
 
 def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
-    """Scan one plain tar shard into its offset tables (``ShardInfo.path`` is ``path``).
+    """Scan one shard (plain tar, or zstd by content) into its offset tables (``ShardInfo.path`` is ``path``).
 
     A URL (``http(s)://``, ``pipe:``, fsspec) is read once, sequentially
     (see :func:`scan_stream`).
@@ -55,8 +57,13 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
         st = os.fstat(fd)
         if st.st_size == 0:
             raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
-        table = ShardTable.from_samples(group_members(iter_tar_file(fd, path), path))
+        if is_zstd(os.pread(fd, 4, 0)):
+            table = scan_zstd(fd, path)
+        else:
+            table = ShardTable.from_samples(group_members(iter_tar_file(fd, path), path))
         info = ShardInfo(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table.n_samples, table.n_members)
+        if table.frames is not None:
+            info = dataclasses.replace(info, compression="zstd", random_access=random_access(table.frames))
         return info, table
     finally:
         os.close(fd)
@@ -212,7 +219,7 @@ def build_index(
 
 
 def _with_path(info: ShardInfo, path: str) -> ShardInfo:
-    return ShardInfo(path, info.size, info.mtime_ns, info.fingerprint, info.n_samples, info.n_members)
+    return dataclasses.replace(info, path=path)
 
 
 def merge_indexes(parts: Iterable[str | os.PathLike[str]], output: str | os.PathLike[str]) -> Path:

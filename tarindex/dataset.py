@@ -10,17 +10,18 @@ from typing import Any
 from ._process import FORK
 
 try:  # the C read path; the pure-Python one below is the reference
-    from . import _speedups  # type: ignore[attr-defined]
+    from . import _speedups
 except ImportError:  # not compiled here
-    _speedups = None
+    _speedups = None  # type: ignore[assignment]
 if os.environ.get("TARINDEX_PURE_PYTHON"):
-    _speedups = None
+    _speedups = None  # type: ignore[assignment]
 from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, ShardNotFoundError, StaleIndexError
 from .index.format import ShardInfo
 from .index.reader import IndexReader
 from .shards import resolve_index
 from .sources import RangeReader, is_url
+from .zstd import open_zstd_shard
 
 __all__ = ["TarDataset"]
 
@@ -72,6 +73,13 @@ class TarDataset:
         transform: applied to each sample dict after decoding.
         allow_pickle: decode pickle-based members. Never for untrusted shards.
         max_open_files: bound on open shard files per process (LRU).
+        zstd_cache_dir: opt-in slower path for zstd shards made of one large
+            frame (``zstd`` CLI output): each such shard is decompressed once
+            into this directory and read from there. Without it, random access
+            to such a shard raises :class:`~tarindex.errors.RandomAccessError`.
+            See docs/zstd.md.
+        zstd_cache_bytes: size bound of ``zstd_cache_dir`` (least recently
+            used shards are deleted).
 
     Raises:
         IndexNotFoundError: no index at ``source`` or beside the shards.
@@ -87,12 +95,16 @@ class TarDataset:
         transform: Callable[[Sample], Any] | None = None,
         allow_pickle: bool = False,
         max_open_files: int = 64,
+        zstd_cache_dir: str | os.PathLike[str] | None = None,
+        zstd_cache_bytes: int = 16 << 30,
     ) -> None:
         self.index_path = resolve_index(source)
         self.index = IndexReader(self.index_path)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
         self.max_open_files = max(1, max_open_files)
+        self.zstd_cache_dir = os.fspath(zstd_cache_dir) if zstd_cache_dir is not None else None
+        self.zstd_cache_bytes = zstd_cache_bytes
         self._gen = -1  # FORK[0] this object attached under; -1: not attached
         self._n = self.index.n_samples
         self.urls = [info.path if is_url(info.path) else str(self.index.shard_path(i)) for i, info in enumerate(self.index.shards)]
@@ -142,7 +154,12 @@ class TarDataset:
                 f"size {info.size} -> {st.st_size}" if st.st_size != info.size else f"mtime {info.mtime_ns} -> {st.st_mtime_ns}"
             )
             raise StaleIndexError(path, what)
-        return self._remember(shard, fd)
+        handle: Any = fd
+        if info.compression == "zstd":
+            handle = open_zstd_shard(
+                path, fd, info, self.index.frame_table(shard), cache_dir=self.zstd_cache_dir, cache_bytes=self.zstd_cache_bytes
+            )
+        return self._remember(shard, handle)
 
     def _remember(self, shard: int, handle: Any) -> Any:
         fds = self._fds

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 __all__ = [
     "CorruptArchiveError",
+    "CorruptFrameError",
     "DecodeError",
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
+    "RandomAccessError",
     "SampleNotFoundError",
     "SamplerStateError",
     "ShardNotFoundError",
@@ -38,6 +40,10 @@ class CorruptArchiveError(TarIndexError, ValueError):
 
     def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # survive worker processes
         return (type(self), (self.path, self.offset, self.what))
+
+
+class CorruptFrameError(CorruptArchiveError):
+    """zstd data is damaged (corrupt or truncated frame, bad seek table); the offset is in the compressed file."""
 
 
 class DuplicateMemberError(CorruptArchiveError):
@@ -87,6 +93,18 @@ class SourceError(TarIndexError, OSError):
 
 class IndexFormatError(TarIndexError, ValueError):
     """A file is not a tarindex index, or has an unsupported format version."""
+
+
+class RandomAccessError(TarIndexError, ValueError):
+    """A shard cannot be read at random cheaply (a zstd shard made of one large frame)."""
+
+    def __init__(self, path: str, what: str) -> None:
+        self.path = str(path)
+        self.what = what
+        super().__init__(f"{path}: {what}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (self.path, self.what))
 
 
 class StaleIndexError(TarIndexError):

@@ -1,9 +1,9 @@
 """Benchmarks, side by side with the peers and the physical limit, as ratios in one run.
 
-Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream]
-(``--only stream,quick``: the streaming benchmark over 4 shards per set.)
+Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,zstd,sampler,scale]
+Every part runs by default; ``--only`` picks some. ``--only stream,quick``: the streaming benchmark over
+4 shards per set; ``--zstd-shards N``: the zstd benchmark on the first N shards; ``--sets sampler``: a quick set.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
-Sampler: --only sampler (ShardSampler vs DistributedSampler read order) and --only scale (5e9-sample start).
 Results go to stdout as a markdown table; record them in docs/performance.md.
 """
 
@@ -28,6 +28,7 @@ from tarindex.index.format import ShardInfo, ShardTable
 from tarindex.index.writer import IndexWriter
 
 Row = tuple[str, float, str]
+ZSTD_SHARDS: list[int | None] = [None]  # --zstd-shards
 SPECS = {
     "jpeg": (20, 1000, (20_000, 120_000)),
     "small": (20, 10_000, (800, 1200)),
@@ -320,6 +321,111 @@ def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None
             rows.append((f"{name}: curl over HTTP, loopback nginx (MB/s)", total_mb / t_curl, "network limit"))
     finally:
         stop(proc)
+
+
+# -- zstd shards ------------------------------------------------------------------------------
+
+
+def _zstd_copies(paths: list[str], out: Path, frame_size: int | None = None) -> tuple[list[str], list[str]]:
+    """Each shard as one zstd -3 frame (the CLI's default) and as ``tarindex compress`` output, made once."""
+    import subprocess
+
+    from tarindex.writer import DEFAULT_FRAME_SIZE, compress_shard
+
+    out.mkdir(parents=True, exist_ok=True)
+    fs = frame_size or DEFAULT_FRAME_SIZE
+    single, framed = [], []
+    for p in paths:
+        one = out / (Path(p).name + ".one.zst")
+        if not one.exists():
+            subprocess.run(["zstd", "-q", "-3", "-f", p, "-o", str(one)], check=True)
+        ours = out / (Path(p).name + f".f{fs}.zst")
+        if not ours.exists():
+            compress_shard(p, ours, frame_size=fs)
+        single.append(str(one))
+        framed.append(str(ours))
+    return single, framed
+
+
+def _zstd_d(paths: list[str]) -> None:
+    import subprocess
+
+    for p in paths:
+        subprocess.run(["zstd", "-q", "-d", "-c", p], stdout=subprocess.DEVNULL, check=True)
+
+
+def _random_reads(index: Path, order: list[int], cache_bytes: int | None) -> float:
+    """Seconds for one pass of ``ds.read`` over ``order`` (frame cache of ``cache_bytes``; ``None``: default)."""
+    from tarindex.zstd import DEFAULT_CACHE_BYTES, frame_cache
+
+    ds = tarindex.TarDataset(index)
+    ds.read(0)
+    cache = frame_cache()
+    cache.clear()
+    cache.max_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+    read = ds.read
+    t = timed(lambda: [read(i) for i in order])
+    cache.max_bytes = DEFAULT_CACHE_BYTES
+    cache.clear()
+    ds.close()
+    return t
+
+
+def bench_zstd(paths: list[str], name: str, work: Path, frame_table: bool) -> list[Row]:
+    """Indexing zstd shards vs ``zstd -d``; random access vs plain tar; size vs one frame; frame-size table."""
+    from tarindex.build import scan_shard
+    from tarindex.writer import DEFAULT_FRAME_SIZE
+
+    rows: list[Row] = []
+    zdir = work / f"zstd-{name}"
+    single, framed = _zstd_copies(paths, zdir)
+    raw = sum(os.path.getsize(p) for p in paths)
+    t_plain_scan = timed(lambda: [scan_shard(p) for p in paths], 3)
+    rows.append((f"{name}: index the plain tar shards, one process (MB/s)", raw / t_plain_scan / 1e6, "the parser's own rate: a ceiling for zstd indexing"))
+    for label, files in (("one frame (zstd -3)", single), (f"tarindex compress, {DEFAULT_FRAME_SIZE >> 10} KiB frames", framed)):
+        t_cli = timed(lambda files=files: _zstd_d(files), 3)
+        t_scan = timed(lambda files=files: [scan_shard(f) for f in files], 3)
+        rows.append((f"{name}: zstd -d -c > /dev/null, {label} (MB/s)", raw / t_cli / 1e6, "physical limit (one core)"))
+        rows.append((f"{name}: index zstd shards, {label}, one process (MB/s)", raw / t_scan / 1e6, f"{t_cli / t_scan:.2f}x zstd -d (target >= 0.8x); {t_plain_scan / t_scan:.2f}x plain-tar indexing"))
+    size_one = sum(os.path.getsize(p) for p in single)
+    size_ours = sum(os.path.getsize(p) for p in framed)
+    rows.append((f"{name}: tarindex compress size vs one frame (%)", 100 * (size_ours / size_one - 1), f"{size_ours / raw:.3f} of the tar; one frame {size_one / raw:.3f}; target <= 5% (JPEG set)"))
+
+    plain_ix, ours_ix = work / f"zstd-{name}-plain.tarindex", work / f"zstd-{name}-ours.tarindex"
+    tarindex.build_index(paths, index=plain_ix)
+    tarindex.build_index(framed, index=ours_ix)
+    n = tarindex.TarDataset(plain_ix).index.n_samples
+    order = list(range(n))
+    random.Random(0).shuffle(order)
+    order = order[: min(n, 100_000)]
+    t_plain = min(_random_reads(plain_ix, order, None) for _ in range(2))
+    t_off = min(_random_reads(ours_ix, order, 0) for _ in range(2))
+    t_lru = _random_reads(ours_ix, order, None)
+    rows.append((f"{name}: plain tar TarDataset.read, random order (samples/s)", len(order) / t_plain, "baseline"))
+    rows.append((f"{name}: zstd shards, frame cache off (samples/s)", len(order) / t_off, f"{t_plain / t_off:.2f}x plain tar; target >= 0.5x"))
+    rows.append((f"{name}: zstd shards, default 64 MiB frame cache (samples/s)", len(order) / t_lru, f"{t_plain / t_lru:.2f}x plain tar; data {raw >> 20} MiB"))
+    if frame_table:
+        sub = paths[:2]
+        sub_raw = sum(os.path.getsize(p) for p in sub)
+        one_size = sum(os.path.getsize(p) for p in single[:2])
+        sub_ix = work / f"zstd-{name}-sub-plain.tarindex"
+        tarindex.build_index(sub, index=sub_ix)
+        m = tarindex.TarDataset(sub_ix).index.n_samples
+        sub_order = list(range(m))
+        random.Random(2).shuffle(sub_order)
+        sub_order = sub_order[:50_000]
+        t_sub_plain = min(_random_reads(sub_ix, sub_order, None) for _ in range(2))
+        for fs in (4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 1 << 20):
+            _, files = _zstd_copies(sub, zdir, fs)
+            size = sum(os.path.getsize(p) for p in files)
+            ix = work / f"zstd-{name}-fs{fs}.tarindex"
+            tarindex.build_index(files, index=ix)
+            t = min(_random_reads(ix, sub_order, 0) for _ in range(2))
+            rows.append((
+                f"{name}: frame size {fs >> 10} KiB: size vs one frame (%) | random access vs plain",
+                100 * (size / one_size - 1),
+                f"{t_sub_plain / t:.2f}x plain tar ({len(sub_order) / t:,.0f} samples/s, cache off); {size / sub_raw:.3f} of the tar",
+            ))
     return rows
 
 
@@ -339,10 +445,12 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_loader(index, name)
     if "open" in only and name == "small":
         yield from bench_open(ds, name, work)
-    if "stream" in only:
-        yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
     if "sampler" in only:
         yield from bench_sampler_order(index, name)
+    if "stream" in only:
+        yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
+    if "zstd" in only:
+        yield from bench_zstd(paths[: ZSTD_SHARDS[0]], name, work, frame_table=name == "small")
 
 
 # -- samplers ---------------------------------------------------------------------------
@@ -476,8 +584,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default="bench-data", type=Path)
     ap.add_argument("--sets", default="jpeg,small")
-    ap.add_argument("--only", default="build,access,loader,open,sampler,scale,stream")
+    ap.add_argument("--only", default="build,access,loader,open,stream,zstd,sampler,scale")
+    ap.add_argument("--zstd-shards", type=int, default=None, help="zstd benchmark on the first N shards (quick check)")
     args = ap.parse_args()
+    ZSTD_SHARDS[0] = args.zstd_shards
     only = set(args.only.split(","))
     work = args.dir / "work"
     work.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,17 @@ import lmdb
 import numpy as np
 
 from ..errors import IndexFormatError, IndexNotFoundError, SampleNotFoundError
-from .format import COL_PREFIX, COLUMNS, FORMAT_VERSION, KEY_PREFIX, MAGIC, META_KEY, ShardInfo, ShardTable
+from .format import (
+    COL_PREFIX,
+    COLUMNS,
+    FORMAT_VERSION,
+    FRAMES_PREFIX,
+    KEY_PREFIX,
+    MAGIC,
+    META_KEY,
+    ShardInfo,
+    ShardTable,
+)
 
 __all__ = ["IndexReader"]
 
@@ -67,11 +77,11 @@ def _acquire(path: Path) -> _Env:
         _ENVS_PID = os.getpid()
     st = path.stat()
     key = (st.st_dev, st.st_ino)
-    handle = _ENVS.get(key)
-    if handle is None:
-        handle = _ENVS[key] = _Env(key, path)
-    handle.refs += 1
-    return handle
+    found = _ENVS.get(key)
+    if found is None:
+        found = _ENVS[key] = _Env(key, path)
+    found.refs += 1
+    return found
 
 
 def _check_meta(path: Path, raw: Any) -> dict[str, Any]:
@@ -247,7 +257,15 @@ class IndexReader:
             self.array("member_size")[m_lo:m_hi].copy(),
             keys,
             [self.exts[e] for e in exts_used.tolist()],
+            self.frame_table(shard),
         )
+
+    def frame_table(self, shard: int) -> np.ndarray | None:
+        """A zstd shard's ``(n_frames, 4)`` frame table (a copy); ``None`` for a plain tar."""
+        raw = self._txn_here().get(FRAMES_PREFIX + str(shard).encode())
+        if raw is None:
+            return None
+        return np.frombuffer(raw, "<u8").reshape(-1, 4).copy()
 
     def file_size(self) -> int:
         """Size of the index file in bytes."""
