@@ -626,6 +626,7 @@ def open_source(
     backoff: float = 0.5,
     timeout: float = 60.0,
     storage_options: dict[str, Any] | None = None,
+    read_ahead: int | None = None,
 ) -> Source:
     """Open a shard name as a sequential :class:`Source` (see the module docstring).
 
@@ -636,10 +637,20 @@ def open_source(
         backoff: seconds before the first retry; doubled on each further one (at most 30).
         timeout: socket timeout in seconds (HTTP).
         storage_options: keyword arguments for the fsspec filesystem (credentials, ``endpoint_url``...).
+        read_ahead: blocks a reader thread keeps ready (0: no thread); default :attr:`Source.prefetch` (8).
 
     Raises:
         ShardNotFoundError: a local shard does not exist (remote ones fail on first read).
     """
+    source = _open(url, block_size, retries, backoff, timeout, storage_options)
+    if read_ahead is not None:
+        source.prefetch = read_ahead
+    return source
+
+
+def _open(
+    url: str, block_size: int, retries: int, backoff: float, timeout: float, storage_options: dict[str, Any] | None
+) -> Source:
     if url == "-":
         return StdinSource(url, block_size=block_size)
     if url.startswith("pipe:"):

@@ -374,3 +374,25 @@ def test_webdataset_fluent_pipeline_drop_in(shards: list[Path], tmp_path: Path) 
     assert sorted(shuffled) == [(f"k{i:03d}",) for i in range(12)] and list(shuffled) != sorted(shuffled)
     with pytest.raises(DecodeError, match=r"w-000000\.tar: sample 'k000': KeyError: .*none of \['jpg', 'png'\]"):
         list(TarStream(urls).to_tuple("jpg;png"))
+
+
+def _reader_threads(sample: dict) -> int:
+    import threading
+
+    return sum(t.name == "tarindex-read-ahead" for t in threading.enumerate())
+
+
+def _policy(sample: dict) -> int | None:
+    from tarindex.stream import read_ahead_for
+
+    return read_ahead_for(sample["__url__"], None)
+
+
+def test_read_ahead_thread_policy(shards: list[Path]) -> None:
+    local = [str(shards[0])]
+    assert set(TarStream(local, transform=_reader_threads, read_ahead=0)) == {0}  # no thread at all
+    assert set(TarStream(local, transform=_policy)) == {None}  # main process: the reader thread (8 ahead)
+    in_worker = torch.utils.data.DataLoader(TarStream(local, transform=_policy), batch_size=None, num_workers=1)
+    assert set(in_worker) == {0}  # local files in DataLoader workers: no thread, the workers use the cores
+    piped = TarStream([f"pipe:cat {shards[0]}"], transform=_policy)
+    assert set(torch.utils.data.DataLoader(piped, batch_size=None, num_workers=1)) == {None}  # I/O waits overlap

@@ -321,6 +321,7 @@ def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None
             rows.append((f"{name}: curl over HTTP, loopback nginx (MB/s)", total_mb / t_curl, "network limit"))
     finally:
         stop(proc)
+    return rows
 
 
 # -- zstd shards ------------------------------------------------------------------------------
