@@ -298,6 +298,16 @@ def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None
     rows.append(
         (f"{name}: TarStream local files (MB/s)", total_mb / t_local, f"{t_cat / t_local:.2f}x cat (target >= 0.5x)")
     )
+    import torch.utils.data
+
+    def loader_pass() -> int:
+        loader = torch.utils.data.DataLoader(tarindex.TarStream(paths), batch_size=None, num_workers=2)
+        return sum(1 for _ in loader)
+
+    t_loader = timed(loader_pass, 2)
+    rows.append(
+        (f"{name}: TarStream, DataLoader(num_workers=2) (samples/s)", n / t_loader, f"{t_local / t_loader:.2f}x one process")
+    )
     t_pipe = timed(lambda: _stream_pass([f"pipe:cat {p}" for p in paths]), 2)
     rows.append((f"{name}: TarStream pipe:cat (MB/s)", total_mb / t_pipe, f"{t_local / t_pipe:.2f}x local files"))
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
