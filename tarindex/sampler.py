@@ -357,6 +357,18 @@ class ShardSampler:
                     yield i
 
     # -- resumption -----------------------------------------------------------------
+    def _config(self) -> dict[str, Any]:
+        """What defines the stream and the dataset; a state must match it to be loaded."""
+        return {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "chunk_shards": self.chunk_shards,
+            "block_samples": self.block_samples,
+            "drop_last": self.drop_last,
+            "total_samples": self.total_samples,
+            "num_shards": len(self.sizes),
+        }
+
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """How far this rank got in the epoch, as a JSON-serialisable dict.
 
@@ -375,13 +387,7 @@ class ShardSampler:
         return {
             "format": _STATE_FORMAT,
             "epoch": self.epoch,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "chunk_shards": self.chunk_shards,
-            "block_samples": self.block_samples,
-            "drop_last": self.drop_last,
-            "total_samples": self.total_samples,
-            "num_shards": len(self.sizes),
+            **self._config(),
             "num_replicas": self.num_replicas,
             "rank": self.rank,
             "plan": [[a, b] for a, b in self._plan],
@@ -407,31 +413,12 @@ class ShardSampler:
             plan = _merge((int(a), int(b)) for a, b in state["plan"])
             consumed = state["consumed"]
             counts = [int(c) for c in consumed] if isinstance(consumed, (list, tuple)) else [int(consumed)] * old_world
-            ours = {
-                k: state[k]
-                for k in (
-                    "seed",
-                    "shuffle",
-                    "chunk_shards",
-                    "block_samples",
-                    "total_samples",
-                    "num_shards",
-                    "drop_last",
-                )
-            }
+            mine = self._config()
+            ours = {k: state[k] for k in mine}
         except (KeyError, TypeError, ValueError) as exc:
             raise SamplerStateError(f"not a ShardSampler state: {exc!r}") from exc
         if fmt != _STATE_FORMAT:
             raise SamplerStateError(f"ShardSampler state format {fmt} is not supported (expected {_STATE_FORMAT})")
-        mine = {
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "chunk_shards": self.chunk_shards,
-            "block_samples": self.block_samples,
-            "total_samples": self.total_samples,
-            "num_shards": len(self.sizes),
-            "drop_last": self.drop_last,
-        }
         for k, v in mine.items():
             if k == "drop_last" and old_world != self.num_replicas:
                 continue  # the new dealing may choose its own
