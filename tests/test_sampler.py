@@ -164,42 +164,29 @@ def test_resume_equals_uninterrupted(
 ) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sampler_module, "_TABLE_MAX", table_max)
-        check_resume(sizes, world, seed, epoch, chunk, drop_last, frac, explicit)
-
-
-def check_resume(
-    sizes: list[int],
-    world: int,
-    seed: int,
-    epoch: int,
-    chunk: tuple[int, int],
-    drop_last: bool,
-    frac: float,
-    explicit: bool,
-) -> None:
-    kw = {"seed": seed, "chunk_shards": chunk[0], "block_samples": chunk[1], "drop_last": drop_last}
-    for r in range(world):
-        full = ShardSampler(Shards(sizes), world, r, **kw)
-        full.set_epoch(epoch)
-        whole = list(full)
-        k = int(frac * len(whole))
-        run = ShardSampler(Shards(sizes), world, r, **kw)
-        run.set_epoch(epoch)
-        if explicit:  # the training loop's own count
-            state = run.state_dict(consumed=k)
-        else:  # the sampler's count of what it handed out
-            it = iter(run)
-            for _ in range(k):
-                next(it)
-            state = run.state_dict()
-        state = json.loads(json.dumps(state))
-        resumed = ShardSampler(Shards(sizes), world, r, **kw)
-        resumed.load_state_dict(state)
-        resumed.set_epoch(epoch)  # what a training loop does next: keeps the position
-        assert len(resumed) == len(whole) - k
-        assert list(resumed) == whole[k:]
-        resumed.set_epoch(epoch + 1)  # another epoch starts from the beginning
-        assert len(resumed) == len(whole)
+        kw = {"seed": seed, "chunk_shards": chunk[0], "block_samples": chunk[1], "drop_last": drop_last}
+        for r in range(world):
+            full = ShardSampler(Shards(sizes), world, r, **kw)
+            full.set_epoch(epoch)
+            whole = list(full)
+            k = int(frac * len(whole))
+            run = ShardSampler(Shards(sizes), world, r, **kw)
+            run.set_epoch(epoch)
+            if explicit:  # the training loop's own count
+                state = run.state_dict(consumed=k)
+            else:  # the sampler's count of what it handed out
+                it = iter(run)
+                for _ in range(k):
+                    next(it)
+                state = run.state_dict()
+            state = json.loads(json.dumps(state))
+            resumed = ShardSampler(Shards(sizes), world, r, **kw)
+            resumed.load_state_dict(state)
+            resumed.set_epoch(epoch)  # what a training loop does next: keeps the position
+            assert len(resumed) == len(whole) - k
+            assert list(resumed) == whole[k:]
+            resumed.set_epoch(epoch + 1)  # another epoch starts from the beginning
+            assert len(resumed) == len(whole)
 
 
 @SETTINGS
