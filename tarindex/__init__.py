@@ -9,9 +9,11 @@ from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset
 from .errors import (
     CorruptArchiveError,
+    CorruptFrameError,
     DuplicateMemberError,
     IndexFormatError,
     IndexNotFoundError,
+    RandomAccessError,
     SampleNotFoundError,
     SamplerStateError,
     ShardNotFoundError,
@@ -20,24 +22,38 @@ from .errors import (
 )
 from .index.reader import IndexReader
 from .sampler import ShardSampler
+from .writer import ShardWriter, compress_shard
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BuildReport",
     "CorruptArchiveError",
+    "CorruptFrameError",
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
     "IndexReader",
+    "RandomAccessError",
     "SampleNotFoundError",
     "SamplerStateError",
     "ShardNotFoundError",
     "ShardSampler",
+    "ShardWriter",
     "StaleIndexError",
     "TarDataset",
     "TarIndexError",
+    "TarStream",
     "__version__",
     "build_index",
+    "compress_shard",
     "merge_indexes",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "TarStream":  # imports torch, so only on use
+        from .stream import TarStream
+
+        return TarStream
+    raise AttributeError(f"module 'tarindex' has no attribute {name!r}")

@@ -7,14 +7,32 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from ._process import FORK
+
+try:  # the C read path; the pure-Python one below is the reference
+    from . import _speedups  # type: ignore[attr-defined]
+except ImportError:  # not compiled here
+    _speedups = None
+if os.environ.get("TARINDEX_PURE_PYTHON"):
+    _speedups = None
 from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, ShardNotFoundError, StaleIndexError
 from .index.reader import IndexReader
 from .shards import resolve_index
+from .zstd import open_zstd_shard
 
 __all__ = ["TarDataset"]
 
+_pread = os.pread
+
 Sample = dict[str, Any]
+
+
+def _close(handle: Any) -> None:
+    if type(handle) is int:
+        os.close(handle)
+    else:
+        handle.close()
 
 
 class TarDataset:
@@ -37,6 +55,13 @@ class TarDataset:
         transform: applied to each sample dict after decoding.
         allow_pickle: decode pickle-based members. Never for untrusted shards.
         max_open_files: bound on open shard files per process (LRU).
+        zstd_cache_dir: opt-in slower path for zstd shards made of one large
+            frame (``zstd`` CLI output): each such shard is decompressed once
+            into this directory and read from there. Without it, random access
+            to such a shard raises :class:`~tarindex.errors.RandomAccessError`.
+            See docs/zstd.md.
+        zstd_cache_bytes: size bound of ``zstd_cache_dir`` (least recently
+            used shards are deleted).
 
     Raises:
         IndexNotFoundError: no index at ``source`` or beside the shards.
@@ -52,13 +77,17 @@ class TarDataset:
         transform: Callable[[Sample], Any] | None = None,
         allow_pickle: bool = False,
         max_open_files: int = 64,
+        zstd_cache_dir: str | os.PathLike[str] | None = None,
+        zstd_cache_bytes: int = 16 << 30,
     ) -> None:
         self.index_path = resolve_index(source)
         self.index = IndexReader(self.index_path)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
         self.max_open_files = max(1, max_open_files)
-        self._pid = -1
+        self.zstd_cache_dir = os.fspath(zstd_cache_dir) if zstd_cache_dir is not None else None
+        self.zstd_cache_bytes = zstd_cache_bytes
+        self._gen = -1  # FORK[0] this object attached under; -1: not attached
         self._n = self.index.n_samples
         self.urls = [str(self.index.shard_path(i)) for i in range(len(self.index.shards))]
 
@@ -76,11 +105,22 @@ class TarDataset:
         self._k_off = ix.column("key_offset")
         self._k_blob = ix.column("key_blob")
         self._exts = ix.exts
-        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._fds: OrderedDict[int, Any] = OrderedDict()  # shard -> int fd, or an object with read_at()
         self._lru = len(ix.shards) > self.max_open_files
-        self._pid = os.getpid()
+        self._read: Callable[[int], Sample] = self._read_py
+        self._fast: Any = None
+        if _speedups is not None:
+            cols = (self._s_shard, self._s_off, self._s_size, self._s_mem, self._m_ext, self._m_off, self._m_size, self._k_off, self._k_blob)
+            self._fast = _speedups.Reader(*cols, tuple(self._exts), tuple(self.urls), self._open_plain, self._read_py, CorruptArchiveError)
+            self._read = self._fast.read
+        self._gen = FORK[0]
 
-    def _open_shard(self, shard: int) -> int:
+    def _open_plain(self, shard: int) -> int | None:
+        """For the C read path: the shard's fd, or ``None`` when it is not a plain tar file."""
+        handle = self._open_shard(shard)
+        return handle if type(handle) is int else None
+
+    def _open_shard(self, shard: int) -> Any:
         path = self.urls[shard]
         info = self.index.shards[shard]
         try:
@@ -94,28 +134,38 @@ class TarDataset:
                 f"size {info.size} -> {st.st_size}" if st.st_size != info.size else f"mtime {info.mtime_ns} -> {st.st_mtime_ns}"
             )
             raise StaleIndexError(path, what)
+        handle: Any = fd
+        if info.compression == "zstd":
+            handle = open_zstd_shard(
+                path, fd, info, self.index.frame_table(shard), cache_dir=self.zstd_cache_dir, cache_bytes=self.zstd_cache_bytes
+            )
         fds = self._fds
         while len(fds) >= self.max_open_files:
-            os.close(fds.popitem(last=False)[1])
-        fds[shard] = fd
-        return fd
+            evicted, old = fds.popitem(last=False)
+            if self._fast is not None:
+                self._fast.forget(evicted)
+            _close(old)
+        fds[shard] = handle
+        return handle
 
     def close(self) -> None:
         """Close this process's shard files (they reopen on demand)."""
-        if self._pid == os.getpid():
-            for fd in self._fds.values():
-                os.close(fd)
+        if self._gen == FORK[0]:
+            for shard, handle in self._fds.items():
+                if self._fast is not None:
+                    self._fast.forget(shard)
+                _close(handle)
             self._fds.clear()
 
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:
             pass
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k in ("_n",)}
-        state["_pid"] = -1
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k == "_n"}
+        state["_gen"] = -1
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -126,26 +176,38 @@ class TarDataset:
         return self._n
 
     def read(self, i: int) -> Sample:
-        """Sample ``i`` as raw bytes per extension (no decoding, no transform)."""
-        if self._pid != os.getpid():
+        """Sample ``i`` as raw bytes per extension (no decoding, no transform).
+
+        Raises:
+            IndexError: ``i`` is out of range.
+            StaleIndexError: the shard changed since it was indexed.
+            ShardNotFoundError: the shard is missing.
+            CorruptArchiveError: the shard is shorter than the index says.
+        """
+        if self._gen != FORK[0]:
             self._attach()
+        return self._read(i)
+
+    def _read_py(self, i: int) -> Sample:
+        n = self._n
         if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError(f"sample {i} out of range for {self._n} samples")
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} out of range for {n} samples")
         shard = self._s_shard[i]
-        fd = self._fds.get(shard)
-        if fd is None:
-            fd = self._open_shard(shard)
+        handle = self._fds.get(shard)
+        if handle is None:
+            handle = self._open_shard(shard)
         elif self._lru:
             self._fds.move_to_end(shard)
         size = self._s_size[i]
-        buf = os.pread(fd, size, self._s_off[i])
+        offset = self._s_off[i]
+        buf = _pread(handle, size, offset) if type(handle) is int else handle.read_at(offset, size)
         if len(buf) != size:
-            raise CorruptArchiveError(self.urls[shard], self._s_off[i] + len(buf), "sample runs past the end of the shard")
+            raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
         k = self._k_off
         sample: Sample = {
-            "__key__": bytes(self._k_blob[k[i] : k[i + 1]]).decode("utf-8", "surrogateescape"),
+            "__key__": str(self._k_blob[k[i] : k[i + 1]], "utf-8", "surrogateescape"),
             "__url__": self.urls[shard],
             "__index__": i,
         }
@@ -160,6 +222,17 @@ class TarDataset:
         if self.decoder is not None:
             sample = self.decoder(sample)
         return self.transform(sample) if self.transform is not None else sample
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A batch of samples, read in index order (shard by shard, offset by offset) and returned in the order asked.
+
+        ``DataLoader`` calls this for batched sampling; reading in file order keeps
+        reads local (page cache, zstd frames) whatever order the sampler chose.
+        """
+        out: list[Any] = [None] * len(indices)
+        for k in sorted(range(len(indices)), key=indices.__getitem__):
+            out[k] = self[indices[k]]
+        return out
 
     def get(self, key: str) -> Any:
         """The sample with ``key`` (the first one, if several share it).

@@ -19,9 +19,9 @@ from typing import Any, Literal
 __all__ = ["IMAGE_EXTENSIONS", "DecodeMode", "Decoder"]
 
 DecodeMode = Literal["pil", "numpy", "torch"]
-IMAGE_EXTENSIONS = frozenset("jpg jpeg png ppm pgm pbm pnm webp bmp tif tiff gif".split())
-AUDIO_EXTENSIONS = frozenset("wav flac ogg".split())
-PICKLE_EXTENSIONS = frozenset("pickle pkl pyd".split())
+IMAGE_EXTENSIONS = frozenset(["jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "webp", "bmp", "tif", "tiff", "gif"])
+AUDIO_EXTENSIONS = frozenset(["wav", "flac", "ogg"])
+PICKLE_EXTENSIONS = frozenset(["pickle", "pkl", "pyd"])
 
 
 def _pil(data: bytes) -> Any:
@@ -78,7 +78,7 @@ def _torch(data: bytes, allow_pickle: bool) -> Any:
 def _pickle(data: bytes) -> Any:
     import pickle
 
-    return pickle.loads(data)  # noqa: S301 - only with allow_pickle=True
+    return pickle.loads(data)
 
 
 class Decoder:

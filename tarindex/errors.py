@@ -4,13 +4,18 @@ from __future__ import annotations
 
 __all__ = [
     "CorruptArchiveError",
+    "CorruptFrameError",
+    "DecodeError",
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
+    "RandomAccessError",
     "SampleNotFoundError",
     "SamplerStateError",
     "ShardNotFoundError",
+    "SourceError",
     "StaleIndexError",
+    "StreamWarning",
     "TarIndexError",
     "TarIndexWarning",
 ]
@@ -37,8 +42,29 @@ class CorruptArchiveError(TarIndexError, ValueError):
         return (type(self), (self.path, self.offset, self.what))
 
 
+class CorruptFrameError(CorruptArchiveError):
+    """zstd data is damaged (corrupt or truncated frame, bad seek table); the offset is in the compressed file."""
+
+
 class DuplicateMemberError(CorruptArchiveError):
     """Two members of one sample share an extension."""
+
+
+class DecodeError(TarIndexError, ValueError):
+    """A sample's member could not be decoded (or its transform failed); names the shard and sample offset."""
+
+    def __init__(self, path: str, offset: int, what: str) -> None:
+        self.path = str(path)
+        self.offset = offset
+        self.what = what
+        super().__init__(f"{path}: {what} (sample at offset {offset})")
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # survive worker processes
+        return (type(self), (self.path, self.offset, self.what))
+
+
+class StreamWarning(TarIndexWarning):
+    """A streaming problem that was handled: a skipped sample or shard, fewer shards than workers."""
 
 
 class IndexNotFoundError(TarIndexError, FileNotFoundError):
@@ -49,8 +75,36 @@ class ShardNotFoundError(TarIndexError, FileNotFoundError):
     """A shard named by the user or by an index does not exist."""
 
 
+class SourceError(TarIndexError, OSError):
+    """A shard's bytes could not be read: network failure after retries, a failing ``pipe:`` command."""
+
+    def __init__(self, url: str, offset: int, what: str) -> None:
+        self.path = str(url)
+        self.offset = offset
+        self.what = what
+        super().__init__(f"{url}: {what} at byte offset {offset}")
+
+    def __str__(self) -> str:  # OSError would format its arguments as (errno, strerror)
+        return f"{self.path}: {self.what} at byte offset {self.offset}"
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # survive worker processes
+        return (type(self), (self.path, self.offset, self.what))
+
+
 class IndexFormatError(TarIndexError, ValueError):
     """A file is not a tarindex index, or has an unsupported format version."""
+
+
+class RandomAccessError(TarIndexError, ValueError):
+    """A shard cannot be read at random cheaply (a zstd shard made of one large frame)."""
+
+    def __init__(self, path: str, what: str) -> None:
+        self.path = str(path)
+        self.what = what
+        super().__init__(f"{path}: {what}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (self.path, self.what))
 
 
 class StaleIndexError(TarIndexError):

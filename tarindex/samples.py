@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import DuplicateMemberError
-from .tar import BLOCK
+from .tar import BLOCK, Entry
 
 __all__ = ["SampleRecord", "group_members", "split_key"]
 
@@ -29,6 +29,10 @@ _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext,
 
 def split_key(name: str) -> tuple[str, str] | None:
     """Split a member name into ``(key, extension)``; ``None`` if it has no key."""
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot > slash + 1:  # the common case, where the pattern needs no backtracking
+        return name[:dot], name[dot + 1 :].lower()
     m = _KEY.match(name)
     if m is None:
         return None
@@ -41,9 +45,8 @@ def _is_meta(name: str) -> bool:
     return _META.match(name) is not None
 
 
-@dataclass(frozen=True, slots=True)
-class SampleRecord:
-    """One sample: a run of members sharing a key."""
+class SampleRecord(NamedTuple):
+    """One sample: a run of members sharing a key (a named tuple: one is made per sample on the hot path)."""
 
     key: str
     """The WebDataset key (path up to the first dot of the base name)."""
@@ -53,10 +56,12 @@ class SampleRecord:
     """Whole byte range: headers, data and padding of every member."""
     members: tuple[tuple[str, int, int], ...]
     """``(extension, data offset in the shard, data size)`` per member."""
+    data: tuple[bytes, ...] | None = None
+    """Each member's bytes, in member order, when the entries carried them."""
 
 
-def group_members(members: Iterable[tuple[str, int, int, int]], path: str) -> Iterator[SampleRecord]:
-    """Group ``(name, header_offset, offset, size)`` tuples into samples.
+def group_members(entries: Iterable[Entry], path: str) -> Iterator[SampleRecord]:
+    """Group :func:`tarindex.tar.iter_tar` entries into samples.
 
     Raises:
         DuplicateMemberError: two members of one sample have the same extension.
@@ -64,22 +69,32 @@ def group_members(members: Iterable[tuple[str, int, int, int]], path: str) -> It
     key: str | None = None
     start = end = 0
     current: list[tuple[str, int, int]] = []
-    seen: set[str] = set()
-    for name, header_offset, offset, size in members:
-        split = split_key(name)
-        if split is None or _is_meta(name):
-            continue
-        k, ext = split
+    exts: list[str] = []
+    payloads: list[bytes] = []
+    with_data = False
+    for name, header_offset, offset, size, data in entries:
+        slash = name.rfind("/")
+        dot = name.find(".", slash + 1)
+        if dot > slash + 1 and name[0] != "_":  # the common case: no pattern, no metadata name
+            k, ext = name[:dot], name[dot + 1 :].lower()
+        else:
+            split = split_key(name)
+            if split is None or _is_meta(name):
+                continue
+            k, ext = split
         if k != key:
             if key is not None:
-                yield SampleRecord(key, start, end - start, tuple(current))
-            key, start, current, seen = k, header_offset, [], set()
-        if ext in seen:
+                yield SampleRecord(key, start, end - start, tuple(current), tuple(payloads) if with_data else None)
+            key, start, current, exts, payloads = k, header_offset, [], [], []
+        elif ext in exts:
             raise DuplicateMemberError(
                 path, header_offset, f"duplicate extension {ext!r} in sample {k!r} (member {name!r})"
             )
-        seen.add(ext)
         current.append((ext, offset, size))
+        exts.append(ext)
+        if data is not None:
+            with_data = True
+            payloads.append(data)
         end = offset + ((size + BLOCK - 1) & ~(BLOCK - 1))
     if key is not None:
-        yield SampleRecord(key, start, end - start, tuple(current))
+        yield SampleRecord(key, start, end - start, tuple(current), tuple(payloads) if with_data else None)

@@ -1,19 +1,23 @@
 """Tar header parsing: bytes -> member records (ustar, GNU, PAX).
 
-Our own parser, written for speed over a whole-shard buffer (``mmap`` or
-``bytes``). Python's :mod:`tarfile` is the test oracle, not the hot path.
+One parser, two drivers. :func:`iter_tar` walks an archive given as an
+iterable of consecutive chunks: a single ``mmap`` of a whole shard (indexing,
+never copied) or 1-4 MiB blocks from a pipe, a socket or a decompressor
+(streaming). Python's :mod:`tarfile` is the test oracle, not the hot path.
 
 What is a member: regular files (type ``0``, NUL and ``7``). Directories,
 symbolic and hard links, devices and FIFOs are skipped silently; GNU sparse
 members (type ``S`` or PAX ``GNU.sparse.*``) are skipped with a logged
 warning, since their data is not stored contiguously. Header checksums are
-verified for every header block, extension headers included.
+verified for every header block, extension headers included, in vectorised
+batches: a batch's members are yielded only after its checksums passed.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,7 +25,7 @@ import numpy as np
 
 from .errors import CorruptArchiveError
 
-__all__ = ["BLOCK", "Buffer", "Member", "iter_members", "scan_tar"]
+__all__ = ["BLOCK", "Buffer", "Entry", "Member", "iter_members", "iter_tar", "iter_tar_file", "scan_tar"]
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
@@ -30,11 +34,18 @@ _SPARSE = ord("S")
 _PAX = ord("x")
 _PAX_GLOBAL = ord("g")
 _GNU_LONGNAME = ord("L")
-_GNU_LONGLINK = ord("K")
-_EXTENSIONS = frozenset((_PAX, _PAX_GLOBAL, _GNU_LONGNAME, _GNU_LONGLINK))
+_EXTENSIONS = frozenset((_PAX, _PAX_GLOBAL, _GNU_LONGNAME, ord("K")))
 _POSIX_MAGIC = b"ustar\x00"
+_TERMINATORS = frozenset(b"\x00 ")
+_BATCH_HEADERS = 1024  # headers per checksum batch
+_BATCH_BYTES = 16 << 20  # member data held back per batch (with_data)
+_WINDOW = 64 << 10
+_SMALL_WINDOW = 4 << 10
 
 log = logging.getLogger(__name__)
+
+Entry = tuple[str, int, int, int, "bytes | None"]
+"""``(name, header_offset, data_offset, size, data)`` of one regular member."""
 
 
 class Buffer(Protocol):
@@ -60,7 +71,11 @@ class Member:
     @property
     def end(self) -> int:
         """Offset just past the member's data padding."""
-        return self.offset + ((self.size + BLOCK - 1) & ~(BLOCK - 1))
+        return self.offset + _padded(self.size)
+
+
+def _padded(size: int) -> int:
+    return (size + BLOCK - 1) & ~(BLOCK - 1)
 
 
 def _number(field: bytes) -> int:
@@ -98,26 +113,19 @@ def _parse_pax(data: bytes, path: str, offset: int) -> dict[str, str]:
     return out
 
 
+# -- checksums -------------------------------------------------------------------
+
+
 def _checksum_ok(block: bytes) -> bool:
-    stored_field = block[148:156]
     try:
-        stored = _number(stored_field)
+        stored = _number(block[148:156])
     except ValueError:
         return False
     arr = np.frombuffer(block, np.uint8)
-    unsigned = int(arr.sum()) - int(arr[148:156].sum()) + 8 * 32
-    if stored == unsigned:
+    if stored == int(arr.sum()) - int(arr[148:156].sum()) + 8 * 32:
         return True
-    signed = arr.view(np.int8)
+    signed = arr.view(np.int8)  # some old writers summed signed chars
     return stored == int(signed.sum()) - int(signed[148:156].sum()) + 8 * 32
-
-
-def _fail(buf: Buffer, pos: int, path: str, what: str) -> CorruptArchiveError:
-    """The error for a bad header at ``pos``: a checksum error wins over ``what``."""
-    block = buf[pos : pos + BLOCK]
-    if len(block) == BLOCK and not _checksum_ok(block):
-        return _checksum_error(path, pos, block)
-    return CorruptArchiveError(path, pos, what)
 
 
 def _checksum_error(path: str, pos: int, block: bytes) -> CorruptArchiveError:
@@ -131,134 +139,305 @@ def _checksum_error(path: str, pos: int, block: bytes) -> CorruptArchiveError:
     )
 
 
-def verify_checksums(buf: Buffer, offsets: list[int], path: str) -> None:
-    """Verify the header checksum of every block at ``offsets`` (vectorised).
+def _octal_column(fields: np.ndarray) -> np.ndarray:
+    """Vectorised octal parse of an ``(n, 8)`` array of checksum fields (leading spaces, any terminator)."""
+    value = np.zeros(len(fields), np.int64)
+    started = np.zeros(len(fields), bool)
+    done = np.zeros(len(fields), bool)
+    for c in range(fields.shape[1]):
+        b = fields[:, c].astype(np.int64)
+        digit = (b >= 48) & (b <= 55)
+        take = digit & ~done
+        value = np.where(take, value * 8 + (b - 48), value)
+        started |= take
+        done |= ~digit & (started | (b != 32))
+    return value
+
+
+def _verify(blocks: list[bytes], offsets: list[int], path: str) -> None:
+    """Check the header checksum of every block (one numpy pass).
 
     Raises:
-        CorruptArchiveError: on the first block whose checksum is wrong.
+        CorruptArchiveError: naming the first block whose checksum is wrong.
     """
-    bad = _first_bad_checksum(buf, offsets)
-    if bad is not None:  # raised here, once no numpy view of ``buf`` is alive
-        raise _checksum_error(path, bad, buf[bad : bad + BLOCK])
+    if not blocks:
+        return
+    arr = np.frombuffer(b"".join(blocks), np.uint8).reshape(len(blocks), BLOCK)
+    field = arr[:, 148:156]
+    sums = arr.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 32
+    for j in np.flatnonzero(sums != _octal_column(field)).tolist():
+        if not _checksum_ok(blocks[j]):  # base-256 fields and signed sums take the slow path
+            raise _checksum_error(path, offsets[j], blocks[j])
 
 
-def _first_bad_checksum(buf: Buffer, offsets: list[int]) -> int | None:
-    if not offsets:
+# -- the walker --------------------------------------------------------------------
+
+
+class _Cursor:
+    """A forward-only window over consecutive chunks, with absolute offsets.
+
+    Chunks are used in place: only a header or member that straddles two
+    chunks is joined (its own bytes, never the rest of the next chunk).
+    """
+
+    __slots__ = ("base", "buf", "chunks", "spill", "spill_at")
+
+    def __init__(self, chunks: Iterable[Buffer]) -> None:
+        self.chunks = iter(chunks)
+        self.buf: Buffer = b""
+        self.base = 0  # absolute offset of buf[0]; at the end of input, of the end
+        self.spill: Buffer | None = None  # the chunk whose head was joined into buf ...
+        self.spill_at = 0  # ... and where its unread bytes start
+
+    def _next(self) -> tuple[Buffer, int] | None:
+        """The next unread bytes as ``(chunk, start)``."""
+        if self.spill is not None:
+            chunk, at = self.spill, self.spill_at
+            self.spill = None
+            return chunk, at
+        for chunk in self.chunks:
+            if len(chunk):
+                return chunk, 0
         return None
-    arr = np.frombuffer(buf, np.uint8)  # type: ignore[call-overload]
-    nblocks = len(arr) // BLOCK
-    blocks = arr[: nblocks * BLOCK].reshape(nblocks, BLOCK)
-    rows = np.asarray(offsets, np.int64) // BLOCK
-    step = 16384
-    for start in range(0, len(rows), step):
-        chunk = blocks[rows[start : start + step]]
-        sums = chunk.sum(axis=1, dtype=np.int64) - chunk[:, 148:156].sum(axis=1, dtype=np.int64) + 256
-        stored = np.array([_stored(buf, int(r) * BLOCK) for r in rows[start : start + step]], np.int64)
-        for j in np.flatnonzero(sums != stored).tolist():
-            pos = int(rows[start + j]) * BLOCK
-            if not _checksum_ok(buf[pos : pos + BLOCK]):  # the signed variant may still match
-                return pos
-    return None
+
+    def fill(self, pos: int, need: int) -> int:
+        """Make ``buf[pos:pos + need]`` available; return the new ``pos`` (-1 if the input ends first)."""
+        parts: list[Buffer] = [self.buf[pos:]] if pos < len(self.buf) else []
+        have = len(parts[0]) if parts else 0
+        self.base += pos
+        while have < need:
+            nxt = self._next()
+            if nxt is None:
+                break
+            chunk, at = nxt
+            if not parts and len(chunk) - at >= need:  # nothing carried over: the chunk itself
+                self.buf = chunk
+                self.base -= at
+                return at
+            take = need - have
+            if len(chunk) - at > take:
+                parts.append(chunk[at : at + take])
+                self.spill, self.spill_at = chunk, at + take
+                have = need
+            else:
+                parts.append(chunk[at:] if at else chunk)
+                have += len(chunk) - at
+        self.buf = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[arg-type]  # bytes-like parts
+        return 0 if have >= need else -1
+
+    def skip(self, pos: int, count: int) -> int:
+        """Advance ``count`` bytes from ``pos`` without keeping them; return the new ``pos`` (-1 at end of input)."""
+        pos += count
+        while pos > len(self.buf):
+            pos -= len(self.buf)
+            self.base += len(self.buf)
+            nxt = self._next()
+            if nxt is None:
+                self.buf = b""
+                return -1
+            chunk, at = nxt
+            self.buf = chunk
+            self.base -= at
+            pos += at
+        return pos
 
 
-def _stored(buf: Buffer, pos: int) -> int:
-    try:
-        return _number(buf[pos + 148 : pos + 156])
-    except ValueError:
-        return -1
+class _FileCursor:
+    """A forward-only window over a file read with ``os.pread``: skipped data is never read.
+
+    Windows are 64 KiB while they serve several headers (small members) and
+    4 KiB once members outgrow them, so large members cost one small read each.
+    """
+
+    __slots__ = ("base", "buf", "fd", "large", "size")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+        self.buf: bytes = b""
+        self.base = 0
+        self.large = False  # the last window ended inside a member's data
+
+    def fill(self, pos: int, need: int) -> int:
+        self.base += pos
+        self.buf = os.pread(self.fd, max(need, _SMALL_WINDOW if self.large else _WINDOW), self.base)
+        self.large = False
+        return 0 if len(self.buf) >= need else -1
+
+    def skip(self, pos: int, count: int) -> int:
+        pos += count
+        if pos <= len(self.buf):
+            return pos
+        self.large = True
+        if self.base + pos > self.size:
+            self.base, self.buf = self.size, b""
+            return -1
+        self.base += pos
+        self.buf = b""
+        return 0
 
 
-def scan_tar(buf: Buffer, path: str) -> Iterator[tuple[str, int, int, int]]:
-    """Yield ``(name, header_offset, data_offset, size)`` for each regular member.
+def iter_tar(chunks: Iterable[Buffer], path: str, *, with_data: bool = False) -> Iterator[Entry]:
+    """Yield ``(name, header_offset, data_offset, size, data)`` for each regular member.
 
-    The whole archive is walked and every header checksum verified before the
-    generator finishes; callers that need a valid archive must exhaust it.
+    ``chunks`` are consecutive pieces of the archive (a whole buffer, or
+    blocks read from a stream). Offsets are absolute in the archive.
+    ``data`` is the member's bytes with ``with_data``, else ``None``. Members
+    are yielded in batches once their headers' checksums passed; the walk ends
+    at the end-of-archive marker (input after it is not read).
 
     Raises:
         CorruptArchiveError: on a bad checksum, a malformed header, truncation
-            or a missing end-of-archive marker, naming ``path`` and the offset.
+            (input that ends early) or a missing end-of-archive marker, naming
+            ``path`` and the offset.
     """
-    path = str(path)
-    n = len(buf)
-    if n == 0:
-        raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
-    headers: list[int] = []
+    return _walk(_Cursor(chunks), str(path), with_data)
+
+
+def iter_tar_file(fd: int, path: str) -> Iterator[Entry]:
+    """Like :func:`iter_tar` over an open file, reading headers with ``os.pread`` and never member data.
+
+    Raises:
+        CorruptArchiveError: see :func:`iter_tar`.
+    """
+    return _walk(_FileCursor(fd), str(path), False)
+
+
+def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[Entry]:
+    pending: list[Entry] = []
+    blocks: list[bytes] = []
+    block_offsets: list[int] = []
+    held = 0  # data bytes in pending
     pos = 0
-    start = -1  # first header block of the member being assembled
+    start = -1  # absolute offset of the first header of the member being assembled
     long_name: str | None = None
     pax: dict[str, str] = {}
     global_pax: dict[str, str] = {}
+
+    def fail(at: int, what: str) -> CorruptArchiveError:
+        _verify(blocks, block_offsets, path)  # an earlier bad checksum explains more
+        if blocks and block_offsets[-1] == at and not _checksum_ok(blocks[-1]):
+            return _checksum_error(path, at, blocks[-1])
+        return CorruptArchiveError(path, at, what)
+
     while True:
-        if pos + BLOCK > n:
-            if pos == n:
-                raise CorruptArchiveError(path, pos, "truncated archive: no end-of-archive marker")
-            raise CorruptArchiveError(path, pos, f"truncated header ({n - pos} of {BLOCK} bytes)")
+        buf = cur.buf
+        if pos + BLOCK > len(buf):
+            pos = cur.fill(pos, BLOCK)
+            buf = cur.buf
+            if pos < 0:
+                here = cur.base
+                if here == 0 and not len(buf):
+                    raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
+                if not len(buf):
+                    raise fail(here, "truncated archive: no end-of-archive marker")
+                raise fail(here, f"truncated header ({len(buf)} of {BLOCK} bytes)")
         hdr = buf[pos : pos + BLOCK]
+        here = cur.base + pos
         if hdr == _ZERO_BLOCK:
             if start >= 0:
-                raise CorruptArchiveError(path, start, "extension header without a following member")
+                raise fail(start, "extension header without a following member")
             break
-        headers.append(pos)
+        blocks.append(hdr)
+        block_offsets.append(here)
         typ = hdr[156]
         try:
-            size = _number(hdr[124:136])
-        except ValueError as exc:
-            raise _fail(buf, pos, path, f"bad size field {hdr[124:136]!r}") from exc
+            size = int(hdr[124:135], 8) if hdr[135] in _TERMINATORS else _number(hdr[124:136])
+        except ValueError:
+            try:
+                size = _number(hdr[124:136])
+            except ValueError as exc:
+                raise fail(here, f"bad size field {hdr[124:136]!r}") from exc
         if start < 0:
-            start = pos
-        data = pos + BLOCK
+            start = here
+        pos += BLOCK
         if typ in _EXTENSIONS:
-            end = data + size
-            if end > n:
-                raise _fail(buf, pos, path, f"truncated archive: extension header data needs {size} bytes")
+            if pos + size > len(buf):
+                pos = cur.fill(pos, size)
+                buf = cur.buf
+                if pos < 0:
+                    raise fail(here, f"truncated archive: extension header data needs {size} bytes")
+            payload = buf[pos : pos + size]
             if typ == _PAX:
-                pax = _parse_pax(buf[data:end], path, pos)
+                pax = _parse_pax(payload, path, here)
             elif typ == _PAX_GLOBAL:
-                global_pax.update(_parse_pax(buf[data:end], path, pos))
+                global_pax.update(_parse_pax(payload, path, here))
                 start = -1
             elif typ == _GNU_LONGNAME:
-                long_name = _decode_name(buf[data:end].split(b"\x00", 1)[0])
-            pos = data + ((size + BLOCK - 1) & ~(BLOCK - 1))
+                long_name = _decode_name(payload.split(b"\x00", 1)[0])
+            pos = cur.skip(pos, (size + BLOCK - 1) & ~(BLOCK - 1))
+            if pos < 0:
+                raise fail(here, f"truncated archive: extension header data needs {size} bytes")
             continue
-        merged = {**global_pax, **pax} if global_pax else pax
-        if "size" in merged:
-            try:
-                size = int(merged["size"])
-            except ValueError as exc:
-                raise CorruptArchiveError(path, start, f"bad PAX size {merged['size']!r}") from exc
-        end = data + size
-        if end > n:
-            raise _fail(
-                buf, pos, path, f"truncated archive: member data needs {size} bytes, file ends at {n}"
-            )
+        if pax or global_pax:
+            merged = {**global_pax, **pax}
+            if "size" in merged:
+                try:
+                    size = int(merged["size"])
+                except ValueError as exc:
+                    raise fail(start, f"bad PAX size {merged['size']!r}") from exc
+        else:
+            merged = pax
+        data_offset = cur.base + pos
+        data: bytes | None = None
+        if with_data and typ in _REGULAR:
+            if pos + size > len(buf):
+                pos = cur.fill(pos, size)  # the same absolute data_offset, in a new window
+                buf = cur.buf
+                if pos < 0:
+                    raise fail(here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base + len(buf)}")
+            data = buf[pos : pos + size]
+            held += size
         if typ in _REGULAR:
             if "path" in merged:
                 name = merged["path"]
             elif long_name is not None:
                 name = long_name
             else:
-                name = _decode_name(hdr[0:100].split(b"\x00", 1)[0])
-                if hdr[257:263] == _POSIX_MAGIC and hdr[345] != 0:
+                nul = hdr.find(b"\x00", 0, 100)
+                name = hdr[: nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
+                if hdr[345] and hdr[257:263] == _POSIX_MAGIC:
                     name = _decode_name(hdr[345:500].split(b"\x00", 1)[0]) + "/" + name
-            if any(k.startswith("GNU.sparse.") for k in merged):
+            if merged and any(k.startswith("GNU.sparse.") for k in merged):
                 log.warning("%s: skipping GNU sparse member %r at offset %d", path, name, start)
             else:
-                yield name, start, data, size
+                pending.append((name, start, data_offset, size, data))
         elif typ == _SPARSE:
             log.warning("%s: skipping GNU sparse member at offset %d", path, start)
-        pos = data + ((size + BLOCK - 1) & ~(BLOCK - 1))
+        padded = (size + BLOCK - 1) & ~(BLOCK - 1)
+        if pos + padded <= len(buf):
+            pos += padded
+        else:
+            pos = cur.skip(pos, padded)
+        if pos < 0:
+            raise fail(here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base}")
         start = -1
         long_name = None
         if pax:
             pax = {}
-    verify_checksums(buf, headers, path)
+        if len(blocks) >= _BATCH_HEADERS or held >= _BATCH_BYTES:
+            _verify(blocks, block_offsets, path)
+            yield from pending
+            pending, blocks, block_offsets, held = [], [], [], 0
+    _verify(blocks, block_offsets, path)
+    yield from pending
+
+
+def scan_tar(buf: Buffer, path: str) -> Iterator[tuple[str, int, int, int]]:
+    """Yield ``(name, header_offset, data_offset, size)`` for each regular member of a whole buffer.
+
+    Raises:
+        CorruptArchiveError: see :func:`iter_tar`.
+    """
+    for name, header_offset, offset, size, _ in iter_tar((buf,), path):
+        yield name, header_offset, offset, size
 
 
 def iter_members(buf: Buffer, path: str) -> Iterator[Member]:
-    """Yield a :class:`Member` for each regular member of a tar archive.
+    """Yield a :class:`Member` for each regular member of a whole buffer.
 
     Raises:
-        CorruptArchiveError: see :func:`scan_tar`.
+        CorruptArchiveError: see :func:`iter_tar`.
     """
-    for name, header_offset, offset, size in scan_tar(buf, path):
+    for name, header_offset, offset, size, _ in iter_tar((buf,), path):
         yield Member(name, header_offset, offset, size)

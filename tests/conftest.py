@@ -99,10 +99,9 @@ def py_tar_shard(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 def wds_write(out: Path, samples: list[dict]) -> Path:
     import webdataset as wds
 
-    with open(out, "wb") as f:
-        with wds.TarWriter(f) as w:
-            for s in samples:
-                w.write(s)
+    with open(out, "wb") as f, wds.TarWriter(f) as w:
+        for s in samples:
+            w.write(s)
     return out
 
 
@@ -148,3 +147,6 @@ def tarfile_members(path: Path) -> list[tuple[str, bytes]]:
             if m.isreg():
                 out.append((m.name, tf.extractfile(m).read()))
     return out
+
+
+from _servers import drop_server, http_server, s3_server  # noqa: E402,F401 - fixtures for the streaming tests

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import pickle
+import re
 import tarfile
 from pathlib import Path
 
@@ -13,9 +14,8 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex import TarDataset, build_index, merge_indexes
-
 from conftest import make_shard_set, py_tar, tarfile_members
+from tarindex import TarDataset, build_index, merge_indexes
 
 
 def _pattern(paths: list[Path]) -> str:
@@ -32,6 +32,25 @@ def _oracle(paths: list[Path]) -> list[dict]:
                 out.append({"__key__": key, "__url__": str(p)})
             out[-1][ext] = data
     return out
+
+
+@pytest.fixture(params=["c", "python"], autouse=True)
+def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs on both read paths: the C one (built by the install) and the Python reference."""
+    import tarindex.dataset
+
+    if request.param == "python":
+        monkeypatch.setattr(tarindex.dataset, "_speedups", None)
+    else:
+        assert tarindex.dataset._speedups is not None, "the C read path was not built (pip install -e . compiles it)"
+    return str(request.param)
+
+
+def test_read_paths_agree(built: tuple[list[Path], TarDataset], read_path: str) -> None:
+    _, ds = built
+    ds.read(0)
+    assert (ds._fast is not None) == (read_path == "c")
+    assert [ds.read(i) for i in range(len(ds))] == [ds._read_py(i) for i in range(len(ds))]
 
 
 def _strip(sample: dict) -> dict:
@@ -178,7 +197,7 @@ def test_custom_decoders_and_transform(image_index: tuple[Path, np.ndarray]) -> 
 
 
 def test_pickle_round_trip(built: tuple[list[Path], TarDataset]) -> None:
-    paths, ds = built
+    _, ds = built
     ds[3]  # attach and open a shard in this process first
     clone = pickle.loads(pickle.dumps(ds))
     assert len(clone) == len(ds)
@@ -323,3 +342,30 @@ def test_part_builds_merge_equal_full_build(tmp_path: Path) -> None:
     assert merged.get("s04i002") == full.get("s04i002")
     with pytest.raises(tarindex.TarIndexError):
         merge_indexes([p1.path, p1.path], tmp_path / "dup.tarindex")
+
+
+def test_index_past_the_end_of_a_shard_is_corrupt(tmp_path: Path) -> None:
+    from tarindex.build import scan_shard
+    from tarindex.index.writer import IndexWriter
+
+    paths = make_shard_set(tmp_path / "short", n_shards=1, per=3)
+    info, table = scan_shard(str(paths[0]))
+    table.sample_offset[-1] = info.size - 100  # the index now says the last sample runs past the end
+    with IndexWriter(tmp_path / "short" / "bad.tarindex") as w:
+        w.add(type(info)(paths[0].name, info.size, info.mtime_ns, info.fingerprint, info.n_samples, info.n_members), table)
+    ds = TarDataset(tmp_path / "short" / "bad.tarindex")
+    assert _strip(ds[0])["__key__"] == "s00i000"
+    with pytest.raises(tarindex.CorruptArchiveError, match=rf"{re.escape(str(paths[0]))}: sample runs past the end of the shard at offset {info.size}"):
+        ds[2]
+
+
+def test_batched_fetch_keeps_the_sampler_order(built: tuple[list[Path], TarDataset]) -> None:
+    import torch
+
+    paths, ds = built
+    expected = _oracle(paths)
+    order = list(range(len(ds)))[::-1][::2] + list(range(len(ds)))[::2]
+    loader = torch.utils.data.DataLoader(ds, sampler=order, batch_size=5, collate_fn=list)
+    got = [s for batch in loader for s in batch]
+    assert [s["__index__"] for s in got] == order
+    assert [_strip(s) for s in got] == [expected[i] for i in order]

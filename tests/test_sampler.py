@@ -338,7 +338,7 @@ def test_default_world_from_torch_distributed(monkeypatch: pytest.MonkeyPatch) -
     s = ShardSampler(Shards([2, 2]))
     assert (s.num_replicas, s.rank) == (1, 0)
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(RuntimeError, match="torch.distributed is not initialised"):
+    with pytest.raises(RuntimeError, match=r"torch\.distributed is not initialised"):
         ShardSampler(Shards([2, 2]))
     assert ShardSampler(Shards([2, 2]), 2, 1).rank == 1  # explicit rank and world size need no torch
 
@@ -378,7 +378,7 @@ def test_five_billion_samples_in_o_shards_memory() -> None:
         tracemalloc.stop()
     assert peak < 100 * 2**20, f"{peak / 2**20:.1f} MiB"
     assert len(s) == 625_000_000 and len(resumed) == math.ceil((5_000_000_000 - 8 * 50_000) / 6)
-    assert len(set(head)) == len(head) and 0 <= min(head) and max(head) < 5_000_000_000
+    assert len(set(head)) == len(head) and min(head) >= 0 and max(head) < 5_000_000_000
     shards = {i // 10_000 for i in head}
     assert len(shards) <= 4 * (50_000 // 40_000 + 2)  # a few windows of 4 shards
     assert tail[0] not in set(head)

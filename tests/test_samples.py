@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 import tarindex
-from tarindex.samples import group_members, split_key
-from tarindex.tar import scan_tar
-
 from conftest import py_tar, wds_write
+from tarindex.samples import group_members, split_key
+from tarindex.tar import iter_tar
 
 
 def _wds_samples(path: Path) -> list[dict]:
@@ -31,7 +30,7 @@ def _wds_samples(path: Path) -> list[dict]:
 def _our_samples(path: Path) -> list[dict]:
     buf = path.read_bytes()
     out = []
-    for rec in group_members(scan_tar(buf, str(path)), str(path)):
+    for rec in group_members(iter_tar((buf,), str(path)), str(path)):
         s = {"__key__": rec.key}
         for ext, off, size in rec.members:
             s[ext] = buf[off : off + size]
@@ -137,4 +136,4 @@ def test_duplicate_extension_raises(tmp_path: Path) -> None:
             tf.addfile(ti, io.BytesIO(b"x"))
     buf = bio.getvalue()
     with pytest.raises(tarindex.DuplicateMemberError, match=r"dup\.tar.*at offset 1024"):
-        list(group_members(scan_tar(buf, "dup.tar"), "dup.tar"))
+        list(group_members(iter_tar((buf,), "dup.tar"), "dup.tar"))

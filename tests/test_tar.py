@@ -13,9 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tarindex
-from tarindex.tar import BLOCK, iter_members
-
 from conftest import PY_FORMATS, tarfile_members
+from tarindex.tar import BLOCK, iter_members, iter_tar
 
 
 def _scan(path: Path) -> list[tuple[str, bytes]]:
@@ -166,3 +165,75 @@ def test_checksum_error_message_is_one_line() -> None:
     err = _expect_corrupt(bytes(block) + bytes(2 * BLOCK), "lines.tar", offset=0)
     assert len(str(err).splitlines()) == 1
     assert str(err).isprintable()
+
+
+def _chunked(buf: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(buf) + 1) for c in cuts})
+    edges = [0, *points, len(buf)]
+    return [buf[a:b] for a, b in zip(edges, edges[1:])]  # empty pieces included on purpose
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    members=st.lists(st.tuples(_names, st.binary(max_size=3000)), min_size=0, max_size=6, unique_by=lambda t: t[0]),
+    fmt=st.sampled_from(["gnu", "pax", "ustar"]),
+    cuts=st.lists(st.integers(min_value=0, max_value=1 << 20), max_size=12),
+)
+def test_property_chunked_stream_equals_whole_buffer(members: list[tuple[str, bytes]], fmt: str, cuts: list[int]) -> None:
+    bio = io.BytesIO()
+    with tarfile.open(fileobj=bio, mode="w", format=PY_FORMATS[fmt], encoding="utf-8") as tf:
+        for name, data in members:
+            if fmt == "ustar" and len(name.encode()) > 99:
+                continue
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    buf = bio.getvalue()
+    whole = list(iter_tar((buf,), "whole.tar"))
+    streamed = list(iter_tar(_chunked(buf, cuts), "stream.tar", with_data=True))
+    assert [e[:4] for e in streamed] == [e[:4] for e in whole]
+    assert [e[4] for e in streamed] == [buf[e[2] : e[2] + e[3]] for e in whole]
+    assert all(e[4] is None for e in whole)
+
+
+def test_stream_many_members_crosses_checksum_batches() -> None:
+    bio = io.BytesIO()
+    with tarfile.open(fileobj=bio, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        for i in range(2500):
+            data = str(i).encode() * (i % 7)
+            ti = tarfile.TarInfo(f"{i:05d}.txt")
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    buf = bio.getvalue()
+    got = list(iter_tar(_chunked(buf, list(range(0, len(buf), 4096 + 17))), "many.tar", with_data=True))
+    assert [(e[0], e[4]) for e in got] == tarfile_members_from_bytes(buf)
+
+
+def tarfile_members_from_bytes(buf: bytes) -> list[tuple[str, bytes]]:
+    with tarfile.open(fileobj=io.BytesIO(buf)) as tf:
+        return [(m.name, tf.extractfile(m).read()) for m in tf if m.isreg()]
+
+
+@pytest.mark.parametrize("cut", [1, BLOCK - 1, BLOCK + 5, 3 * BLOCK])
+def test_stream_that_ends_early_is_an_error(tmp_path: Path, cut: int) -> None:
+    buf = _simple_tar(tmp_path / "t.tar")
+    short = buf[: 3 * 3 * BLOCK - cut]  # ends inside the three members
+    with pytest.raises(tarindex.CorruptArchiveError, match=r"s\.tar: truncated .* at offset \d+"):
+        list(iter_tar(_chunked(short, [700, 1500]), "s.tar", with_data=True))
+
+
+def test_bad_checksum_in_a_later_batch_yields_nothing_of_that_batch() -> None:
+    bio = io.BytesIO()
+    with tarfile.open(fileobj=bio, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        for i in range(1500):
+            ti = tarfile.TarInfo(f"{i:05d}.txt")
+            tf.addfile(ti, io.BytesIO(b""))
+    buf = bytearray(bio.getvalue())
+    bad = 1200 * BLOCK
+    buf[bad + 3] ^= 0x04
+    seen: list[str] = []
+    with pytest.raises(tarindex.CorruptArchiveError, match="checksum") as info:
+        for e in iter_tar((bytes(buf),), "b.tar"):
+            seen.append(e[0])
+    assert info.value.offset == bad
+    assert len(seen) < 1200

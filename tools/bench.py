@@ -1,7 +1,9 @@
-"""Benchmarks, side by side with the physical limit, as ratios in one run.
+"""Benchmarks, side by side with the peers and the physical limit, as ratios in one run.
 
-Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small]
-Sampler benchmarks (ShardSampler vs DistributedSampler): python tools/bench.py --sampler [--sets sampler]
+Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,zstd,sampler,scale]
+Every part runs by default; ``--only`` picks some. ``--only stream,quick``: the streaming benchmark over
+4 shards per set; ``--zstd-shards N``: the zstd benchmark on the first N shards; ``--sets sampler``: a quick set.
+Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
 Results go to stdout as a markdown table; record them in docs/performance.md.
 """
 
@@ -13,68 +15,133 @@ import json
 import os
 import platform
 import random
+import resource
 import tarfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 import tarindex
+from tarindex.index.format import ShardInfo, ShardTable
+from tarindex.index.writer import IndexWriter
+
+Row = tuple[str, float, str]
+ZSTD_SHARDS: list[int | None] = [None]  # --zstd-shards
+SPECS = {
+    "jpeg": (20, 1000, (20_000, 120_000)),
+    "small": (20, 10_000, (800, 1200)),
+    "sampler": (40, 500, (4_000, 16_000)),  # a quick set for the sampler benchmarks
+}
+
+
+# -- data ------------------------------------------------------------------------------
+
+
+def _jpeg(rng: np.random.Generator, noise: np.ndarray, target: int) -> bytes:
+    from PIL import Image
+
+    side = int((target / 0.7) ** 0.5)  # noise at quality 80 costs about 0.7 bytes per pixel
+    y, x = (int(v) for v in rng.integers(0, noise.shape[0] - side, 2))
+    out = io.BytesIO()
+    Image.fromarray(noise[y : y + side, x : x + side]).save(out, "JPEG", quality=80)
+    return out.getvalue()
 
 
 def make_set(root: Path, name: str, n_shards: int, per_shard: int, size_range: tuple[int, int]) -> list[str]:
+    """Shards of ``per_shard`` samples (main member + ``.cls`` + ``.json``), made once and reused."""
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
+    noise = rng.integers(0, 255, (600, 600, 3), dtype=np.uint8)
     paths = []
     for s in range(n_shards):
         p = root / f"{name}-{s:06d}.tar"
         paths.append(str(p))
         if p.exists():
             continue
-        with tarfile.open(p, "w", format=tarfile.GNU_FORMAT) as tf:
+        tmp = p.with_suffix(".tmp")
+        with tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tf:
             for i in range(per_shard):
-                key = f"{s:03d}{i:06d}"
-                main_ext = "jpg" if name == "jpeg" else "bin"
-                members = {
-                    main_ext: rng.integers(0, 255, int(rng.integers(*size_range)), dtype=np.uint8).tobytes(),
-                    "cls": str(i % 1000).encode(),
-                    "json": json.dumps({"i": i}).encode(),
-                }
+                size = int(rng.integers(*size_range))
+                if name == "jpeg":
+                    main = ("jpg", _jpeg(rng, noise, size))
+                else:
+                    main = ("bin", rng.integers(0, 255, size, dtype=np.uint8).tobytes())
+                members = dict([main, ("cls", str(i % 1000).encode()), ("json", json.dumps({"i": i}).encode())])
                 for ext, data in members.items():
-                    ti = tarfile.TarInfo(f"{key}.{ext}")
+                    ti = tarfile.TarInfo(f"{s:03d}{i:06d}.{ext}")
                     ti.size = len(data)
                     tf.addfile(ti, io.BytesIO(data))
+        tmp.rename(p)
     return paths
 
 
-def timed(fn) -> float:  # type: ignore[no-untyped-def]
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def timed(fn: Callable[[], object], repeat: int = 1) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
-def bench_set(paths: list[str], name: str) -> list[tuple[str, float, str]]:
-    rows: list[tuple[str, float, str]] = []
-    index = Path(paths[0]).with_name(f"{name}.tarindex")
-    index.unlink(missing_ok=True)
-    t_build = timed(lambda: tarindex.build_index(paths, index=index))
+def _rss_mb() -> tuple[float, float]:
+    """(private, file-backed) resident memory in MB."""
+    found = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                key, value = line.split(":")
+                found[key] = int(value.split()[0]) / 1024
+    return found["RssAnon"], found["RssFile"]
 
+
+# -- build -----------------------------------------------------------------------------
+
+
+def bench_build(paths: list[str], name: str, index: Path) -> list[Row]:
     def tarfile_scan() -> None:
         for p in paths:
             with tarfile.open(p) as tf:
                 for _ in tf:
                     pass
 
-    t_tarfile = timed(tarfile_scan)
-    rows.append((f"{name}: build index (s)", t_build, f"{t_tarfile / t_build:.1f}x faster than tarfile scan ({t_tarfile:.2f} s)"))
+    def build() -> None:
+        index.unlink(missing_ok=True)
+        tarindex.build_index(paths, index=index)
 
-    ds = tarindex.TarDataset(index)
+    t_tarfile = timed(tarfile_scan, 2)
+    t_build = timed(build, 2)
+    ratio = f"{t_tarfile / t_build:.1f}x faster than a tarfile scan ({t_tarfile:.2f} s); target >= 10x"
+    return [(f"{name}: build index, default workers (s)", t_build, ratio)]
+
+
+# -- random access -----------------------------------------------------------------------
+
+
+def _wids(ds: tarindex.TarDataset) -> Callable[[int], object] | None:
+    try:
+        import wids
+    except ImportError:
+        return None
+    shards = [{"url": u, "nsamples": n} for u, n in zip(ds.urls, ds.shard_sizes)]
+    # every shard kept open, no copy into a cache: wids at its fastest
+    w = wids.ShardListDataset(shards, localname=lambda url: url, lru_size=len(shards), transformations=[])
+    start = 0
+    for n in ds.shard_sizes:  # open (and let wids index) every shard before timing
+        w[start]
+        start += n
+    return w.__getitem__
+
+
+def bench_access(ds: tarindex.TarDataset, name: str) -> list[Row]:
     n = len(ds)
     order = list(range(n))
     random.Random(0).shuffle(order)
     ix = ds.index
     s_shard, s_off, s_size = ix.column("sample_shard"), ix.column("sample_offset"), ix.column("sample_size")
-    fds = [os.open(ds.urls[k], os.O_RDONLY) for k in range(len(ds.urls))]
+    fds = [os.open(u, os.O_RDONLY) for u in ds.urls]
     ranges = [(fds[s_shard[i]], s_size[i], s_off[i]) for i in order]
     pread = os.pread
 
@@ -82,14 +149,311 @@ def bench_set(paths: list[str], name: str) -> list[tuple[str, float, str]]:
         for fd, size, off in ranges:
             pread(fd, size, off)
 
-    t_pread = min(timed(pread_loop) for _ in range(3))
-    read = ds.read
-    t_ds = min(timed(lambda: [read(i) for i in order]) for _ in range(3))
-    rows.append((f"{name}: bare os.pread loop (samples/s)", n / t_pread, "physical limit"))
-    rows.append((f"{name}: TarDataset random access (samples/s)", n / t_ds, f"{t_pread / t_ds:.2f}x the pread loop"))
+    read, getitem = ds.read, ds.__getitem__
+
+    def read_loop() -> None:
+        for i in order:
+            read(i)
+
+    def item_loop() -> None:
+        for i in order:
+            getitem(i)
+
+    t_pread = timed(pread_loop, 3)
+    t_read = timed(read_loop, 3)
+    t_item = timed(item_loop, 3)
     for fd in fds:
         os.close(fd)
+    rows = [
+        (f"{name}: bare os.pread loop, random order (samples/s)", n / t_pread, "physical limit"),
+        (f"{name}: TarDataset.read, random order (samples/s)", n / t_read, f"{t_pread / t_read:.2f}x the pread loop; target >= 0.8x"),
+        (f"{name}: TarDataset[i], random order (samples/s)", n / t_item, f"{t_pread / t_item:.2f}x the pread loop"),
+    ]
+    w = _wids(ds)
+    if w is not None:
+        sub = order[: min(n, 50_000)]
+        def wids_loop() -> None:
+            for i in sub:
+                w(i)
+
+        t_w = timed(wids_loop) * n / len(sub)
+        rows.append((f"{name}: wids.ShardListDataset, all shards open (samples/s)", n / t_w, f"TarDataset.read is {t_w / t_read:.1f}x wids; target >= 5x"))
     return rows
+
+
+# -- DataLoader scaling --------------------------------------------------------------------
+
+
+def bench_loader(index: Path, name: str, samples: int = 6000) -> list[Row]:
+    import torch
+
+    ds = tarindex.TarDataset(index, decode="torch")
+    sub = list(range(len(ds)))
+    random.Random(1).shuffle(sub)
+    sub = sub[:samples]
+
+    def run(workers: int) -> float:
+        loader = torch.utils.data.DataLoader(ds, sampler=sub, batch_size=None, num_workers=workers)
+        t0 = time.perf_counter()
+        count = sum(1 for _ in loader)
+        assert count == len(sub)
+        return time.perf_counter() - t0
+
+    t1 = min(run(0) for _ in range(2))
+    t2 = min(run(2) for _ in range(2))
+    return [
+        (f"{name}: ds[i] decode='torch', one process (samples/s)", len(sub) / t1, ""),
+        (f"{name}: DataLoader(num_workers=2), decode='torch' (samples/s)", len(sub) / t2, f"{t1 / t2:.2f}x one process; target >= 1.6x"),
+    ]
+
+
+# -- index size scaling ----------------------------------------------------------------------
+
+
+def _scaled_index(source: tarindex.TarDataset, out: Path, n_samples: int) -> Path:
+    """An index of ``n_samples`` samples whose byte ranges cycle over the real samples of shard 0."""
+    if out.exists():
+        return out
+    table = source.index.shard_table(0)
+    reps = -(-n_samples // table.n_samples)
+    per = int(table.sample_nmembers[0])  # every bench sample has the same members
+    n_members = n_samples * per
+
+    def tile(a: np.ndarray, count: int) -> np.ndarray:
+        return np.tile(a, reps)[:count]
+
+    scaled = ShardTable(
+        tile(table.sample_offset, n_samples),
+        tile(table.sample_size, n_samples),
+        tile(table.sample_nmembers, n_samples),
+        tile(table.member_ext, n_members),
+        tile(table.member_offset, n_members),
+        tile(table.member_size, n_members),
+        [f"k{i:09d}" for i in range(n_samples)],
+        table.exts,
+    )
+    info = source.index.shards[0]
+    path = os.path.relpath(source.urls[0], out.parent)
+    with IndexWriter(out) as w:
+        w.add(ShardInfo(path, info.size, info.mtime_ns, info.fingerprint, n_samples, n_members), scaled)
+    return out
+
+
+def _read_all(read: Callable[[int], object], order: list[int]) -> None:
+    for i in order:
+        read(i)
+
+
+def bench_open(ds: tarindex.TarDataset, name: str, work: Path) -> list[Row]:
+    rows: list[Row] = []
+    costs = {}
+    for n in (1_000, 1_000_000):
+        path = _scaled_index(ds, work / f"{name}-scaled-{n}.tarindex", n)
+        rss0 = _rss_mb()
+        t0 = time.perf_counter()
+        big = tarindex.TarDataset(path)
+        big[n - 1]
+        t_open = time.perf_counter() - t0
+        anon, mapped = (after - before for after, before in zip(_rss_mb(), rss0))
+        order = np.random.default_rng(0).integers(0, n, 50_000).tolist()
+        costs[n] = timed(lambda big=big, order=order: _read_all(big.read, order), 3) / len(order)
+        rows.append((f"{name}: open a {n:,}-sample index + first sample (ms)", t_open * 1e3, f"+{anon:.1f} MB private memory, +{mapped:.1f} MB of the index file mapped; target < 50 ms, < 30 MB"))
+        big.close()
+    rows.append((f"{name}: TarDataset.read cost, 1M vs 1k-sample index (us)", costs[1_000_000] * 1e6, f"{costs[1_000_000] / costs[1_000]:.2f}x the 1k index ({costs[1_000] * 1e6:.2f} us)"))
+    return rows
+
+
+# -- streaming ---------------------------------------------------------------------------------
+
+
+def _stream_pass(urls: list[str]) -> int:
+    return sum(1 for _ in tarindex.TarStream(urls))
+
+
+def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None = None) -> list[Row]:
+    """TarStream from the page cache, a pipe and loopback nginx, beside webdataset and ``cat``."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    paths = paths[:max_shards] if max_shards else paths
+    total_mb = sum(os.path.getsize(p) for p in paths) / 1e6
+    n = _stream_pass(paths)  # also warms the page cache
+    t_cat = timed(lambda: subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True), 3)
+    t_local = timed(lambda: _stream_pass(paths), 3)
+    rows: list[Row] = [(f"{name}: cat shards > /dev/null (MB/s)", total_mb / t_cat, "physical limit (page cache)")]
+    t_wds = None
+    try:
+        import webdataset as wds
+
+        t_wds = timed(lambda: sum(1 for _ in wds.WebDataset(paths, shardshuffle=False)), 1)
+        rows.append((f"{name}: webdataset.WebDataset raw iteration (samples/s)", n / t_wds, "peer"))
+    except ImportError:
+        pass
+    vs_wds = f"{t_wds / t_local:.1f}x webdataset (target >= 5x); " if t_wds else ""
+    rows.append(
+        (f"{name}: TarStream local files (samples/s)", n / t_local, f"{vs_wds}{total_mb / t_local:,.0f} MB/s")
+    )
+    rows.append(
+        (f"{name}: TarStream local files (MB/s)", total_mb / t_local, f"{t_cat / t_local:.2f}x cat (target >= 0.5x)")
+    )
+    t_pipe = timed(lambda: _stream_pass([f"pipe:cat {p}" for p in paths]), 2)
+    rows.append((f"{name}: TarStream pipe:cat (MB/s)", total_mb / t_pipe, f"{t_local / t_pipe:.2f}x local files"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _servers import start_nginx, stop  # the test suite's nginx launcher (a foreground child process)
+
+    root = Path(paths[0]).parent.resolve()
+    started = start_nginx(root, Path(tempfile.mkdtemp(dir=work)))
+    if started is None:
+        rows.append((f"{name}: TarStream over HTTP", float("nan"), "nginx did not start"))
+        return rows
+    proc, port = started
+    try:
+        urls = [f"http://127.0.0.1:{port}/{Path(p).name}" for p in paths]
+        t_http = timed(lambda: _stream_pass(urls), 2)
+        rows.append(
+            (f"{name}: TarStream over HTTP, loopback nginx (MB/s)", total_mb / t_http,
+             f"{t_local / t_http:.2f}x local files (target >= 0.5x)")
+        )
+        if shutil.which("curl"):
+            t_curl = timed(lambda: [subprocess.run(["curl", "-s", "-o", "/dev/null", u], check=True) for u in urls], 2)
+            rows.append((f"{name}: curl over HTTP, loopback nginx (MB/s)", total_mb / t_curl, "network limit"))
+    finally:
+        stop(proc)
+
+
+# -- zstd shards ------------------------------------------------------------------------------
+
+
+def _zstd_copies(paths: list[str], out: Path, frame_size: int | None = None) -> tuple[list[str], list[str]]:
+    """Each shard as one zstd -3 frame (the CLI's default) and as ``tarindex compress`` output, made once."""
+    import subprocess
+
+    from tarindex.writer import DEFAULT_FRAME_SIZE, compress_shard
+
+    out.mkdir(parents=True, exist_ok=True)
+    fs = frame_size or DEFAULT_FRAME_SIZE
+    single, framed = [], []
+    for p in paths:
+        one = out / (Path(p).name + ".one.zst")
+        if not one.exists():
+            subprocess.run(["zstd", "-q", "-3", "-f", p, "-o", str(one)], check=True)
+        ours = out / (Path(p).name + f".f{fs}.zst")
+        if not ours.exists():
+            compress_shard(p, ours, frame_size=fs)
+        single.append(str(one))
+        framed.append(str(ours))
+    return single, framed
+
+
+def _zstd_d(paths: list[str]) -> None:
+    import subprocess
+
+    for p in paths:
+        subprocess.run(["zstd", "-q", "-d", "-c", p], stdout=subprocess.DEVNULL, check=True)
+
+
+def _random_reads(index: Path, order: list[int], cache_bytes: int | None) -> float:
+    """Seconds for one pass of ``ds.read`` over ``order`` (frame cache of ``cache_bytes``; ``None``: default)."""
+    from tarindex.zstd import DEFAULT_CACHE_BYTES, frame_cache
+
+    ds = tarindex.TarDataset(index)
+    ds.read(0)
+    cache = frame_cache()
+    cache.clear()
+    cache.max_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+    read = ds.read
+    t = timed(lambda: [read(i) for i in order])
+    cache.max_bytes = DEFAULT_CACHE_BYTES
+    cache.clear()
+    ds.close()
+    return t
+
+
+def bench_zstd(paths: list[str], name: str, work: Path, frame_table: bool) -> list[Row]:
+    """Indexing zstd shards vs ``zstd -d``; random access vs plain tar; size vs one frame; frame-size table."""
+    from tarindex.build import scan_shard
+    from tarindex.writer import DEFAULT_FRAME_SIZE
+
+    rows: list[Row] = []
+    zdir = work / f"zstd-{name}"
+    single, framed = _zstd_copies(paths, zdir)
+    raw = sum(os.path.getsize(p) for p in paths)
+    t_plain_scan = timed(lambda: [scan_shard(p) for p in paths], 3)
+    rows.append((f"{name}: index the plain tar shards, one process (MB/s)", raw / t_plain_scan / 1e6, "the parser's own rate: a ceiling for zstd indexing"))
+    for label, files in (("one frame (zstd -3)", single), (f"tarindex compress, {DEFAULT_FRAME_SIZE >> 10} KiB frames", framed)):
+        t_cli = timed(lambda files=files: _zstd_d(files), 3)
+        t_scan = timed(lambda files=files: [scan_shard(f) for f in files], 3)
+        rows.append((f"{name}: zstd -d -c > /dev/null, {label} (MB/s)", raw / t_cli / 1e6, "physical limit (one core)"))
+        rows.append((f"{name}: index zstd shards, {label}, one process (MB/s)", raw / t_scan / 1e6, f"{t_cli / t_scan:.2f}x zstd -d (target >= 0.8x); {t_plain_scan / t_scan:.2f}x plain-tar indexing"))
+    size_one = sum(os.path.getsize(p) for p in single)
+    size_ours = sum(os.path.getsize(p) for p in framed)
+    rows.append((f"{name}: tarindex compress size vs one frame (%)", 100 * (size_ours / size_one - 1), f"{size_ours / raw:.3f} of the tar; one frame {size_one / raw:.3f}; target <= 5% (JPEG set)"))
+
+    plain_ix, ours_ix = work / f"zstd-{name}-plain.tarindex", work / f"zstd-{name}-ours.tarindex"
+    tarindex.build_index(paths, index=plain_ix)
+    tarindex.build_index(framed, index=ours_ix)
+    n = tarindex.TarDataset(plain_ix).index.n_samples
+    order = list(range(n))
+    random.Random(0).shuffle(order)
+    order = order[: min(n, 100_000)]
+    t_plain = min(_random_reads(plain_ix, order, None) for _ in range(2))
+    t_off = min(_random_reads(ours_ix, order, 0) for _ in range(2))
+    t_lru = _random_reads(ours_ix, order, None)
+    rows.append((f"{name}: plain tar TarDataset.read, random order (samples/s)", len(order) / t_plain, "baseline"))
+    rows.append((f"{name}: zstd shards, frame cache off (samples/s)", len(order) / t_off, f"{t_plain / t_off:.2f}x plain tar; target >= 0.5x"))
+    rows.append((f"{name}: zstd shards, default 64 MiB frame cache (samples/s)", len(order) / t_lru, f"{t_plain / t_lru:.2f}x plain tar; data {raw >> 20} MiB"))
+    if frame_table:
+        sub = paths[:2]
+        sub_raw = sum(os.path.getsize(p) for p in sub)
+        one_size = sum(os.path.getsize(p) for p in single[:2])
+        sub_ix = work / f"zstd-{name}-sub-plain.tarindex"
+        tarindex.build_index(sub, index=sub_ix)
+        m = tarindex.TarDataset(sub_ix).index.n_samples
+        sub_order = list(range(m))
+        random.Random(2).shuffle(sub_order)
+        sub_order = sub_order[:50_000]
+        t_sub_plain = min(_random_reads(sub_ix, sub_order, None) for _ in range(2))
+        for fs in (4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 1 << 20):
+            _, files = _zstd_copies(sub, zdir, fs)
+            size = sum(os.path.getsize(p) for p in files)
+            ix = work / f"zstd-{name}-fs{fs}.tarindex"
+            tarindex.build_index(files, index=ix)
+            t = min(_random_reads(ix, sub_order, 0) for _ in range(2))
+            rows.append((
+                f"{name}: frame size {fs >> 10} KiB: size vs one frame (%) | random access vs plain",
+                100 * (size / one_size - 1),
+                f"{t_sub_plain / t:.2f}x plain tar ({len(sub_order) / t:,.0f} samples/s, cache off); {size / sub_raw:.3f} of the tar",
+            ))
+    return rows
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator[Row]:
+    index = work / f"{name}.tarindex"
+    if "build" in only or not index.exists():
+        rows = bench_build(paths, name, index)
+        if "build" in only:
+            yield from rows
+    ds = tarindex.TarDataset(index)
+    if "access" in only:
+        yield from bench_access(ds, name)
+    if "loader" in only and name == "jpeg":
+        yield from bench_loader(index, name)
+    if "open" in only and name == "small":
+        yield from bench_open(ds, name, work)
+    if "sampler" in only:
+        yield from bench_sampler_order(index, name)
+    if "stream" in only:
+        yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
+    if "zstd" in only:
+        yield from bench_zstd(paths[: ZSTD_SHARDS[0]], name, work, frame_table=name == "small")
+
+
+# -- samplers ---------------------------------------------------------------------------
 
 
 def _evict(paths: list[str]) -> None:
@@ -122,14 +486,14 @@ def bench_sampler_order(index: str | Path, name: str, *, world: int = 2) -> list
     rows: list[tuple[str, float, str]] = []
     for cache in ("warm", "cold"):
         if cache == "warm":
-            [read(i) for i in range(len(ds))]  # fill the page cache
+            _read_all(read, list(range(len(ds))))  # fill the page cache
         best = dict.fromkeys(orders, float("inf"))
         for _ in range(5 if cache == "warm" else 2):  # rounds over all orders: load drift hits each alike
             for label, order in orders.items():
                 if cache == "cold":
                     ds.close()
                     _evict(ds.urls)
-                best[label] = min(best[label], timed(lambda order=order: [read(i) for i in order]))
+                best[label] = min(best[label], timed(lambda order=order: _read_all(read, order)))
         rate = {label: len(order) / best[label] for label, order in orders.items()}
         base = rate["DistributedSampler"]
         rows.append((f"{name}: rank 0 of {world}, DistributedSampler, {cache} (samples/s)", base, "peer"))
@@ -220,20 +584,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default="bench-data", type=Path)
     ap.add_argument("--sets", default="jpeg,small")
-    ap.add_argument("--sampler", action="store_true", help="ShardSampler vs DistributedSampler benchmarks instead")
+    ap.add_argument("--only", default="build,access,loader,open,stream,zstd,sampler,scale")
+    ap.add_argument("--zstd-shards", type=int, default=None, help="zstd benchmark on the first N shards (quick check)")
     args = ap.parse_args()
-    specs = {"jpeg": (20, 1000, (20_000, 120_000)), "small": (20, 10_000, (800, 1200))}
-    specs["sampler"] = (40, 500, (4_000, 16_000))  # quick set for the sampler benchmarks
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    ZSTD_SHARDS[0] = args.zstd_shards
+    only = set(args.only.split(","))
+    work = args.dir / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.2f}; peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB")
     print("| measurement | value | ratio |\n|---|---|---|")
     for name in args.sets.split(","):
-        n_shards, per, size = specs[name]
+        n_shards, per, size = SPECS[name]
         paths = make_set(args.dir / name, name, n_shards, per, size)
-        if args.sampler:
-            index = tarindex.build_index(paths, index=Path(paths[0]).with_name(f"{name}.tarindex")).path
-        for label, value, ratio in bench_sampler_order(index, name) if args.sampler else bench_set(paths, name):
+        for label, value, ratio in run_set(name, paths, only, work):
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
-    if args.sampler:
+    if "scale" in only:
         for label, value, ratio in bench_sampler_scale():
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -38,3 +39,21 @@ def command(shards: tuple[str, ...], index: str | None, workers: int | None, par
         report = build_index(paths, index=index, workers=workers, part=part, progress=bar.update)
     if not quiet:
         click.echo(f"{report.path}: {len(report.scanned)} shards scanned, {len(report.reused)} unchanged")
+    _warn_slow_zstd(str(report.path))
+
+
+def _warn_slow_zstd(index: str) -> None:
+    """One line per zstd shard that cannot be read at random cheaply, with the command that fixes it."""
+    from ..index.reader import IndexReader
+    from ..zstd import fix_command
+
+    ix = IndexReader(index)
+    for i, info in enumerate(ix.shards):
+        if info.compression == "zstd" and not info.random_access:
+            path = os.path.normpath(ix.shard_path(i))
+            click.echo(
+                f"tarindex: warning: {path}: zstd frames too large for random access (one frame for the whole shard?); "
+                f"TarDataset needs zstd_cache_dir= to read it; fix: '{fix_command(path)}', then build again",
+                err=True,
+            )
+    ix.close()

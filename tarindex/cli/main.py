@@ -17,6 +17,7 @@ _COMMANDS = {
     "ls": "List samples: key, shard, offset, members.",
     "get": "Write one member's bytes to stdout or a file.",
     "verify": "Check shards against an index (fingerprints; --deep rescans).",
+    "compress": "Rewrite a tar as seekable zstd with sample-aligned frames.",
 }
 
 

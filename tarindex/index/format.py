@@ -15,11 +15,12 @@ from ..samples import SampleRecord
 
 __all__ = ["COLUMNS", "FORMAT_VERSION", "MAGIC", "ShardInfo", "ShardTable"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAGIC = "tarindex"
 META_KEY = b"meta"
 KEY_PREFIX = b"key/"
 COL_PREFIX = b"col/"
+FRAMES_PREFIX = b"frames/"  # + shard number: a zstd shard's (n_frames, 4) uint64 frame table
 
 #: Column name -> dtype. Every column is one little-endian array.
 COLUMNS: dict[str, str] = {
@@ -52,6 +53,10 @@ class ShardInfo:
     """Number of samples."""
     n_members: int
     """Number of members that belong to samples."""
+    compression: str | None = None
+    """``"zstd"`` for a zstd shard (offsets are then in the decompressed tar), else ``None``."""
+    random_access: bool = True
+    """Whether one sample can be read without decompressing a large part of the shard."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +86,8 @@ class ShardTable:
     """Key per sample."""
     exts: list[str] = field(default_factory=list)
     """Extension table the ``member_ext`` values index."""
+    frames: np.ndarray | None = None
+    """zstd shards: the ``(n_frames, 4)`` uint64 frame table (see :mod:`tarindex.zstd`)."""
 
     @property
     def n_samples(self) -> int:

@@ -15,7 +15,17 @@ import lmdb
 import numpy as np
 
 from ..errors import IndexFormatError, IndexNotFoundError, SampleNotFoundError
-from .format import COL_PREFIX, COLUMNS, FORMAT_VERSION, KEY_PREFIX, MAGIC, META_KEY, ShardInfo, ShardTable
+from .format import (
+    COL_PREFIX,
+    COLUMNS,
+    FORMAT_VERSION,
+    FRAMES_PREFIX,
+    KEY_PREFIX,
+    MAGIC,
+    META_KEY,
+    ShardInfo,
+    ShardTable,
+)
 
 __all__ = ["IndexReader"]
 
@@ -60,7 +70,7 @@ _ENVS_PID = os.getpid()
 
 def _acquire(path: Path) -> _Env:
     global _ENVS_PID
-    if _ENVS_PID != os.getpid():  # inherited through fork: close the parent's, open our own
+    if os.getpid() != _ENVS_PID:  # inherited through fork: close the parent's, open our own
         for handle in list(_ENVS.values()):
             handle.close()
         _ENVS.clear()
@@ -163,7 +173,7 @@ class IndexReader:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:
             pass
 
     # -- metadata ------------------------------------------------------------
@@ -247,7 +257,15 @@ class IndexReader:
             self.array("member_size")[m_lo:m_hi].copy(),
             keys,
             [self.exts[e] for e in exts_used.tolist()],
+            self.frame_table(shard),
         )
+
+    def frame_table(self, shard: int) -> np.ndarray | None:
+        """A zstd shard's ``(n_frames, 4)`` frame table (a copy); ``None`` for a plain tar."""
+        raw = self._txn_here().get(FRAMES_PREFIX + str(shard).encode())
+        if raw is None:
+            return None
+        return np.frombuffer(raw, "<u8").reshape(-1, 4).copy()
 
     def file_size(self) -> int:
         """Size of the index file in bytes."""

@@ -11,7 +11,17 @@ from types import TracebackType
 import lmdb
 import numpy as np
 
-from .format import COL_PREFIX, COLUMNS, FORMAT_VERSION, KEY_PREFIX, MAGIC, META_KEY, ShardInfo, ShardTable
+from .format import (
+    COL_PREFIX,
+    COLUMNS,
+    FORMAT_VERSION,
+    FRAMES_PREFIX,
+    KEY_PREFIX,
+    MAGIC,
+    META_KEY,
+    ShardInfo,
+    ShardTable,
+)
 
 __all__ = ["IndexWriter"]
 
@@ -98,6 +108,7 @@ class IndexWriter:
         n_samples = len(cols["sample_offset"])
         keys = self._key_entries(cols)
         data_bytes = sum(c.nbytes for c in cols.values()) + sum(len(k) + 16 for k, _ in keys)
+        data_bytes += sum(t.frames.nbytes + 64 for _, t in self._shards if t.frames is not None)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         try:
@@ -113,6 +124,9 @@ class IndexWriter:
                 with env.begin(write=True) as txn:
                     for name, arr in cols.items():
                         txn.put(COL_PREFIX + name.encode(), arr.tobytes())
+                    for shard, (_, table) in enumerate(self._shards):  # "frames/..." sorts before "key/..."
+                        if table.frames is not None:
+                            txn.put(FRAMES_PREFIX + str(shard).encode(), table.frames.astype("<u8").tobytes())
                     with txn.cursor() as cur:  # "key/..." sorts after every "col/..." key
                         _, added = cur.putmulti(keys, dupdata=False, overwrite=False, append=True)
                     if added != len(keys):

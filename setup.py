@@ -1,0 +1,9 @@
+"""The optional C read path (tarindex/_speedups.c); everything else is in pyproject.toml.
+
+The extension is optional: where it cannot be compiled, tarindex installs
+without it and TarDataset uses its pure-Python read path.
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("tarindex._speedups", ["tarindex/_speedups.c"], optional=True, extra_compile_args=["-O2"])])

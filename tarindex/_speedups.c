@@ -1,0 +1,279 @@
+/* The per-sample read path of TarDataset, in C.
+ *
+ * Same behaviour as TarDataset._read_py (the reference implementation, used
+ * when this module is not built): one pread of the sample's byte range into
+ * a new bytes object (the GIL released), members sliced out of it, a dict
+ * with __key__, __url__, __index__ and one entry per extension. Only plain
+ * tar shards whose handle is an int fd are read here; anything else (zstd
+ * frames, remote ranges) goes back to Python through `fallback`.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <stdint.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define MAX_MEMBERS 256 /* more members than this in one sample: the Python path reads it */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer cols[9];
+    int ncols;
+    const uint32_t *s_shard;
+    const uint64_t *s_off, *s_size, *s_mem, *m_off, *m_size, *k_off;
+    const uint16_t *m_ext;
+    const char *k_blob;
+    Py_ssize_t n, n_members, n_exts, n_shards, blob_len;
+    PyObject *exts;     /* tuple of str */
+    PyObject *urls;     /* tuple of str */
+    PyObject *opener;   /* opener(shard) -> int fd, or None when the shard is not plain tar */
+    PyObject *fallback; /* fallback(i) -> dict, for shards that are not plain tar */
+    PyObject *error;    /* error(url, offset, what) -> exception instance */
+    int *fds;           /* per shard: fd, -1 not open here, -2 not plain tar */
+    char *scratch;      /* headers and padding land here */
+    size_t scratch_len;
+} Reader;
+
+static PyObject *k_key, *k_url, *k_index;
+
+static void Reader_dealloc(Reader *self) {
+    for (int c = 0; c < self->ncols; c++) PyBuffer_Release(&self->cols[c]);
+    Py_XDECREF(self->exts);
+    Py_XDECREF(self->urls);
+    Py_XDECREF(self->opener);
+    Py_XDECREF(self->fallback);
+    Py_XDECREF(self->error);
+    PyMem_Free(self->fds);
+    PyMem_Free(self->scratch);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int take(Reader *self, PyObject *obj, Py_ssize_t itemsize, const void **out, Py_ssize_t *count) {
+    Py_buffer *view = &self->cols[self->ncols];
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) return -1;
+    self->ncols++;
+    if (view->len % itemsize) {
+        PyErr_SetString(PyExc_ValueError, "column length is not a multiple of its item size");
+        return -1;
+    }
+    *out = view->buf;
+    *count = view->len / itemsize;
+    return 0;
+}
+
+static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
+    PyObject *c[9];
+    Py_ssize_t n_shard, n_off, n_size, n_mem, n_ext, n_moff, n_msize, n_koff;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!O!OOO", &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6], &c[7], &c[8],
+                          &PyTuple_Type, &self->exts, &PyTuple_Type, &self->urls, &self->opener, &self->fallback,
+                          &self->error))
+        return -1;
+    Py_INCREF(self->exts);
+    Py_INCREF(self->urls);
+    Py_INCREF(self->opener);
+    Py_INCREF(self->fallback);
+    Py_INCREF(self->error);
+    if (take(self, c[0], 4, (const void **)&self->s_shard, &n_shard) < 0 ||
+        take(self, c[1], 8, (const void **)&self->s_off, &n_off) < 0 ||
+        take(self, c[2], 8, (const void **)&self->s_size, &n_size) < 0 ||
+        take(self, c[3], 8, (const void **)&self->s_mem, &n_mem) < 0 ||
+        take(self, c[4], 2, (const void **)&self->m_ext, &n_ext) < 0 ||
+        take(self, c[5], 8, (const void **)&self->m_off, &n_moff) < 0 ||
+        take(self, c[6], 8, (const void **)&self->m_size, &n_msize) < 0 ||
+        take(self, c[7], 8, (const void **)&self->k_off, &n_koff) < 0 ||
+        take(self, c[8], 1, (const void **)&self->k_blob, &self->blob_len) < 0)
+        return -1;
+    self->n = n_shard;
+    self->n_members = n_ext;
+    self->n_exts = PyTuple_GET_SIZE(self->exts);
+    self->n_shards = PyTuple_GET_SIZE(self->urls);
+    if (n_off != self->n || n_size != self->n || n_mem != self->n + 1 || n_koff != self->n + 1 ||
+        n_moff != n_ext || n_msize != n_ext) {
+        PyErr_SetString(PyExc_ValueError, "index columns disagree in length");
+        return -1;
+    }
+    self->fds = PyMem_Malloc(sizeof(int) * (self->n_shards ? self->n_shards : 1));
+    if (!self->fds) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t s = 0; s < self->n_shards; s++) self->fds[s] = -1;
+    return 0;
+}
+
+static PyObject *corrupt(Reader *self, uint32_t shard, uint64_t offset, const char *what) {
+    PyObject *exc = PyObject_CallFunction(self->error, "OKs", PyTuple_GET_ITEM(self->urls, shard),
+                                          (unsigned long long)offset, what);
+    if (exc) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+static PyObject *Reader_read(Reader *self, PyObject *arg) {
+    Py_ssize_t i = PyLong_AsSsize_t(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (i < 0) i += self->n;
+    if (i < 0 || i >= self->n) {
+        PyErr_Format(PyExc_IndexError, "sample %zd out of range for %zd samples", PyLong_AsSsize_t(arg), self->n);
+        return NULL;
+    }
+    uint32_t shard = self->s_shard[i];
+    if (shard >= self->n_shards) return corrupt(self, 0, 0, "index names a shard it does not list");
+    int fd = self->fds[shard];
+    if (fd == -1) {
+        PyObject *got = PyObject_CallFunction(self->opener, "I", shard);
+        if (!got) return NULL;
+        if (got == Py_None) {
+            fd = -2;
+        } else {
+            long v = PyLong_AsLong(got);
+            if (v == -1 && PyErr_Occurred()) {
+                Py_DECREF(got);
+                return NULL;
+            }
+            fd = (int)v;
+        }
+        Py_DECREF(got);
+        self->fds[shard] = fd;
+    }
+    if (fd == -2) return PyObject_CallFunction(self->fallback, "n", i);
+
+    uint64_t off = self->s_off[i], size = self->s_size[i];
+    uint64_t m0 = self->s_mem[i], m1 = self->s_mem[i + 1];
+    uint64_t k0 = self->k_off[i], k1 = self->k_off[i + 1];
+    if (m1 < m0 || m1 > (uint64_t)self->n_members || k1 < k0 || k1 > (uint64_t)self->blob_len || size > PY_SSIZE_T_MAX)
+        return corrupt(self, shard, off, "index entry out of bounds");
+    Py_ssize_t nm = (Py_ssize_t)(m1 - m0);
+    if (nm > MAX_MEMBERS) return PyObject_CallFunction(self->fallback, "n", i);
+    /* One preadv: each member's data lands in its own bytes object, headers and padding in scratch. */
+    PyObject *vals[MAX_MEMBERS];
+    struct iovec iov[2 * MAX_MEMBERS + 1];
+    int niov = 0;
+    uint64_t pos = 0, gap_total = 0;
+    for (Py_ssize_t k = 0; k < nm; k++) {
+        uint64_t j = m0 + (uint64_t)k, mo = self->m_off[j], ms = self->m_size[j];
+        if (self->m_ext[j] >= self->n_exts || mo < pos || mo > size || ms > size - mo) {
+            for (Py_ssize_t q = 0; q < k; q++) Py_DECREF(vals[q]);
+            return corrupt(self, shard, off, "index entry out of bounds");
+        }
+        vals[k] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)ms);
+        if (!vals[k]) {
+            for (Py_ssize_t q = 0; q < k; q++) Py_DECREF(vals[q]);
+            return NULL;
+        }
+        if (mo > pos) gap_total += mo - pos;
+        pos = mo + ms;
+    }
+    gap_total += size - pos;
+    if (gap_total > self->scratch_len) {
+        char *grown = PyMem_Realloc(self->scratch, gap_total);
+        if (!grown) {
+            for (Py_ssize_t q = 0; q < nm; q++) Py_DECREF(vals[q]);
+            return PyErr_NoMemory();
+        }
+        self->scratch = grown;
+        self->scratch_len = gap_total;
+    }
+    char *gap = self->scratch;
+    pos = 0;
+    for (Py_ssize_t k = 0; k < nm; k++) {
+        uint64_t j = m0 + (uint64_t)k, mo = self->m_off[j], ms = self->m_size[j];
+        if (mo > pos) {
+            iov[niov].iov_base = gap;
+            iov[niov++].iov_len = mo - pos;
+            gap += mo - pos;
+        }
+        if (ms) {
+            iov[niov].iov_base = PyBytes_AS_STRING(vals[k]);
+            iov[niov++].iov_len = ms;
+        }
+        pos = mo + ms;
+    }
+    if (size > pos) {
+        iov[niov].iov_base = gap;
+        iov[niov++].iov_len = size - pos;
+    }
+    ssize_t got = 0;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    do {
+        got = niov ? preadv(fd, iov, niov, (off_t)off) : 0;
+    } while (got < 0 && errno == EINTR);
+    if (got < 0) err = errno;
+    Py_END_ALLOW_THREADS
+    if (got >= 0 && (uint64_t)got < size && !err) {
+        /* a short read: finish it member by member is not worth it; read the rest plainly */
+        got = -1;
+        err = 0;
+    }
+    if (err || got < 0) {
+        for (Py_ssize_t q = 0; q < nm; q++) Py_DECREF(vals[q]);
+        if (err) {
+            errno = err;
+            return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PyTuple_GET_ITEM(self->urls, shard));
+        }
+        return PyObject_CallFunction(self->fallback, "n", i);
+    }
+    PyObject *d = _PyDict_NewPresized(3 + nm);
+    PyObject *key = PyUnicode_DecodeUTF8(self->k_blob + k0, (Py_ssize_t)(k1 - k0), "surrogateescape");
+    PyObject *index = PyLong_FromSsize_t(i);
+    int bad = !d || !key || !index || PyDict_SetItem(d, k_key, key) < 0 ||
+              PyDict_SetItem(d, k_url, PyTuple_GET_ITEM(self->urls, shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
+    Py_XDECREF(key);
+    Py_XDECREF(index);
+    for (Py_ssize_t k = 0; k < nm; k++) {
+        if (!bad && PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, self->m_ext[m0 + (uint64_t)k]), vals[k]) < 0) bad = 1;
+        Py_DECREF(vals[k]);
+    }
+    if (bad) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *Reader_forget(Reader *self, PyObject *arg) {
+    Py_ssize_t s = PyLong_AsSsize_t(arg);
+    if (s == -1 && PyErr_Occurred()) return NULL;
+    if (s >= 0 && s < self->n_shards) self->fds[s] = -1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Reader_methods[] = {
+    {"read", (PyCFunction)Reader_read, METH_O, "read(i) -> sample dict of bytes"},
+    {"forget", (PyCFunction)Reader_forget, METH_O, "forget(shard): its handle was closed; ask the opener next time"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex._speedups.Reader",
+    .tp_basicsize = sizeof(Reader),
+    .tp_dealloc = (destructor)Reader_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Per-process sample reader over an index's columns.",
+    .tp_methods = Reader_methods,
+    .tp_init = (initproc)Reader_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", "TarDataset's read path in C.", -1, NULL};
+
+PyMODINIT_FUNC PyInit__speedups(void) {
+    if (PyType_Ready(&ReaderType) < 0) return NULL;
+    k_key = PyUnicode_InternFromString("__key__");
+    k_url = PyUnicode_InternFromString("__url__");
+    k_index = PyUnicode_InternFromString("__index__");
+    if (!k_key || !k_url || !k_index) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&ReaderType);
+    if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
+        Py_DECREF(&ReaderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,795 @@
+"""zstd shards: magic detection, frame walking, seek tables, streaming and random-access decompression.
+
+A zstd file is a sequence of frames. A *data frame* starts with the magic
+``28 B5 2F FD`` and holds blocks (3-byte headers give each block's compressed
+size), so its compressed extent is found by reading headers only. A
+*skippable frame* starts with ``0x184D2A5?`` and a 4-byte length; ``pzstd``
+puts one before every data frame, and the seekable format
+(facebook/zstd ``contrib/seekable_format``) keeps its seek table in a trailing
+one, whose last 4 bytes are ``0x8F92EAB1``.
+
+The *frame table* of a shard is a ``uint64`` array of shape ``(n_frames, 4)``:
+compressed offset, compressed size, decompressed offset, decompressed size
+of each data frame. Indexing records it; :class:`ZstdShardReader` reads any
+decompressed byte range through it, decompressing only the frames that hold
+it, with a per-process LRU of decompressed frames bounded in bytes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from ._process import FORK
+from .errors import CorruptArchiveError, CorruptFrameError, IndexFormatError, RandomAccessError
+from .index.format import ShardInfo, ShardTable
+from .samples import group_members
+from .tar import iter_tar
+
+__all__ = [
+    "FRAME_FIELDS",
+    "MAX_FRAME_BYTES",
+    "RANDOM_ACCESS_FRAME_LIMIT",
+    "SEEKABLE_MAGIC",
+    "ZSTD_MAGIC",
+    "FrameCache",
+    "ZstdShardReader",
+    "check_seek_table",
+    "close_map",
+    "decompress_frames",
+    "fix_command",
+    "frame_array",
+    "frame_cache",
+    "is_zstd",
+    "iter_decompressed",
+    "open_zstd_shard",
+    "random_access",
+    "read_seek_table",
+    "scan_zstd",
+    "seek_table_frame",
+]
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+"""The first four bytes of a zstd data frame."""
+_ZSTD_MAGIC_INT = 0xFD2FB528
+_SKIPPABLE_MASK = 0xFFFFFFF0
+_SKIPPABLE_BASE = 0x184D2A50
+_SEEK_TABLE_SKIPPABLE = 0x184D2A5E
+SEEKABLE_MAGIC = 0x8F92EAB1
+"""Last four bytes (little-endian) of a seekable-format seek table."""
+_FOOTER = 9
+_BLOCK_MAX = 128 << 10
+MAX_FRAME_BYTES = 1 << 30
+"""Largest decompressed frame the seekable format allows (and our writer makes)."""
+RANDOM_ACCESS_FRAME_LIMIT = 16 << 20
+"""Shards whose largest frame decompresses to more than this are not read at random."""
+FRAME_FIELDS = ("c_offset", "c_size", "d_offset", "d_size")
+"""Columns of a frame table."""
+
+_PIECE_BLOCKS = 32  # blocks per scanner piece (4 MiB of output at most)
+_MAP_SLICE = 16 << 20  # compressed bytes handed to the scanner at a time when indexing a file
+_HOLD_BYTES = 32 << 20  # a frame's output is held back until its end is verified, up to this much
+_OUT_PIECE = 1 << 20  # decompressed bytes per read of a frame that arrives in several pieces
+
+# scanner states
+_MAGIC, _SKIP_SIZE, _FHD, _FHD_REST, _BLOCK, _CHECKSUM = range(6)
+# scanner events
+PIECE, END, SKIPPED = range(3)
+_WANT = {_MAGIC: 4, _SKIP_SIZE: 4, _FHD: 1, _BLOCK: 3, _CHECKSUM: 4}
+
+
+def is_zstd(head: bytes) -> bool:
+    """Whether ``head`` (the first bytes of a file) starts a zstd stream: a data or skippable frame."""
+    if len(head) < 4:
+        return False
+    magic = int.from_bytes(head[:4], "little")
+    return magic == _ZSTD_MAGIC_INT or (magic & _SKIPPABLE_MASK) == _SKIPPABLE_BASE
+
+
+class _Scanner:
+    """Walk a zstd stream incrementally by its headers, without decompressing.
+
+    ``feed(chunk)`` returns events: ``(PIECE, frame_offset, bytes_like)`` for
+    consecutive byte ranges of a data frame (at most ``_PIECE_BLOCKS`` blocks
+    each, magic and headers included), ``(END, frame_offset, compressed_size)``
+    when a data frame is complete and ``(SKIPPED, frame_offset, size)`` for a
+    skippable frame. ``finish()`` checks that the stream did not stop mid-frame.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.pos = 0  # absolute offset of the next byte to consume
+        self.state = _MAGIC
+        self.want = 4
+        self.hdr = b""
+        self.skip = 0  # payload bytes to pass before ``after``
+        self.after = _MAGIC
+        self.frame_off = 0
+        self.in_data = False
+        self.checksum = False
+        self.blocks = 0
+
+    def _error(self, what: str, offset: int | None = None) -> CorruptFrameError:
+        return CorruptFrameError(self.path, self.frame_off if offset is None else offset, what)
+
+    def feed(self, chunk: Any) -> list[tuple[int, int, Any]]:
+        mv = memoryview(chunk)
+        n = len(mv)
+        base = self.pos
+        events: list[tuple[int, int, Any]] = []
+        i = 0
+        seg = 0  # start of the current data piece within this chunk
+        while True:
+            if self.skip:
+                take = min(self.skip, n - i)
+                i += take
+                self.skip -= take
+                if self.skip:
+                    break
+                seg = self._after_skip(events, mv, seg, i, base)
+                continue
+            if i >= n:
+                break
+            # gather ``want`` header bytes
+            if not self.hdr and i + self.want <= n:
+                head = mv[i : i + self.want].tobytes()
+                i += self.want
+            else:
+                take = min(self.want - len(self.hdr), n - i)
+                self.hdr += mv[i : i + take].tobytes()
+                i += take
+                if len(self.hdr) < self.want:
+                    break
+                head, self.hdr = self.hdr, b""
+            seg = self._header(head, events, mv, seg, i, base)
+        if self.in_data and i > seg:
+            events.append((PIECE, self.frame_off, mv[seg:i]))
+        self.pos = base + n
+        return events
+
+    def _enter(self, state: int) -> None:
+        self.state = state
+        self.want = _WANT.get(state, self.want)
+
+    def _after_skip(self, events: list[tuple[int, int, Any]], mv: memoryview, seg: int, i: int, base: int) -> int:
+        """A block's payload or a skippable frame's body has been passed."""
+        if not self.in_data:
+            events.append((SKIPPED, self.frame_off, base + i - self.frame_off))
+            self._enter(_MAGIC)
+            return seg
+        self._enter(self.after)
+        if self.after == _MAGIC:
+            return self._end(events, mv, seg, i, base)
+        if self.blocks >= _PIECE_BLOCKS:
+            events.append((PIECE, self.frame_off, mv[seg:i]))
+            self.blocks = 0
+            return i
+        return seg
+
+    def _end(self, events: list[tuple[int, int, Any]], mv: memoryview, seg: int, i: int, base: int) -> int:
+        if i > seg:
+            events.append((PIECE, self.frame_off, mv[seg:i]))
+        events.append((END, self.frame_off, base + i - self.frame_off))
+        self.in_data = False
+        return i
+
+    def _header(self, head: bytes, events: list[tuple[int, int, Any]], mv: memoryview, seg: int, i: int, base: int) -> int:
+        """Act on one complete header; return the (possibly new) piece start."""
+        state = self.state
+        if state == _MAGIC:
+            self.frame_off = base + i - 4
+            magic = int.from_bytes(head, "little")
+            if magic == _ZSTD_MAGIC_INT:
+                self.in_data, self.blocks = True, 0
+                if i >= 4:
+                    seg = i - 4
+                else:  # the magic straddled the previous chunk
+                    events.append((PIECE, self.frame_off, ZSTD_MAGIC))
+                    seg = i
+                self._enter(_FHD)
+            elif (magic & _SKIPPABLE_MASK) == _SKIPPABLE_BASE:
+                self._enter(_SKIP_SIZE)
+            else:
+                raise self._error(f"not a zstd frame (magic {head.hex()})")
+        elif state == _SKIP_SIZE:
+            self.skip = int.from_bytes(head, "little")
+            if not self.skip:
+                seg = self._after_skip(events, mv, seg, i, base)
+        elif state == _FHD:
+            d = head[0]
+            if d & 0x08:
+                raise self._error("bad zstd frame header (reserved bit set)")
+            single = bool(d & 0x20)
+            self.checksum = bool(d & 0x04)
+            rest = (0 if single else 1) + (0, 1, 2, 4)[d & 3] + ((1 if single else 0), 2, 4, 8)[d >> 6]
+            if rest:
+                self.state, self.want = _FHD_REST, rest
+            else:
+                self._enter(_BLOCK)
+        elif state == _FHD_REST:
+            self._enter(_BLOCK)
+        elif state == _BLOCK:
+            v = int.from_bytes(head, "little")
+            btype, bsize = (v >> 1) & 3, v >> 3
+            if btype == 3:
+                raise self._error(f"corrupt zstd frame (reserved block type at offset {base + i - 3})")
+            if bsize > _BLOCK_MAX:
+                raise self._error(f"corrupt zstd frame (block of {bsize} bytes at offset {base + i - 3})")
+            self.skip = 1 if btype == 1 else bsize
+            self.blocks += 1
+            self.after = _BLOCK if not v & 1 else (_CHECKSUM if self.checksum else _MAGIC)
+            if not self.skip:
+                seg = self._after_skip(events, mv, seg, i, base)
+        elif state == _CHECKSUM:
+            self._enter(_MAGIC)
+            seg = self._end(events, mv, seg, i, base)
+        return seg
+
+    def finish(self) -> None:
+        """Raise if the stream ended inside a frame."""
+        if self.state != _MAGIC or self.hdr or self.skip:
+            raise self._error(f"truncated zstd frame (stream ends at {self.pos})")
+
+
+class _Events:
+    """The scanner's events over ``chunks``, pulled one at a time, with one event of lookahead."""
+
+    def __init__(self, chunks: Iterable[Any], path: str) -> None:
+        self._chunks = iter(chunks)
+        self._scanner = _Scanner(path)
+        self._queue: deque[tuple[int, int, Any]] = deque()
+
+    def peek(self) -> tuple[int, int, Any] | None:
+        queue = self._queue
+        while not queue:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                self._scanner.finish()  # raises if the input ended inside a frame
+                return None
+            queue.extend(self._scanner.feed(chunk))
+        return queue[0]
+
+    def pop(self) -> tuple[int, int, Any] | None:
+        event = self.peek()
+        if event is not None:
+            self._queue.popleft()
+        return event
+
+
+class _FrameSource:
+    """A file-like ``read`` over the pieces of the current data frame, for ``stream_reader``."""
+
+    def __init__(self, events: _Events, piece: Any) -> None:
+        self._events = events
+        self._piece = piece
+        self.ended: tuple[int, int] | None = None  # (frame offset, compressed size) once the frame's END is seen
+
+    def read(self, n: int = -1) -> Any:
+        while not len(self._piece):
+            if self.ended is not None:
+                return b""
+            event = self._events.pop()
+            if event is None:
+                return b""
+            kind, off, value = event
+            if kind == PIECE:
+                self._piece = value
+            elif kind == END:
+                self.ended = (off, value)
+        piece = self._piece
+        if n < 0 or n >= len(piece):
+            self._piece = b""
+            return piece
+        self._piece = piece[n:]
+        return piece[:n]
+
+
+def _whole_frame(dctx: Any, piece: Any, path: str, off: int) -> bytes:
+    """Decompress a complete frame given as one piece (at most ``_PIECE_BLOCKS`` blocks)."""
+    try:
+        size = zstandard.frame_content_size(piece)
+        if size > _PIECE_BLOCKS * _BLOCK_MAX:
+            raise CorruptFrameError(path, off, f"corrupt zstd frame (header says {size} bytes, its blocks hold less)")
+        return bytes(dctx.decompress(piece, max_output_size=_PIECE_BLOCKS * _BLOCK_MAX))
+    except zstandard.ZstdError as exc:
+        raise CorruptFrameError(path, off, f"corrupt zstd frame ({exc})") from exc
+
+
+def decompress_frames(
+    chunks: Iterable[Any],
+    path: str,
+    frames: list[tuple[int, int, int, int]] | None = None,
+    *,
+    hold: bool = True,
+) -> Iterator[bytes]:
+    """Decompress a zstd stream, frame by frame; append each frame's table row to ``frames``.
+
+    Each data frame gets a fresh decompressor, so a damaged frame is named by
+    its own compressed offset. With ``hold``, the output of frames up to 32 MiB
+    is held back until the frame's end (and content checksum, when present) is
+    verified, so nothing from a damaged frame is returned; larger frames
+    stream. Without it (indexing, where any error discards everything) output
+    flows at once, which keeps memory hot. Output pieces are at most 4 MiB.
+
+    Raises:
+        CorruptFrameError: a corrupt or truncated frame, or bytes that are not zstd.
+    """
+    dctx = zstandard.ZstdDecompressor()
+    events = _Events(chunks, path)
+    d_off = 0
+    hold_limit = _HOLD_BYTES if hold else 0
+    while True:
+        event = events.pop()
+        if event is None:
+            return
+        kind, off, value = event
+        if kind != PIECE:
+            continue  # skippable frames (an END always follows a PIECE of its frame)
+        after = events.peek()
+        if after is not None and after[0] == END:  # the whole frame in one piece: one call
+            events.pop()
+            out = _whole_frame(dctx, value, path, off)
+            if frames is not None:
+                frames.append((off, after[2], d_off, len(out)))
+            d_off += len(out)
+            if out:
+                yield out
+            continue
+        source = _FrameSource(events, value)
+        reader = dctx.stream_reader(source, read_size=_OUT_PIECE, read_across_frames=False)  # type: ignore[arg-type]  # any object with read()
+        held: list[bytes] = []
+        held_bytes = d_frame = 0
+        try:
+            while True:
+                out = reader.read(_OUT_PIECE)
+                if not out:
+                    break
+                d_frame += len(out)
+                held.append(out)
+                held_bytes += len(out)
+                if held_bytes > hold_limit:
+                    yield from held
+                    held, held_bytes = [], 0
+        except zstandard.ZstdError as exc:
+            raise CorruptFrameError(path, off, f"corrupt zstd frame ({exc})") from exc
+        if source.ended is None and source.read(1):  # the decompressor stopped before the blocks did
+            raise CorruptFrameError(path, off, "corrupt zstd frame (data ends before its blocks do)")
+        if source.ended is None:  # the input ended inside the frame
+            events.peek()  # raises the scanner's truncation error
+            raise CorruptFrameError(path, off, "truncated zstd frame")
+        if frames is not None:
+            frames.append((off, source.ended[1], d_off, d_frame))
+        d_off += d_frame
+        yield from held
+
+
+def iter_decompressed(chunks: Iterable[Any], path: str) -> Iterator[bytes]:
+    """Decompress a zstd stream given as consecutive compressed pieces (any sizes).
+
+    The pieces are bytes-like objects that stay unchanged once handed over
+    (``bytes``, or slices of a map); a reused read buffer must be copied first.
+
+    Streaming across frames; skippable frames (``pzstd`` headers, seek tables)
+    are ignored. Each piece of output is at most 4 MiB.
+
+    Raises:
+        CorruptFrameError: corrupt or truncated data, naming ``path`` and the
+            compressed offset of the damaged frame.
+    """
+    return decompress_frames(chunks, path)
+
+
+# -- seek tables (seekable format) --------------------------------------------
+
+
+def read_seek_table(buf: Any, path: str) -> np.ndarray | None:
+    """The ``(compressed_size, decompressed_size)`` rows of a trailing seek table, or ``None``.
+
+    Raises:
+        CorruptFrameError: the footer says seek table but the table is malformed.
+    """
+    n = len(buf)
+    if n < _FOOTER + 8:
+        return None
+    footer = bytes(buf[n - _FOOTER : n])
+    if int.from_bytes(footer[5:9], "little") != SEEKABLE_MAGIC:
+        return None
+    n_frames = int.from_bytes(footer[0:4], "little")
+    descriptor = footer[4]
+    if descriptor & 0x7C:
+        raise CorruptFrameError(path, n - _FOOTER, "bad seek table descriptor (reserved bits set)")
+    entry = 12 if descriptor & 0x80 else 8
+    size = n_frames * entry + _FOOTER
+    start = n - size - 8
+    if start < 0:
+        raise CorruptFrameError(path, n - _FOOTER, f"seek table of {n_frames} frames does not fit in the file")
+    head = bytes(buf[start : start + 8])
+    if int.from_bytes(head[:4], "little") != _SEEK_TABLE_SKIPPABLE or int.from_bytes(head[4:], "little") != size:
+        raise CorruptFrameError(path, start, "seek table footer without a matching skippable frame header")
+    raw = np.frombuffer(bytes(buf[start + 8 : start + 8 + n_frames * entry]), "<u4").reshape(n_frames, entry // 4)
+    return raw[:, :2].astype(np.uint64)
+
+
+def seek_table_frame(sizes: Iterable[tuple[int, int]]) -> bytes:
+    """A seek table (skippable frame) for ``(compressed_size, decompressed_size)`` frames, no checksums."""
+    rows = np.array(list(sizes), "<u4").reshape(-1, 2)
+    n = len(rows)
+    body = rows.tobytes() + n.to_bytes(4, "little") + b"\x00" + SEEKABLE_MAGIC.to_bytes(4, "little")
+    return _SEEK_TABLE_SKIPPABLE.to_bytes(4, "little") + len(body).to_bytes(4, "little") + body
+
+
+def check_seek_table(table: np.ndarray, seek: np.ndarray, path: str) -> None:
+    """Compare a walked frame table with a seek table.
+
+    Raises:
+        CorruptFrameError: they disagree, naming the first frame that differs.
+    """
+    for k in range(min(len(table), len(seek))):
+        c, d = int(seek[k, 0]), int(seek[k, 1])
+        if c != int(table[k, 1]) or d != int(table[k, 3]):
+            raise CorruptFrameError(
+                path,
+                int(table[k, 0]),
+                f"seek table disagrees with frame {k} (table: {c} -> {d} bytes, "
+                f"frame: {int(table[k, 1])} -> {int(table[k, 3])} bytes)",
+            )
+    if len(table) != len(seek):
+        raise CorruptFrameError(
+            path, 0, f"seek table lists {len(seek)} frames, the file has {len(table)} data frames"
+        )
+
+
+def frame_array(rows: list[tuple[int, int, int, int]]) -> np.ndarray:
+    """Rows ``(c_offset, c_size, d_offset, d_size)`` as a ``(n, 4)`` uint64 frame table."""
+    return np.array(rows, np.uint64).reshape(-1, 4)
+
+
+# -- random access --------------------------------------------------------------
+
+
+class FrameCache:
+    """An LRU of decompressed frames, bounded in bytes; one per process (see :func:`frame_cache`)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[tuple[Any, int], bytes] = OrderedDict()
+
+    def get(self, key: tuple[Any, int]) -> bytes | None:
+        data = self._items.get(key)
+        if data is not None:
+            self._items.move_to_end(key)
+        return data
+
+    def put(self, key: tuple[Any, int], data: bytes) -> None:
+        if len(data) > self.max_bytes:
+            return
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.bytes -= len(old)
+        self._items[key] = data
+        self.bytes += len(data)
+        while self.bytes > self.max_bytes:
+            _, dropped = self._items.popitem(last=False)
+            self.bytes -= len(dropped)
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
+
+_CACHE: FrameCache | None = None
+_CACHE_GEN = -1
+DEFAULT_CACHE_BYTES = 64 << 20
+
+
+def frame_cache() -> FrameCache:
+    """This process's cache of decompressed frames (64 MiB; set ``.max_bytes`` to change)."""
+    global _CACHE, _CACHE_GEN
+    if _CACHE is None or FORK[0] != _CACHE_GEN:  # a forked child starts with an empty cache
+        _CACHE, _CACHE_GEN = FrameCache(DEFAULT_CACHE_BYTES), FORK[0]
+    return _CACHE
+
+
+_pread = os.pread
+_bisect_right = bisect.bisect_right
+
+
+class ZstdShardReader:
+    """``read_at(offset, size)`` over a zstd shard's decompressed bytes, through its frame table.
+
+    Reads and decompresses only the frames that overlap the range; recently
+    used frames are served from the per-process :func:`frame_cache` (a frame
+    read whole for one range, such as a one-sample frame, is not kept).
+
+    Args:
+        path: the shard (used in errors).
+        fd: an open file descriptor of the shard; the reader owns it.
+        frames: the shard's ``(n, 4)`` frame table.
+    """
+
+    def __init__(self, path: str, fd: int, frames: np.ndarray) -> None:
+        self.path = str(path)
+        self.fd = fd
+        self._c_off = frames[:, 0].tolist()
+        self._c_size = frames[:, 1].tolist()
+        self._d_off = frames[:, 2].tolist()
+        self._d_size = frames[:, 3].tolist()
+        st = os.fstat(fd)
+        self._key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        self._dctx = zstandard.ZstdDecompressor()
+
+    def frame(self, k: int, *, keep: bool = True) -> bytes:
+        """Decompressed frame ``k`` (from the cache, or read and decompressed; cached if ``keep``).
+
+        Raises:
+            CorruptFrameError: the frame is truncated or corrupt, or decompresses
+                to another size than the frame table says.
+        """
+        cache = _CACHE if FORK[0] == _CACHE_GEN and _CACHE is not None else frame_cache()
+        key = (self._key, k)
+        items = cache._items
+        data = items.get(key)
+        if data is not None:
+            items.move_to_end(key)
+            return data
+        c_off, c_size, d_size = self._c_off[k], self._c_size[k], self._d_size[k]
+        raw = _pread(self.fd, c_size, c_off)
+        if len(raw) != c_size:
+            raise CorruptFrameError(self.path, c_off, f"truncated zstd frame ({len(raw)} of {c_size} bytes)")
+        try:
+            if zstandard.frame_content_size(raw) not in (-1, d_size):  # never allocate what a damaged header claims
+                raise CorruptFrameError(self.path, c_off, f"zstd frame header disagrees with the index ({d_size} bytes)")
+            data = self._dctx.decompress(raw, max_output_size=d_size)
+        except zstandard.ZstdError as exc:
+            raise CorruptFrameError(self.path, c_off, f"corrupt zstd frame ({exc})") from exc
+        if len(data) != d_size:
+            raise CorruptFrameError(
+                self.path, c_off, f"zstd frame decompresses to {len(data)} bytes, the index says {d_size}"
+            )
+        if keep:
+            cache.put(key, data)
+        return data
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        """``size`` decompressed bytes from ``offset`` (fewer only at the end of the shard).
+
+        Raises:
+            CorruptFrameError: see :meth:`frame`.
+        """
+        d_off = self._d_off
+        k = _bisect_right(d_off, offset) - 1
+        if k < 0 or size <= 0:
+            return b""
+        start = offset - d_off[k]
+        end = start + size
+        whole = start == 0 and end >= self._d_size[k]  # a frame that holds just this range is not kept
+        data = self.frame(k, keep=not whole)
+        if end <= len(data):
+            return data if whole and end == len(data) else data[start:end]
+        parts = [data[start:]]
+        need = size - len(parts[0])
+        while need > 0 and k + 1 < len(d_off):
+            k += 1
+            data = self.frame(k)
+            parts.append(data[:need])
+            need -= len(parts[-1])
+        return b"".join(parts)
+
+    def close(self) -> None:
+        """Close the shard file."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+# -- indexing -------------------------------------------------------------------
+
+
+def random_access(frames: np.ndarray) -> bool:
+    """Whether every frame is small enough to decompress for one sample."""
+    return bool(len(frames) == 0 or int(frames[:, 3].max()) <= RANDOM_ACCESS_FRAME_LIMIT)
+
+
+def close_map(buf: mmap.mmap) -> None:
+    """Close a map now, or leave it to the garbage collector while an error's traceback still holds views of it."""
+    try:
+        buf.close()
+    except BufferError:
+        pass
+
+
+class _SeekTableMismatch(Exception):
+    """The seek table does not describe the file exactly: index it by walking its frames instead."""
+
+
+def _by_seek_table(mv: memoryview, seek: np.ndarray, rows: list[tuple[int, int, int, int]]) -> Iterator[bytes]:
+    """Decompress the frames the seek table lists, one call each, checking every size and frame end.
+
+    Raises:
+        _SeekTableMismatch: any disagreement or damage (the frame walk then names it precisely).
+    """
+    dctx = zstandard.ZstdDecompressor()
+    off = d_off = 0
+    for c_size, d_size in seek.tolist():
+        frame = mv[off : off + c_size]
+        try:
+            if len(frame) != c_size or zstandard.frame_content_size(frame) not in (-1, d_size):
+                raise _SeekTableMismatch
+            out = dctx.decompress(frame, max_output_size=d_size, allow_extra_data=False)
+        except zstandard.ZstdError as exc:
+            raise _SeekTableMismatch from exc
+        if len(out) != d_size:
+            raise _SeekTableMismatch
+        rows.append((off, c_size, d_off, d_size))
+        off += c_size
+        d_off += d_size
+        yield out
+    if off + 8 + len(seek) * 8 + _FOOTER != len(mv):  # the seek table frame (no checksums) must follow at once
+        raise _SeekTableMismatch
+
+
+def scan_zstd(fd: int, path: str) -> ShardTable:
+    """Index a zstd shard: one streaming decompression, the tar parser on its output, the frame table.
+
+    With a seek table (seekable format) whose frames are at most 4 MiB, the
+    frames are decompressed where the table puts them, one call each, and
+    every size is checked; any disagreement, and any file without such a
+    table, is indexed by walking the frames' headers, which also names the
+    frame at fault.
+
+    Raises:
+        CorruptFrameError: corrupt or truncated zstd data, or a seek table that
+            disagrees with the frames (compressed offsets).
+        CorruptArchiveError: a decompressed stream that is not a valid tar.
+    """
+    buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    try:
+        if hasattr(mmap, "MADV_SEQUENTIAL"):
+            buf.madvise(mmap.MADV_SEQUENTIAL)
+        seek = read_seek_table(buf, path)
+        mv = memoryview(buf)
+        rows: list[tuple[int, int, int, int]] = []
+        table = None
+        if seek is not None and len(seek) and int(seek[:, 1].max()) <= _PIECE_BLOCKS * _BLOCK_MAX:
+            try:
+                table = _scan_chunks(_by_seek_table(mv, seek, rows), path)
+            except _SeekTableMismatch:
+                rows.clear()
+        if table is None:
+            pieces = (mv[i : i + _MAP_SLICE] for i in range(0, len(mv), _MAP_SLICE))
+            table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False), path)
+            del pieces
+        mv.release()
+    finally:
+        close_map(buf)
+    frames = frame_array(rows)
+    if seek is not None:
+        check_seek_table(frames, seek, path)
+    table.frames = frames
+    return table
+
+
+def _scan_chunks(chunks: Iterator[bytes], path: str) -> ShardTable:
+    """The tar parser over decompressed pieces; the pieces after the end-of-archive marker are drained too.
+
+    Raises:
+        CorruptFrameError: damaged zstd data (compressed offset).
+        CorruptArchiveError: the decompressed stream is not a valid tar (the
+            message says the offset is in the decompressed tar).
+    """
+    try:
+        table = ShardTable.from_samples(group_members(iter_tar(chunks, path), path))
+    except CorruptFrameError:
+        raise
+    except CorruptArchiveError as exc:
+        raise type(exc)(path, exc.offset, f"{exc.what} (in the decompressed tar)") from exc
+    for _ in chunks:  # the frames after the end-of-archive marker
+        pass
+    return table
+
+
+# -- opening a zstd shard for random access ---------------------------------------
+
+
+def fix_command(path: str) -> str:
+    """The command that rewrites ``path`` with sample-aligned frames."""
+    return f"tarindex compress {path} {path}"
+
+
+def open_zstd_shard(
+    path: str,
+    fd: int,
+    info: ShardInfo,
+    frames: np.ndarray | None,
+    *,
+    cache_dir: str | None = None,
+    cache_bytes: int = 16 << 30,
+) -> Any:
+    """A handle for random reads of an indexed zstd shard: a :class:`ZstdShardReader`, or the
+    ``int`` descriptor of a decompressed copy in ``cache_dir`` for a shard whose frames are too
+    large to decompress per sample. Takes ownership of ``fd``.
+
+    Raises:
+        IndexFormatError: the index has no frame table for the shard.
+        RandomAccessError: the shard is one large frame and no ``cache_dir`` was given.
+        CorruptArchiveError: the shard is corrupt or does not decompress to the indexed size.
+    """
+    if frames is None:
+        os.close(fd)
+        raise IndexFormatError(f"{path}: the index has no zstd frame table for this shard; rebuild the index")
+    if info.random_access:
+        return ZstdShardReader(path, fd, frames)
+    largest = int(frames[:, 3].max())
+    if cache_dir is None:
+        os.close(fd)
+        raise RandomAccessError(
+            path,
+            f"{len(frames)} zstd frame(s), the largest {largest} bytes uncompressed: random access would "
+            f"decompress that much per sample. Rewrite the shard with sample-aligned frames "
+            f"('{fix_command(path)}') and rebuild the index, or opt in to a local cache of decompressed "
+            f"shards with TarDataset(..., zstd_cache_dir=DIR)",
+        )
+    try:
+        return _cached_copy(path, fd, info, frames, cache_dir, cache_bytes)
+    finally:
+        os.close(fd)
+
+
+def _cached_copy(path: str, fd: int, info: ShardInfo, frames: np.ndarray, cache_dir: str, cache_bytes: int) -> int:
+    """The descriptor of ``cache_dir/<fingerprint>.tar``, decompressing the shard there first if needed."""
+    total = int(frames[-1, 2] + frames[-1, 3]) if len(frames) else 0
+    if total > cache_bytes:
+        raise RandomAccessError(path, f"decompressed size {total} exceeds zstd_cache_bytes={cache_bytes}")
+    root = Path(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"{info.fingerprint}-{info.size}.tar"
+    try:
+        out = os.open(target, os.O_RDONLY)
+    except FileNotFoundError:
+        pass
+    else:
+        if os.fstat(out).st_size == total:
+            os.utime(target)  # most recently used
+            return out
+        os.close(out)
+    _evict(root, cache_bytes - total)
+    tmp = root / f".{target.name}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            pieces = iter(lambda: os.read(fd, _MAP_SLICE // 4), b"")
+            os.lseek(fd, 0, os.SEEK_SET)
+            for chunk in decompress_frames(pieces, path):
+                f.write(chunk)
+            written = f.tell()
+        if written != total:
+            raise CorruptFrameError(path, 0, f"decompresses to {written} bytes, the index says {total}")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return os.open(target, os.O_RDONLY)
+
+
+def _evict(root: Path, budget: int) -> None:
+    """Delete least recently used ``*.tar`` files in ``root`` until they total at most ``budget`` bytes."""
+    entries = []
+    for p in root.glob("*.tar"):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        entries.append((st.st_mtime_ns, st.st_size, p))
+    used = sum(size for _, size, _ in entries)
+    for _, size, p in sorted(entries):
+        if used <= budget:
+            break
+        p.unlink(missing_ok=True)
+        used -= size

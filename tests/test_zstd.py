@@ -1,0 +1,499 @@
+"""zstd shards: detection, indexing, frame tables, seek tables, random access, errors.
+
+Every compressed shard is made by a real tool (the ``zstd`` and ``pzstd`` CLIs,
+the ``zstandard`` package, ``tarindex compress``); every sample's bytes are
+compared with what ``tarfile`` extracts from the tar that ``zstd -d`` gives back.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+from click.testing import CliRunner
+
+import tarindex
+from conftest import make_shard_set, py_tar, tarfile_members
+from tarindex.build import scan_shard
+from tarindex.cli.main import main
+from tarindex.errors import CorruptArchiveError, CorruptFrameError, RandomAccessError, StaleIndexError
+from tarindex.index.reader import IndexReader
+from tarindex.samples import split_key
+from tarindex.writer import compress_shard
+from tarindex.zstd import FrameCache, is_zstd, iter_decompressed
+
+pytestmark = pytest.mark.skipif(shutil.which("zstd") is None or shutil.which("pzstd") is None, reason="zstd CLI")
+# .ci/run installs Debian's zstd package (zstd and pzstd), so in CI this never skips.
+
+SEEKABLE_MAGIC = 0x8F92EAB1
+
+
+def zstd_cli(src: Path, dst: Path, *args: str) -> Path:
+    subprocess.run(["zstd", "-q", "-f", *args, str(src), "-o", str(dst)], check=True)
+    return dst
+
+
+def pzstd_cli(src: Path, dst: Path) -> Path:
+    subprocess.run(["pzstd", "-q", "-f", "-1", "-p", "2", str(src), "-o", str(dst)], check=True)
+    return dst
+
+
+def zstd_decompress(src: Path, dst: Path) -> Path:
+    subprocess.run(["zstd", "-q", "-d", "-f", str(src), "-o", str(dst)], check=True)
+    return dst
+
+
+def big_tar(path: Path, n: int = 1500, seed: int = 0) -> Path:
+    """A ~5 MB tar: samples of 0.5-3 KB, partly compressible, so pzstd -1 makes several 2 MiB frames."""
+    rng = np.random.default_rng(seed)
+    specs = []
+    for i in range(n):
+        noise = rng.integers(0, 255, int(rng.integers(300, 2000)), dtype=np.uint8).tobytes()
+        specs += [(f"k{i:05d}.bin", noise + bytes(int(rng.integers(0, 1000)))), (f"k{i:05d}.cls", str(i).encode())]
+    return py_tar(path, specs, tarfile.GNU_FORMAT, dirs=False)
+
+
+def expected_samples(tar: Path) -> dict[str, dict[str, bytes]]:
+    """The oracle: samples by key from tarfile's extraction."""
+    out: dict[str, dict[str, bytes]] = {}
+    for name, data in tarfile_members(tar):
+        split = split_key(name)
+        if split is not None:
+            out.setdefault(split[0], {})[split[1]] = data
+    return out
+
+
+def check_dataset(ds: tarindex.TarDataset, oracle: dict[str, dict[str, bytes]], order: list[int] | None = None) -> int:
+    order = list(range(len(ds))) if order is None else order
+    for i in order:
+        s = ds[i]
+        want = oracle[s["__key__"]]
+        assert {k: v for k, v in s.items() if not k.startswith("__")} == want, s["__key__"]
+    return len(order)
+
+
+def random_order(n: int) -> list[int]:
+    order = list(range(n))
+    random.Random(1).shuffle(order)
+    return order
+
+
+# -- compressed shards from every tool ------------------------------------------
+
+
+def _by_zstd_cli(tar: Path, out: Path) -> Path:
+    return zstd_cli(tar, out)
+
+
+def _by_pzstd(tar: Path, out: Path) -> Path:
+    return pzstd_cli(tar, out)
+
+
+def _by_zstandard(tar: Path, out: Path) -> Path:
+    out.write_bytes(zstandard.ZstdCompressor(level=3).compress(tar.read_bytes()))
+    return out
+
+
+def _by_zstandard_frames(tar: Path, out: Path) -> Path:
+    """Frames of 100,000 bytes (not sample-aligned), a skippable frame before each, checksums on."""
+    data = tar.read_bytes()
+    cctx = zstandard.ZstdCompressor(level=1, write_checksum=True)
+    parts = []
+    for i in range(0, len(data), 100_000):
+        parts.append((0x184D2A53).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"abc")
+        parts.append(cctx.compress(data[i : i + 100_000]))
+    out.write_bytes(b"".join(parts))
+    return out
+
+
+def _by_compress(tar: Path, out: Path) -> Path:
+    compress_shard(tar, out)
+    return out
+
+
+TOOLS = {
+    "zstd-cli": _by_zstd_cli,
+    "pzstd": _by_pzstd,
+    "zstandard": _by_zstandard,
+    "zstandard-frames": _by_zstandard_frames,
+    "tarindex-compress": _by_compress,
+}
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return big_tar(tmp_path_factory.mktemp("big") / "big.tar")
+
+
+@pytest.mark.parametrize("tool", list(TOOLS))
+def test_every_sample_matches_tarfile(tool: str, big: Path, tmp_path: Path) -> None:
+    shard = TOOLS[tool](big, tmp_path / "big.tar.zst")
+    restored = zstd_decompress(shard, tmp_path / "restored.tar")  # the oracle comes from zstd -d
+    assert restored.read_bytes() == big.read_bytes()
+    report = tarindex.build_index([shard], index=tmp_path / "x.tarindex", workers=1)
+    ds = tarindex.TarDataset(report.path)
+    oracle = expected_samples(restored)
+    assert len(ds) == len(oracle)
+    assert check_dataset(ds, oracle, random_order(len(ds))) == len(oracle)
+    info = ds.index.shards[0]
+    assert info.compression == "zstd" and info.random_access
+    frames = ds.index.frame_table(0)
+    assert frames is not None
+    assert int(frames[-1, 2] + frames[-1, 3]) == big.stat().st_size
+    size = big.stat().st_size
+    expected_frames = {"zstd-cli": 1, "zstandard": 1, "pzstd": -(-size // (2 << 20)), "zstandard-frames": -(-size // 100_000)}
+    if tool in expected_frames:
+        assert len(frames) == expected_frames[tool]
+    else:
+        assert len(frames) > 50
+
+
+def test_tables_equal_plain_tar(big: Path, tmp_path: Path) -> None:
+    _, plain = scan_shard(str(big))
+    for tool in TOOLS:
+        _, table = scan_shard(str(TOOLS[tool](big, tmp_path / f"{tool}.tar.zst")))
+        assert table.keys == plain.keys
+        for col in ("sample_offset", "sample_size", "member_offset", "member_size"):
+            assert (getattr(table, col) == getattr(plain, col)).all(), (tool, col)
+
+
+def test_detection_by_content_not_name(big: Path, tmp_path: Path) -> None:
+    disguised = zstd_cli(big, tmp_path / "looks-plain.tar")
+    plain = tmp_path / "looks-compressed.tar.zst"
+    shutil.copy(big, plain)
+    assert is_zstd(disguised.read_bytes()[:4]) and not is_zstd(plain.read_bytes()[:4])
+    report = tarindex.build_index([disguised, plain], index=tmp_path / "x.tarindex", workers=1)
+    ix = IndexReader(report.path)
+    assert [s.compression for s in ix.shards] == ["zstd", None]
+    assert ix.frame_table(0) is not None and ix.frame_table(1) is None
+
+
+def test_mixed_plain_and_zstd_index(tmp_path: Path) -> None:
+    plain = make_shard_set(tmp_path / "d", n_shards=4, per=30)
+    mixed = [plain[0], zstd_cli(plain[1], tmp_path / "d" / "one.tar.zst")]
+    mixed += [pzstd_cli(plain[2], tmp_path / "d" / "two.tar.zst"), _by_compress(plain[3], tmp_path / "d" / "three.tar.zst")]
+    report = tarindex.build_index(mixed, index=tmp_path / "mixed.tarindex", workers=2)
+    ds = tarindex.TarDataset(report.path)
+    oracle: dict[str, dict[str, bytes]] = {}
+    for p in plain:
+        oracle.update(expected_samples(p))
+    assert len(ds) == 120
+    check_dataset(ds, oracle, random_order(len(ds)))
+    assert [s.compression for s in ds.index.shards] == [None, "zstd", "zstd", "zstd"]
+    assert ds.get("s03i029")["txt"] == b"text 3 29"
+
+
+def test_incremental_build_and_merge_keep_frame_tables(big: Path, tmp_path: Path) -> None:
+    shard = _by_compress(big, tmp_path / "a.tar.zst")
+    other = make_shard_set(tmp_path / "o", n_shards=1, per=5)[0]
+    first = tarindex.build_index([shard], index=tmp_path / "a.tarindex")
+    frames = IndexReader(first.path).frame_table(0)
+    again = tarindex.build_index([shard, other], index=tmp_path / "a.tarindex")
+    assert again.reused == [str(shard)]
+    ix = IndexReader(again.path)
+    assert np.array_equal(ix.frame_table(0), frames) and ix.frame_table(1) is None
+    part = tarindex.build_index([other], index=tmp_path / "b.tarindex")
+    alone = tarindex.build_index([shard], index=tmp_path / "c.tarindex")
+    merged = tarindex.merge_indexes([part.path, alone.path], tmp_path / "m.tarindex")
+    mx = IndexReader(merged)
+    assert mx.frame_table(0) is None and np.array_equal(mx.frame_table(1), frames)
+    assert mx.shards[1].compression == "zstd"
+    check_dataset(tarindex.TarDataset(merged), {**expected_samples(big), **expected_samples(other)})
+
+
+# -- the writer's output: round trip, sample-aligned frames, seek table -----------
+
+
+def independent_seek_table(data: bytes) -> list[tuple[int, int]]:
+    """Read a seek table following the seekable format's description, nothing from tarindex."""
+    footer = data[-9:]
+    assert int.from_bytes(footer[5:9], "little") == SEEKABLE_MAGIC
+    n = int.from_bytes(footer[0:4], "little")
+    descriptor = footer[4]
+    entry = 12 if descriptor & 0x80 else 8
+    assert descriptor & 0x7C == 0
+    size = n * entry + 9
+    frame = data[-(size + 8) :]
+    assert int.from_bytes(frame[0:4], "little") == 0x184D2A5E
+    assert int.from_bytes(frame[4:8], "little") == size
+    return [
+        (int.from_bytes(frame[8 + k * entry : 12 + k * entry], "little"), int.from_bytes(frame[12 + k * entry : 16 + k * entry], "little"))
+        for k in range(n)
+    ]
+
+
+def test_compress_round_trip_and_seek_table(big: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.tar.zst"
+    result = CliRunner().invoke(main, ["compress", str(big), str(out), "--level", "5", "--frame-size", "50000"])
+    assert result.exit_code == 0, result.output
+    assert zstd_decompress(out, tmp_path / "back.tar").read_bytes() == big.read_bytes()
+    data = out.read_bytes()
+    table = independent_seek_table(data)
+    # each entry is one zstd frame, in order, and the frames plus the seek table make up the file
+    pos = d_total = 0
+    for c_size, d_size in table:
+        assert data[pos : pos + 4] == b"\x28\xb5\x2f\xfd"
+        assert len(zstandard.ZstdDecompressor().decompress(data[pos : pos + c_size])) == d_size
+        pos += c_size
+        d_total += d_size
+    assert d_total == big.stat().st_size
+    assert pos + 8 + len(table) * 8 + 9 == len(data)
+    # frames start on sample boundaries, and hold at least 50,000 bytes (but the last)
+    _, plain = scan_shard(str(big))
+    starts = set(plain.sample_offset.tolist()) | {0}
+    d_offsets = np.cumsum([0] + [d for _, d in table])[:-1]
+    assert set(d_offsets.tolist()) <= starts
+    assert all(d >= 50_000 for _, d in table[:-1])
+    # the index's frame table is the seek table
+    frames = scan_shard(str(out))[1].frames
+    assert frames is not None
+    assert [(int(c), int(d)) for c, d in frames[:, [1, 3]]] == table
+
+
+def test_seekable_file_from_another_writer(big: Path, tmp_path: Path) -> None:
+    """Frames of 65,536 bytes cut anywhere (samples span frames), seek table written by the test."""
+    data = big.read_bytes()
+    cctx = zstandard.ZstdCompressor(level=1)
+    frames = [cctx.compress(data[i : i + 65536]) for i in range(0, len(data), 65536)]
+    entries = b"".join(len(f).to_bytes(4, "little") + min(65536, len(data) - k * 65536).to_bytes(4, "little") for k, f in enumerate(frames))
+    footer = len(frames).to_bytes(4, "little") + b"\x00" + SEEKABLE_MAGIC.to_bytes(4, "little")
+    seek = (0x184D2A5E).to_bytes(4, "little") + (len(entries) + 9).to_bytes(4, "little") + entries + footer
+    shard = tmp_path / "s.tar.zst"
+    shard.write_bytes(b"".join(frames) + seek)
+    report = tarindex.build_index([shard], index=tmp_path / "s.tarindex", workers=1)
+    ds = tarindex.TarDataset(report.path)
+    assert len(ds.index.frame_table(0)) == len(frames)
+    check_dataset(ds, expected_samples(big), random_order(len(ds)))
+
+
+def test_seek_table_that_disagrees(big: Path, tmp_path: Path) -> None:
+    shard = _by_compress(big, tmp_path / "s.tar.zst")
+    data = bytearray(shard.read_bytes())
+    table = independent_seek_table(bytes(data))
+    n = len(table)
+    entry_at = len(data) - 9 - n * 8 + 3 * 8 + 4  # frame 3's decompressed size
+    data[entry_at : entry_at + 4] = (table[3][1] + 512).to_bytes(4, "little")
+    shard.write_bytes(bytes(data))
+    frame3 = sum(c for c, _ in table[:3])
+    with pytest.raises(CorruptFrameError, match=rf"s\.tar\.zst: seek table disagrees with frame 3 .* at offset {frame3}$") as err:
+        scan_shard(str(shard))
+    assert err.value.offset == frame3
+
+
+def test_seek_table_with_shifted_compressed_sizes(big: Path, tmp_path: Path) -> None:
+    """Entries 3 and 4 keep their sum but move the boundary: frame 3 then holds bytes of frame 4."""
+    shard = _by_compress(big, tmp_path / "s.tar.zst")
+    data = bytearray(shard.read_bytes())
+    table = independent_seek_table(bytes(data))
+    at = len(data) - 9 - len(table) * 8 + 3 * 8
+    data[at : at + 4] = (table[3][0] + 10).to_bytes(4, "little")
+    data[at + 8 : at + 12] = (table[4][0] - 10).to_bytes(4, "little")
+    shard.write_bytes(bytes(data))
+    frame3 = sum(c for c, _ in table[:3])
+    with pytest.raises(CorruptFrameError, match=rf"seek table disagrees with frame 3 .* at offset {frame3}$"):
+        scan_shard(str(shard))
+
+
+# -- streaming decompression ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("piece", [1, 3, 4096, 1 << 20])
+def test_iter_decompressed_any_chunking(piece: int, tmp_path: Path) -> None:
+    small = big_tar(tmp_path / "small.tar", n=40)
+    data = _by_zstandard_frames(small, tmp_path / "f.zst").read_bytes() + pzstd_cli(small, tmp_path / "p.zst").read_bytes()
+    chunks = (data[i : i + piece] for i in range(0, len(data), piece))
+    assert b"".join(iter_decompressed(chunks, "f.zst")) == small.read_bytes() * 2
+
+
+def test_iter_decompressed_bounds_output_pieces(tmp_path: Path) -> None:
+    data = zstandard.ZstdCompressor().compress(bytes(64 << 20))  # 64 MiB of zeros: a few KB compressed
+    sizes = [len(p) for p in iter_decompressed([data], "zeros.zst")]
+    assert sum(sizes) == 64 << 20 and max(sizes) <= 32 << 20
+
+
+# -- errors ------------------------------------------------------------------------
+
+
+def test_corrupt_frame_at_build_names_offset(big: Path, tmp_path: Path) -> None:
+    shard = _by_compress(big, tmp_path / "c.tar.zst")
+    table = independent_seek_table(shard.read_bytes())
+    frame5 = sum(c for c, _ in table[:5])
+    data = bytearray(shard.read_bytes())
+    data[frame5 + table[5][0] // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorruptFrameError, match=rf"c\.tar\.zst: corrupt zstd frame .* at offset {frame5}$"):
+        scan_shard(str(shard))
+    result = CliRunner().invoke(main, ["build", str(shard), "-o", str(tmp_path / "c.tarindex")])
+    assert result.exit_code == 1
+    assert f"at offset {frame5}" in result.output and "Traceback" not in result.output
+
+
+def test_corrupt_frame_at_read_names_offset_and_returns_nothing(big: Path, tmp_path: Path) -> None:
+    shard = _by_compress(big, tmp_path / "c.tar.zst")
+    report = tarindex.build_index([shard], index=tmp_path / "c.tarindex", workers=1)
+    frames = IndexReader(report.path).frame_table(0)
+    st = shard.stat()
+    k = 7
+    c_off, c_size, d_off, _ = (int(x) for x in frames[k])
+    with open(shard, "r+b") as f:  # same size, same mtime: the index cannot tell
+        f.seek(c_off + c_size // 2)
+        byte = f.read(1)
+        f.seek(c_off + c_size // 2)
+        f.write(bytes([byte[0] ^ 0x55]))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    ds = tarindex.TarDataset(report.path)
+    offsets = ds.index.array("sample_offset")
+    inside = int(np.searchsorted(offsets, d_off))
+    ds[0]  # other frames still read
+    with pytest.raises(CorruptFrameError, match=rf"c\.tar\.zst: corrupt zstd frame .* at offset {c_off}$"):
+        ds[inside]
+
+
+def test_truncated_file(big: Path, tmp_path: Path) -> None:
+    for tool in ("zstd-cli", "tarindex-compress"):
+        shard = TOOLS[tool](big, tmp_path / f"{tool}.tar.zst")
+        data = shard.read_bytes()
+        cut = data[: len(data) * 2 // 3] if tool == "zstd-cli" else data[: len(data) - 2000]
+        shard.write_bytes(cut)
+        with pytest.raises(CorruptFrameError, match=r"\.tar\.zst: truncated zstd frame .* at offset \d+$") as err:
+            scan_shard(str(shard))
+        if tool == "zstd-cli":
+            assert err.value.offset == 0
+    with pytest.raises(CorruptFrameError, match="truncated zstd frame"):
+        list(iter_decompressed([data[:-3]], "x.zst"))
+
+
+def test_garbage_after_frames(big: Path, tmp_path: Path) -> None:
+    shard = zstd_cli(big, tmp_path / "g.tar.zst")
+    size = shard.stat().st_size
+    with open(shard, "ab") as f:
+        f.write(b"this is not zstd")
+    with pytest.raises(CorruptFrameError, match=rf"not a zstd frame \(magic 74686973\) at offset {size}$"):
+        scan_shard(str(shard))
+
+
+def test_zstd_of_something_that_is_not_tar(tmp_path: Path) -> None:
+    shard = tmp_path / "n.tar.zst"
+    shard.write_bytes(zstandard.ZstdCompressor().compress(b"just text, " * 1000))
+    with pytest.raises(CorruptArchiveError, match=r"n\.tar\.zst: bad header checksum .* \(in the decompressed tar\) at offset 0$") as err:
+        scan_shard(str(shard))
+    assert not isinstance(err.value, CorruptFrameError)
+
+
+def test_stale_zstd_shard(big: Path, tmp_path: Path) -> None:
+    shard = _by_compress(big, tmp_path / "s.tar.zst")
+    report = tarindex.build_index([shard], index=tmp_path / "s.tarindex", workers=1)
+    _by_compress(big, shard)  # rewritten: new mtime
+    os.utime(shard, ns=(1, 1))
+    with pytest.raises(StaleIndexError, match=r"s\.tar\.zst: shard changed since it was indexed"):
+        tarindex.TarDataset(report.path)[0]
+
+
+# -- shards made of one large frame ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_frame(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A 20 MB tar (over the 16 MiB random-access limit) and its single-frame ``zstd -1`` shard."""
+    root = tmp_path_factory.mktemp("one")
+    specs = [(f"x{i:04d}.txt", f"sample {i} ".encode() * 2000) for i in range(1000)]
+    tar = py_tar(root / "one.tar", specs, tarfile.GNU_FORMAT, dirs=False)
+    return tar, zstd_cli(tar, root / "one.tar.zst", "-1")
+
+
+def test_single_frame_shard_needs_opt_in(one_frame: tuple[Path, Path], tmp_path: Path) -> None:
+    tar, shard = one_frame
+    index = tmp_path / "one.tarindex"
+    result = CliRunner().invoke(main, ["build", str(shard), "-o", str(index), "-q"])
+    assert result.exit_code == 0
+    assert f"warning: {shard}: zstd frames too large for random access" in result.output
+    assert f"tarindex compress {shard} {shard}" in result.output
+    ds = tarindex.TarDataset(index)
+    assert not ds.index.shards[0].random_access
+    with pytest.raises(RandomAccessError, match=r"one\.tar\.zst: 1 zstd frame\(s\).*tarindex compress .*zstd_cache_dir="):
+        ds[5]
+    cache = tmp_path / "cache"
+    ds = tarindex.TarDataset(index, zstd_cache_dir=cache, zstd_cache_bytes=64 << 20)
+    check_dataset(ds, expected_samples(tar), random_order(len(ds))[:200])
+    assert [p.name for p in cache.iterdir()] == [f"{ds.index.shards[0].fingerprint}-{shard.stat().st_size}.tar"]
+    small = tarindex.TarDataset(index, zstd_cache_dir=tmp_path / "c2", zstd_cache_bytes=1 << 20)
+    with pytest.raises(RandomAccessError, match="exceeds zstd_cache_bytes"):
+        small[0]
+
+
+def test_recompress_in_place_fixes_it(one_frame: tuple[Path, Path], tmp_path: Path) -> None:
+    tar, original = one_frame
+    shard = shutil.copy(original, tmp_path / "one.tar.zst")
+    result = CliRunner().invoke(main, ["compress", str(shard), str(shard)])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["one.tar.zst"]  # no temporary left
+    result = CliRunner().invoke(main, ["build", str(shard), "-o", str(tmp_path / "one.tarindex"), "-q"])
+    assert result.exit_code == 0 and "warning" not in result.output
+    ds = tarindex.TarDataset(tmp_path / "one.tarindex")
+    assert ds.index.shards[0].random_access
+    check_dataset(ds, expected_samples(tar), random_order(len(ds))[:200])
+
+
+def test_cache_dir_evicts_least_recent(tmp_path: Path) -> None:
+    from tarindex.zstd import _evict
+
+    for k, name in enumerate(["a.tar", "b.tar", "c.tar"]):
+        (tmp_path / name).write_bytes(bytes(1000))
+        os.utime(tmp_path / name, ns=(k, k))
+    _evict(tmp_path, 2000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.tar", "c.tar"]
+
+
+def test_frame_cache_is_bounded_in_bytes() -> None:
+    cache = FrameCache(250)
+    for k in range(5):
+        cache.put(("f", k), bytes(100))
+    assert cache.bytes == 200 and cache.get(("f", 4)) is not None and cache.get(("f", 2)) is None
+    cache.get(("f", 3))
+    cache.put(("f", 5), bytes(100))
+    assert cache.get(("f", 3)) is not None and cache.get(("f", 4)) is None
+    cache.put(("f", 6), bytes(1000))  # larger than the bound: not kept
+    assert cache.get(("f", 6)) is None
+
+
+def test_random_access_reads_only_needed_frames(big: Path, tmp_path: Path) -> None:
+    shard = _by_compress(big, tmp_path / "r.tar.zst")
+    report = tarindex.build_index([shard], index=tmp_path / "r.tarindex", workers=1)
+    ds = tarindex.TarDataset(report.path)
+    from tarindex.zstd import frame_cache
+
+    frame_cache().clear()
+    ds[len(ds) // 2]
+    assert len(frame_cache()._items) == 1
+
+
+def test_dataloader_workers_read_zstd_shards(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    plain = make_shard_set(tmp_path / "d", n_shards=3, per=20)
+    shards = [_by_compress(p, tmp_path / "d" / f"z{k}.tar.zst") for k, p in enumerate(plain)]
+    report = tarindex.build_index(shards, index=tmp_path / "z.tarindex", workers=1)
+    ds = tarindex.TarDataset(report.path)
+    ds[0]  # the parent has open readers and a warm frame cache before the workers fork
+    order = random_order(len(ds))
+    got = {s["__key__"]: s["bin"] for s in DataLoader(ds, sampler=order, num_workers=2, batch_size=None)}
+    oracle: dict[str, dict[str, bytes]] = {}
+    for p in plain:
+        oracle.update(expected_samples(p))
+    assert got == {k: v["bin"] for k, v in oracle.items()}
+
+
+def test_get_cli_on_zstd(big: Path, tmp_path: Path) -> None:
+    shard = _by_compress(big, tmp_path / "g.tar.zst")
+    tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1)
+    result = CliRunner().invoke(main, ["get", str(tmp_path / "g.tarindex"), "k01234", "--ext", "cls"])
+    assert result.exit_code == 0 and result.stdout_bytes == b"1234"
+
+
