@@ -431,3 +431,25 @@ def test_sampler_over_tardataset_matches_shard_sizes(dataset: TarDataset) -> Non
     for i in order[:20]:
         shard = int(np.searchsorted(starts, i, side="right")) - 1
         assert dataset[i][1] == dataset.urls[shard]
+
+
+def test_sampler_over_zstd_shards(tmp_path: Path) -> None:
+    """zstd shards (sample-aligned frames): the same shard sizes, every sample once, bytes as in the plain tar."""
+    from conftest import make_shard_set
+
+    plain = make_shard_set(tmp_path / "plain", n_shards=5, per=7)
+    zstd = [tmp_path / f"{p.name}.zst" for p in plain]
+    for src, dst in zip(plain, zstd):
+        tarindex.compress_shard(src, dst, frame_size=2048)
+    zds = TarDataset(tarindex.build_index([str(p) for p in zstd], index=tmp_path / "z.tarindex").path)
+    pds = TarDataset(tarindex.build_index([str(p) for p in plain], index=tmp_path / "p.tarindex").path)
+    assert zds.shard_sizes == pds.shard_sizes == [7] * 5
+    frames = zds.index.frame_table(0)
+    assert frames is not None and len(frames) > 1  # really zstd, several frames per shard
+    seen = []
+    for rank in range(3):
+        for i in ShardSampler(zds, 3, rank, seed=1, chunk_shards=2, block_samples=3):
+            z, p = zds.read(i), pds.read(i)
+            assert z["__key__"] == p["__key__"] and bytes(z["bin"]) == bytes(p["bin"])
+            seen.append(i)
+    assert sorted(set(seen)) == list(range(35)) and len(seen) == 36  # 3 ranks x 12, one padded
