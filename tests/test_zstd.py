@@ -415,6 +415,8 @@ def test_single_frame_shard_needs_opt_in(one_frame: tuple[Path, Path], tmp_path:
     assert result.exit_code == 0
     assert f"warning: {shard}: zstd frames too large for random access" in result.output
     assert f"tarindex compress {shard} {shard}" in result.output
+    info = CliRunner().invoke(main, ["info", str(index)])
+    assert "zstd shards:    1 (1 too coarse for random access; see docs/zstd.md)" in info.output
     ds = tarindex.TarDataset(index)
     assert not ds.index.shards[0].random_access
     with pytest.raises(RandomAccessError, match=r"one\.tar\.zst: 1 zstd frame\(s\).*tarindex compress .*zstd_cache_dir="):
