@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from click.testing import CliRunner
 
 import tarindex
@@ -310,6 +312,36 @@ def test_iter_decompressed_any_chunking(piece: int, tmp_path: Path) -> None:
     data = _by_zstandard_frames(small, tmp_path / "f.zst").read_bytes() + pzstd_cli(small, tmp_path / "p.zst").read_bytes()
     chunks = (data[i : i + piece] for i in range(0, len(data), piece))
     assert b"".join(iter_decompressed(chunks, "f.zst")) == small.read_bytes() * 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    frames=st.lists(
+        st.tuples(st.binary(max_size=3000), st.integers(1, 19), st.booleans(), st.booleans(), st.integers(0, 40)),
+        min_size=1,
+        max_size=6,
+    ),
+    cuts=st.lists(st.integers(0, 20_000), max_size=8),
+)
+def test_frame_walk_property(frames: list[tuple[bytes, int, bool, bool, int]], cuts: list[int]) -> None:
+    """Any frames (levels, checksums, content sizes, skippable frames between) cut anywhere: same bytes, exact table."""
+    stream = b""
+    expected = []
+    d_off = 0
+    for data, level, checksum, content_size, skip in frames:
+        if skip:
+            stream += (0x184D2A50 + skip % 16).to_bytes(4, "little") + skip.to_bytes(4, "little") + bytes(skip)
+        frame = zstandard.ZstdCompressor(level=level, write_checksum=checksum, write_content_size=content_size).compress(data)
+        expected.append((len(stream), len(frame), d_off, len(data)))
+        stream += frame
+        d_off += len(data)
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    chunks = [stream[a:b] for a, b in zip(points, points[1:])]
+    rows: list[tuple[int, int, int, int]] = []
+    from tarindex.zstd import decompress_frames
+
+    assert b"".join(decompress_frames(chunks, "p.zst", rows)) == b"".join(f[0] for f in frames)
+    assert rows == expected
 
 
 def test_iter_decompressed_bounds_output_pieces(tmp_path: Path) -> None:
