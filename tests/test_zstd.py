@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from click.testing import CliRunner
 
 import tarindex
 from conftest import make_shard_set, py_tar, tarfile_members
