@@ -15,11 +15,13 @@ from .errors import (
     IndexNotFoundError,
     RandomAccessError,
     SampleNotFoundError,
+    SamplerStateError,
     ShardNotFoundError,
     StaleIndexError,
     TarIndexError,
 )
 from .index.reader import IndexReader
+from .sampler import ShardSampler
 from .writer import ShardWriter, compress_shard
 
 __version__ = "0.1.0"
@@ -34,13 +36,24 @@ __all__ = [
     "IndexReader",
     "RandomAccessError",
     "SampleNotFoundError",
+    "SamplerStateError",
     "ShardNotFoundError",
+    "ShardSampler",
     "ShardWriter",
     "StaleIndexError",
     "TarDataset",
     "TarIndexError",
+    "TarStream",
     "__version__",
     "build_index",
     "compress_shard",
     "merge_indexes",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "TarStream":  # imports torch, so only on use
+        from .stream import TarStream
+
+        return TarStream
+    raise AttributeError(f"module 'tarindex' has no attribute {name!r}")

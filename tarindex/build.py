@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -14,11 +14,12 @@ from .index.format import ShardInfo, ShardTable
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
 from .samples import group_members
-from .shards import INDEX_SUFFIX, default_index_path, expand_shards, fingerprint
-from .tar import iter_tar_file
+from .shards import INDEX_SUFFIX, default_index_path, expand_shards, fingerprint, fingerprint_stream
+from .sources import is_url, open_source
+from .tar import iter_tar, iter_tar_file
 from .zstd import is_zstd, random_access, scan_zstd
 
-__all__ = ["BuildReport", "build_index", "merge_indexes", "scan_shard"]
+__all__ = ["BuildReport", "build_index", "merge_indexes", "scan_shard", "scan_stream"]
 
 Progress = Callable[[int], None]
 
@@ -38,10 +39,16 @@ class BuildReport:
 def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
     """Scan one shard (plain tar, or zstd by content) into its offset tables (``ShardInfo.path`` is ``path``).
 
+    A URL (``http(s)://``, ``pipe:``, fsspec) is read once, sequentially
+    (see :func:`scan_stream`).
+
     Raises:
         ShardNotFoundError: the shard does not exist.
         CorruptArchiveError: the shard is not a valid tar archive.
+        SourceError: a URL could not be read (after retries).
     """
+    if is_url(path):
+        return scan_stream(path)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError as exc:
@@ -62,7 +69,43 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
         os.close(fd)
 
 
+def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
+    """Index a shard in one sequential pass over its stream (HTTP, ``pipe:``, fsspec, zstd or not).
+
+    ``ShardInfo.size`` is the number of bytes read (the whole stream),
+    ``mtime_ns`` the ``Last-Modified`` time or 0, and the fingerprint is the
+    one :func:`tarindex.shards.fingerprint` gives for the same bytes on disk.
+
+    Raises:
+        ShardNotFoundError: the server says the shard does not exist.
+        CorruptArchiveError: the stream is not a valid tar archive, or ends early.
+        SourceError: the stream could not be read (after retries), or a ``pipe:`` command failed.
+    """
+    span = 64 << 10
+    head = bytearray()
+    tail = b""
+
+    def tapped(source: Iterable[bytes]) -> Iterator[bytes]:
+        nonlocal tail
+        for chunk in source:
+            if len(head) < span:
+                head.extend(chunk[: span - len(head)])
+            tail = (tail + chunk[-2 * span :])[-2 * span :]
+            yield chunk
+
+    with open_source(url) as source:
+        raw = source.archive(tapped)
+        table = ShardTable.from_samples(group_members(iter_tar(raw, url), url))
+        for _ in raw:  # the rest (end-of-archive padding): the size and fingerprint cover the whole stream
+            pass
+        size = source.position
+        info = ShardInfo(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table.n_samples, table.n_members)
+    return info, table
+
+
 def _relative(shard: str, index_dir: Path) -> str:
+    if is_url(shard):
+        return shard
     absolute = os.path.abspath(shard)
     try:
         return os.path.relpath(absolute, index_dir)
@@ -145,6 +188,8 @@ def build_index(
         raise ShardNotFoundError("no shards given")
     if index is not None:
         out = Path(index)
+    elif any(is_url(p) for p in paths):
+        raise TarIndexError(f"{next(p for p in paths if is_url(p))}: URL shards need an index path (index=..., or -o)")
     else:
         out = default_index_path(paths)
         if part is not None:

@@ -5,13 +5,17 @@ from __future__ import annotations
 __all__ = [
     "CorruptArchiveError",
     "CorruptFrameError",
+    "DecodeError",
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
     "RandomAccessError",
     "SampleNotFoundError",
+    "SamplerStateError",
     "ShardNotFoundError",
+    "SourceError",
     "StaleIndexError",
+    "StreamWarning",
     "TarIndexError",
     "TarIndexWarning",
 ]
@@ -46,12 +50,45 @@ class DuplicateMemberError(CorruptArchiveError):
     """Two members of one sample share an extension."""
 
 
+class DecodeError(TarIndexError, ValueError):
+    """A sample's member could not be decoded (or its transform failed); names the shard and sample offset."""
+
+    def __init__(self, path: str, offset: int, what: str) -> None:
+        self.path = str(path)
+        self.offset = offset
+        self.what = what
+        super().__init__(f"{path}: {what} (sample at offset {offset})")
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # survive worker processes
+        return (type(self), (self.path, self.offset, self.what))
+
+
+class StreamWarning(TarIndexWarning):
+    """A streaming problem that was handled: a skipped sample or shard, fewer shards than workers."""
+
+
 class IndexNotFoundError(TarIndexError, FileNotFoundError):
     """No index exists where one was expected."""
 
 
 class ShardNotFoundError(TarIndexError, FileNotFoundError):
     """A shard named by the user or by an index does not exist."""
+
+
+class SourceError(TarIndexError, OSError):
+    """A shard's bytes could not be read: network failure after retries, a failing ``pipe:`` command."""
+
+    def __init__(self, url: str, offset: int, what: str) -> None:
+        self.path = str(url)
+        self.offset = offset
+        self.what = what
+        super().__init__(f"{url}: {what} at byte offset {offset}")
+
+    def __str__(self) -> str:  # OSError would format its arguments as (errno, strerror)
+        return f"{self.path}: {self.what} at byte offset {self.offset}"
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # survive worker processes
+        return (type(self), (self.path, self.offset, self.what))
 
 
 class IndexFormatError(TarIndexError, ValueError):
@@ -87,3 +124,7 @@ class SampleNotFoundError(TarIndexError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else ""
+
+
+class SamplerStateError(TarIndexError, ValueError):
+    """A sampler state dict is malformed or belongs to another dataset or configuration."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .errors import IndexNotFoundError, ShardNotFoundError
 
-__all__ = ["INDEX_SUFFIX", "default_index_path", "expand_braces", "expand_shards", "fingerprint", "resolve_index"]
+__all__ = ["INDEX_SUFFIX", "default_index_path", "expand_braces", "expand_shards", "fingerprint", "fingerprint_stream", "resolve_index"]
 
 INDEX_SUFFIX = ".tarindex"
 _RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)\}")
@@ -90,6 +90,17 @@ def fingerprint(fd: int, size: int) -> str:
     h.update(os.pread(fd, _FINGERPRINT_SPAN, 0))
     if size > _FINGERPRINT_SPAN:
         h.update(os.pread(fd, _FINGERPRINT_SPAN, max(_FINGERPRINT_SPAN, size - _FINGERPRINT_SPAN)))
+    return h.hexdigest()
+
+
+def fingerprint_stream(size: int, head: bytes, tail: bytes) -> str:
+    """:func:`fingerprint` of a shard read as a stream: ``head`` its first bytes, ``tail`` its last 128 KiB (or all)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(size.to_bytes(8, "little"))
+    h.update(head[:_FINGERPRINT_SPAN])
+    if size > _FINGERPRINT_SPAN:
+        n = size - max(_FINGERPRINT_SPAN, size - _FINGERPRINT_SPAN)
+        h.update(tail[len(tail) - n :])
     return h.hexdigest()
 
 

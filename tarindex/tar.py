@@ -174,33 +174,55 @@ def _verify(blocks: list[bytes], offsets: list[int], path: str) -> None:
 
 
 class _Cursor:
-    """A forward-only window over consecutive chunks, with absolute offsets."""
+    """A forward-only window over consecutive chunks, with absolute offsets.
 
-    __slots__ = ("base", "buf", "chunks")
+    Chunks are used in place: only a header or member that straddles two
+    chunks is joined (its own bytes, never the rest of the next chunk).
+    """
+
+    __slots__ = ("base", "buf", "chunks", "spill", "spill_at")
 
     def __init__(self, chunks: Iterable[Buffer]) -> None:
         self.chunks = iter(chunks)
         self.buf: Buffer = b""
         self.base = 0  # absolute offset of buf[0]; at the end of input, of the end
+        self.spill: Buffer | None = None  # the chunk whose head was joined into buf ...
+        self.spill_at = 0  # ... and where its unread bytes start
 
-    def _next(self) -> Buffer | None:
+    def _next(self) -> tuple[Buffer, int] | None:
+        """The next unread bytes as ``(chunk, start)``."""
+        if self.spill is not None:
+            chunk, at = self.spill, self.spill_at
+            self.spill = None
+            return chunk, at
         for chunk in self.chunks:
             if len(chunk):
-                return chunk
+                return chunk, 0
         return None
 
     def fill(self, pos: int, need: int) -> int:
         """Make ``buf[pos:pos + need]`` available; return the new ``pos`` (-1 if the input ends first)."""
-        parts = [self.buf[pos:]]
-        have = len(parts[0])
+        parts: list[Buffer] = [self.buf[pos:]] if pos < len(self.buf) else []
+        have = len(parts[0]) if parts else 0
         self.base += pos
         while have < need:
-            chunk = self._next()
-            if chunk is None:
+            nxt = self._next()
+            if nxt is None:
                 break
-            parts.append(chunk)
-            have += len(chunk)
-        self.buf = parts[0] if len(parts) == 1 else b"".join(parts)
+            chunk, at = nxt
+            if not parts and len(chunk) - at >= need:  # nothing carried over: the chunk itself
+                self.buf = chunk
+                self.base -= at
+                return at
+            take = need - have
+            if len(chunk) - at > take:
+                parts.append(chunk[at : at + take])
+                self.spill, self.spill_at = chunk, at + take
+                have = need
+            else:
+                parts.append(chunk[at:] if at else chunk)
+                have += len(chunk) - at
+        self.buf = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[arg-type]  # bytes-like parts
         return 0 if have >= need else -1
 
     def skip(self, pos: int, count: int) -> int:
@@ -209,11 +231,14 @@ class _Cursor:
         while pos > len(self.buf):
             pos -= len(self.buf)
             self.base += len(self.buf)
-            chunk = self._next()
-            if chunk is None:
+            nxt = self._next()
+            if nxt is None:
                 self.buf = b""
                 return -1
+            chunk, at = nxt
             self.buf = chunk
+            self.base -= at
+            pos += at
         return pos
 
 
@@ -357,9 +382,8 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[En
         data: bytes | None = None
         if with_data and typ in _REGULAR:
             if pos + size > len(buf):
-                pos = cur.fill(pos, size)
+                pos = cur.fill(pos, size)  # the same absolute data_offset, in a new window
                 buf = cur.buf
-                data_offset = cur.base
                 if pos < 0:
                     raise fail(here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base + len(buf)}")
             data = buf[pos : pos + size]

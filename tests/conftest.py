@@ -147,3 +147,6 @@ def tarfile_members(path: Path) -> list[tuple[str, bytes]]:
             if m.isreg():
                 out.append((m.name, tf.extractfile(m).read()))
     return out
+
+
+from _servers import drop_server, http_server, s3_server  # noqa: E402,F401 - fixtures for the streaming tests

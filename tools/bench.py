@@ -1,6 +1,8 @@
 """Benchmarks, side by side with the peers and the physical limit, as ratios in one run.
 
-Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open]
+Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,zstd,sampler,scale]
+Every part runs by default; ``--only`` picks some. ``--only stream,quick``: the streaming benchmark over
+4 shards per set; ``--zstd-shards N``: the zstd benchmark on the first N shards; ``--sets sampler``: a quick set.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
 Results go to stdout as a markdown table; record them in docs/performance.md.
 """
@@ -26,8 +28,12 @@ from tarindex.index.format import ShardInfo, ShardTable
 from tarindex.index.writer import IndexWriter
 
 Row = tuple[str, float, str]
-ZSTD_SHARDS: list[int | None] = [None]
-SPECS = {"jpeg": (20, 1000, (20_000, 120_000)), "small": (20, 10_000, (800, 1200))}
+ZSTD_SHARDS: list[int | None] = [None]  # --zstd-shards
+SPECS = {
+    "jpeg": (20, 1000, (20_000, 120_000)),
+    "small": (20, 10_000, (800, 1200)),
+    "sampler": (40, 500, (4_000, 16_000)),  # a quick set for the sampler benchmarks
+}
 
 
 # -- data ------------------------------------------------------------------------------
@@ -257,6 +263,66 @@ def bench_open(ds: tarindex.TarDataset, name: str, work: Path) -> list[Row]:
     return rows
 
 
+# -- streaming ---------------------------------------------------------------------------------
+
+
+def _stream_pass(urls: list[str]) -> int:
+    return sum(1 for _ in tarindex.TarStream(urls))
+
+
+def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None = None) -> list[Row]:
+    """TarStream from the page cache, a pipe and loopback nginx, beside webdataset and ``cat``."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    paths = paths[:max_shards] if max_shards else paths
+    total_mb = sum(os.path.getsize(p) for p in paths) / 1e6
+    n = _stream_pass(paths)  # also warms the page cache
+    t_cat = timed(lambda: subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True), 3)
+    t_local = timed(lambda: _stream_pass(paths), 3)
+    rows: list[Row] = [(f"{name}: cat shards > /dev/null (MB/s)", total_mb / t_cat, "physical limit (page cache)")]
+    t_wds = None
+    try:
+        import webdataset as wds
+
+        t_wds = timed(lambda: sum(1 for _ in wds.WebDataset(paths, shardshuffle=False)), 1)
+        rows.append((f"{name}: webdataset.WebDataset raw iteration (samples/s)", n / t_wds, "peer"))
+    except ImportError:
+        pass
+    vs_wds = f"{t_wds / t_local:.1f}x webdataset (target >= 5x); " if t_wds else ""
+    rows.append(
+        (f"{name}: TarStream local files (samples/s)", n / t_local, f"{vs_wds}{total_mb / t_local:,.0f} MB/s")
+    )
+    rows.append(
+        (f"{name}: TarStream local files (MB/s)", total_mb / t_local, f"{t_cat / t_local:.2f}x cat (target >= 0.5x)")
+    )
+    t_pipe = timed(lambda: _stream_pass([f"pipe:cat {p}" for p in paths]), 2)
+    rows.append((f"{name}: TarStream pipe:cat (MB/s)", total_mb / t_pipe, f"{t_local / t_pipe:.2f}x local files"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _servers import start_nginx, stop  # the test suite's nginx launcher (a foreground child process)
+
+    root = Path(paths[0]).parent.resolve()
+    started = start_nginx(root, Path(tempfile.mkdtemp(dir=work)))
+    if started is None:
+        rows.append((f"{name}: TarStream over HTTP", float("nan"), "nginx did not start"))
+        return rows
+    proc, port = started
+    try:
+        urls = [f"http://127.0.0.1:{port}/{Path(p).name}" for p in paths]
+        t_http = timed(lambda: _stream_pass(urls), 2)
+        rows.append(
+            (f"{name}: TarStream over HTTP, loopback nginx (MB/s)", total_mb / t_http,
+             f"{t_local / t_http:.2f}x local files (target >= 0.5x)")
+        )
+        if shutil.which("curl"):
+            t_curl = timed(lambda: [subprocess.run(["curl", "-s", "-o", "/dev/null", u], check=True) for u in urls], 2)
+            rows.append((f"{name}: curl over HTTP, loopback nginx (MB/s)", total_mb / t_curl, "network limit"))
+    finally:
+        stop(proc)
+
+
 # -- zstd shards ------------------------------------------------------------------------------
 
 
@@ -379,15 +445,146 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_loader(index, name)
     if "open" in only and name == "small":
         yield from bench_open(ds, name, work)
+    if "sampler" in only:
+        yield from bench_sampler_order(index, name)
+    if "stream" in only:
+        yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
     if "zstd" in only:
         yield from bench_zstd(paths[: ZSTD_SHARDS[0]], name, work, frame_table=name == "small")
+
+
+# -- samplers ---------------------------------------------------------------------------
+
+
+def _evict(paths: list[str]) -> None:
+    """Drop the shards' pages from the page cache (this process's files only; nothing global)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def bench_sampler_order(index: str | Path, name: str, *, world: int = 2) -> list[tuple[str, float, str]]:
+    """TarDataset read throughput of rank 0 in ShardSampler order vs DistributedSampler order, same data.
+
+    Takes any index (plain tar today; point it at an index of zstd shards to compare frame-cache locality).
+    Warm: page cache holds the shards. Cold: the shards' pages are evicted (posix_fadvise) before each pass.
+    """
+    from torch.utils.data import DistributedSampler
+
+    ds = tarindex.TarDataset(index)
+    orders = {
+        "DistributedSampler": list(DistributedSampler(ds, num_replicas=world, rank=0, shuffle=True, seed=0)),
+        "ShardSampler": list(tarindex.ShardSampler(ds, world, 0, seed=0)),
+        "index order (sequential: the locality limit)": list(tarindex.ShardSampler(ds, world, 0, shuffle=False)),
+    }
+    read = ds.read
+    rows: list[tuple[str, float, str]] = []
+    for cache in ("warm", "cold"):
+        rate = {}
+        for label, order in orders.items():
+            if cache == "warm":
+                _read_all(read, order)  # fill the page cache
+            best = float("inf")
+            for _ in range(3 if cache == "warm" else 2):
+                if cache == "cold":
+                    ds.close()
+                    _evict(ds.urls)
+                best = min(best, timed(lambda order=order: _read_all(read, order)))
+            rate[label] = len(order) / best
+        base = rate["DistributedSampler"]
+        rows.append((f"{name}: rank 0 of {world}, DistributedSampler, {cache} (samples/s)", base, "peer"))
+        for label in list(orders)[1:]:
+            ratio = f"{rate[label] / base:.2f}x DistributedSampler"
+            rows.append((f"{name}: rank 0 of {world}, {label}, {cache} (samples/s)", rate[label], ratio))
+    return rows
+
+
+class _Synthetic:
+    """Lengths only: what ShardSampler needs from a dataset."""
+
+    def __init__(self, n_shards: int, per_shard: int) -> None:
+        self.shard_sizes = np.full(n_shards, per_shard, dtype=np.int64)
+
+
+def _scale_case(case: str, n_shards: int, per_shard: int, world: int, conn) -> None:  # type: ignore[no-untyped-def]
+    """Child process: (seconds, peak RSS growth in MiB) of one case, after imports and the dataset exist."""
+    import torch
+    from torch.utils.data import DistributedSampler
+
+    def hwm() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+
+    if case == "peer":
+        peer = torch.utils.data.TensorDataset(torch.empty(n_shards * per_shard, 0))
+    else:
+        data = _Synthetic(n_shards, per_shard)
+    base = hwm()
+    t0 = time.perf_counter()
+    if case == "start":  # construct, choose the epoch, first index
+        s = tarindex.ShardSampler(data, world, world - 1, seed=1)
+        s.set_epoch(3)
+        next(iter(s))
+    elif case == "million":
+        it = iter(tarindex.ShardSampler(data, world, 1, seed=1))
+        for _ in range(1_000_000):
+            next(it)
+    else:
+        d = DistributedSampler(peer, num_replicas=world, rank=world - 1, seed=1)
+        d.set_epoch(3)
+        next(iter(d))
+    conn.send((time.perf_counter() - t0, (hwm() - base) / 1024))
+
+
+def _in_child(*args: object) -> tuple[float, float]:
+    """Run ``_scale_case`` in a fresh (spawned) process so peaks don't mix and no lock is inherited."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_scale_case, args=(*args, send))
+    proc.start()
+    result = recv.recv()
+    proc.join()
+    return result  # type: ignore[no-any-return]
+
+
+def bench_sampler_scale(
+    n_shards: int = 500_000, per_shard: int = 10_000, *, world: int = 8
+) -> list[tuple[str, float, str]]:
+    """Start of epoch and memory on a synthetic 5e9-sample dataset; DistributedSampler at 1e7 as the peer."""
+    n = n_shards * per_shard
+    t_start, mem = _in_child("start", n_shards, per_shard, world)
+    t_million, _ = _in_child("million", n_shards, per_shard, world)
+    peer_n = 10_000_000
+    t_peer, mem_peer = _in_child("peer", peer_n, 1, world)
+    label = f"{n / 1e9:g}e9 samples, {n_shards:,} shards, rank {world - 1} of {world}"
+    return [
+        (f"ShardSampler {label}: start of epoch (s)", t_start, "target < 1 s"),
+        (f"ShardSampler {label}: peak memory (MiB)", mem, "target < 100 MB"),
+        (f"ShardSampler {label}: indices/s (first 1M)", 1e6 / t_million, ""),
+        (
+            f"DistributedSampler {peer_n:.0e} samples: start of epoch (s)",
+            t_peer,
+            f"5e9 samples (linear): ~{t_peer * n / peer_n:,.0f} s",
+        ),
+        (
+            f"DistributedSampler {peer_n:.0e} samples: peak memory (MiB)",
+            mem_peer,
+            f"5e9 samples (linear): ~{mem_peer * n / peer_n / 1024:,.0f} GiB",
+        ),
+    ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default="bench-data", type=Path)
     ap.add_argument("--sets", default="jpeg,small")
-    ap.add_argument("--only", default="build,access,loader,open", help="also: zstd (needs the zstd CLI)")
+    ap.add_argument("--only", default="build,access,loader,open,stream,zstd,sampler,scale")
     ap.add_argument("--zstd-shards", type=int, default=None, help="zstd benchmark on the first N shards (quick check)")
     args = ap.parse_args()
     ZSTD_SHARDS[0] = args.zstd_shards
@@ -401,6 +598,9 @@ def main() -> None:
         n_shards, per, size = SPECS[name]
         paths = make_set(args.dir / name, name, n_shards, per, size)
         for label, value, ratio in run_set(name, paths, only, work):
+            print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
+    if "scale" in only:
+        for label, value, ratio in bench_sampler_scale():
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
 
 

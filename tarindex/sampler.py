@@ -1,0 +1,429 @@
+"""ShardSampler: a distributed, shard-local, resumable sampler in O(shards) memory.
+
+The order of one epoch is a *stream*: a bijection from stream positions
+``[0, N)`` to sample numbers, computed position by position from the seed:
+
+1. shards are permuted (numpy, seeded from ``(seed, epoch)``);
+2. consecutive permuted shards form windows of ``chunk_shards`` shards; the
+   samples of a window occupy a contiguous range of stream positions;
+3. inside a window, positions are permuted: a numpy permutation of the
+   window's size when it has at most ``2**20`` samples (8 MB at most), else a
+   keyed Feistel network over the window's size (cycle walking), so memory
+   never grows with the number of samples.
+
+The stream is dealt to ranks in contiguous blocks (rank ``r`` gets positions
+``[r*L, (r+1)*L)``), so each rank reads a few windows, one after the other, and
+at any moment touches at most ``chunk_shards`` shards. Padding and
+``drop_last`` follow ``DistributedSampler``: padding repeats the first samples
+of the stream, ``drop_last`` drops the tail; every rank gets ``L`` samples.
+
+Resumption: a state records the epoch, the *plan* (the stream intervals this
+pass deals out; the whole stream unless the pass was itself resumed with
+another world size), the world size and how many samples each rank consumed.
+Resuming with the same world size continues each rank's block where it
+stopped; with another world size the unconsumed parts of all old blocks become
+the new plan, dealt to the new ranks the same way. See ``docs/sampling.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import SamplerStateError
+
+__all__ = ["ShardSampler", "ShardSized"]
+
+_BLOCK = 8192  # stream positions mapped per vectorised step
+_TABLE_MAX = 1 << 20  # windows up to this size get an exact numpy permutation; larger ones a Feistel network
+_ROUNDS = 8  # Feistel rounds (Luby-Rackoff needs 4 with ideal round functions; 8 for margin)
+_U64 = 2**64
+_STATE_FORMAT = 1
+_M1 = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64 finaliser constants
+_M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+Plan = tuple[tuple[int, int], ...]
+
+
+class ShardSized(Protocol):
+    """Anything with samples per shard (``TarDataset``, or a synthetic object)."""
+
+    @property
+    def shard_sizes(self) -> Sequence[int] | npt.NDArray[np.integer[Any]]:
+        """Samples per shard, in order; sample numbers run shard after shard."""
+        ...
+
+
+def _mix(z: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """splitmix64's finaliser on an array (wrapping arithmetic, no warnings for arrays)."""
+    z = z ^ (z >> _S30)
+    z = z * _M1
+    z = z ^ (z >> _S27)
+    z = z * _M2
+    return z ^ (z >> _S31)
+
+
+class _Feistel:
+    """A keyed bijection of ``[0, n)`` (balanced Feistel network plus cycle walking)."""
+
+    __slots__ = ("_half", "_keys", "_mask", "n")
+
+    def __init__(self, n: int, keys: npt.NDArray[np.uint64]) -> None:
+        self.n = n
+        half = max(1, math.ceil(max(1, (n - 1).bit_length()) / 2))
+        self._half = np.uint64(half)
+        self._mask = np.uint64((1 << half) - 1)
+        self._keys = keys
+
+    def _once(self, x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+        left, right = x >> self._half, x & self._mask
+        for k in self._keys:
+            left, right = right, left ^ (_mix(right ^ k) & self._mask)
+        return (left << self._half) | right
+
+    def __call__(self, j: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+        if self.n <= 1:
+            return j
+        out = self._once(j)
+        n = np.uint64(self.n)
+        out_of_range = np.flatnonzero(out >= n)
+        while out_of_range.size:  # cycle walking: the domain is < 4n, so few steps
+            out[out_of_range] = self._once(out[out_of_range])
+            out_of_range = out_of_range[out[out_of_range] >= n]
+        return out
+
+
+class _EpochOrder:
+    """The stream of one epoch: O(shards) arrays, samples computed on demand."""
+
+    def __init__(
+        self,
+        sizes: npt.NDArray[np.int64],
+        starts: npt.NDArray[np.int64],
+        *,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        chunk_shards: int,
+    ) -> None:
+        self.seed, self.epoch, self.shuffle, self.chunk = seed, epoch, shuffle, chunk_shards
+        self.starts = starts
+        n_shards = len(sizes)
+        if shuffle:
+            self.perm = np.random.default_rng([seed % _U64, epoch % _U64, 0]).permutation(n_shards)
+        else:
+            self.perm = np.arange(n_shards)
+        self.pcum = np.zeros(n_shards + 1, dtype=np.int64)
+        np.cumsum(sizes[self.perm], out=self.pcum[1:])
+        self.win_bounds = self.pcum[np.r_[0:n_shards:chunk_shards, n_shards]]
+        self._window: tuple[int, _Feistel | npt.NDArray[np.int64]] | None = None
+
+    def _window_perm(self, w: int, size: int) -> _Feistel | npt.NDArray[np.int64]:
+        """Window ``w``'s permutation of ``[0, size)``: a table if small, else a Feistel network."""
+        if self._window is None or self._window[0] != w:
+            seq = np.random.SeedSequence([self.seed % _U64, self.epoch % _U64, 1, w])
+            perm: _Feistel | npt.NDArray[np.int64]
+            if size <= _TABLE_MAX:
+                perm = np.random.default_rng(seq).permutation(size)
+            else:
+                perm = _Feistel(size, seq.generate_state(_ROUNDS, np.uint64).astype(np.uint64))
+            self._window = (w, perm)
+        return self._window[1]
+
+    def samples(self, a: int, b: int) -> Iterator[npt.NDArray[np.int64]]:
+        """Sample numbers at stream positions ``[a, b)``, in arrays of at most ``_BLOCK``."""
+        if not self.shuffle:
+            for lo in range(a, b, _BLOCK):
+                yield np.arange(lo, min(b, lo + _BLOCK), dtype=np.int64)
+            return
+        bounds, chunk = self.win_bounds, self.chunk
+        w = int(np.searchsorted(bounds, a, side="right")) - 1
+        while a < b:
+            base, end = int(bounds[w]), int(bounds[w + 1])
+            if end <= a:  # empty window
+                w += 1
+                continue
+            stop = min(b, end)
+            shards = self.perm[w * chunk : (w + 1) * chunk]
+            cum = self.pcum[w * chunk : w * chunk + len(shards) + 1] - base
+            perm = self._window_perm(w, end - base)
+            for lo in range(a, stop, _BLOCK):
+                hi = min(stop, lo + _BLOCK)
+                if isinstance(perm, _Feistel):
+                    j = perm(np.arange(lo - base, hi - base, dtype=np.uint64)).astype(np.int64)
+                else:
+                    j = perm[lo - base : hi - base]
+                t = np.searchsorted(cum, j, side="right") - 1
+                yield self.starts[shards[t]] + (j - cum[t])
+            a = stop
+            w += 1
+
+
+def _plan_to_stream(plan: Plan, lo: int, hi: int) -> Iterator[tuple[int, int]]:
+    """Stream intervals behind plan positions ``[lo, hi)`` (``hi`` <= the plan's total)."""
+    pos = 0
+    for a, b in plan:
+        n = b - a
+        s, e = max(lo, pos), min(hi, pos + n)
+        if s < e:
+            yield a + s - pos, a + e - pos
+        pos += n
+        if pos >= hi:
+            return
+
+
+def _merge(intervals: Iterator[tuple[int, int]]) -> Plan:
+    out: list[tuple[int, int]] = []
+    for a, b in intervals:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        elif a < b:
+            out.append((a, b))
+    return tuple(out)
+
+
+def _default_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """World size and rank from ``torch.distributed`` (imported here, lazily)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # no torch: a single process, unless a launcher says otherwise
+        dist = None  # type: ignore[assignment]
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        world, me = dist.get_world_size(), dist.get_rank()
+    elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise RuntimeError(
+            "ShardSampler: WORLD_SIZE > 1 but torch.distributed is not initialised; "
+            "call init_process_group() first or pass num_replicas and rank"
+        )
+    else:
+        world, me = 1, 0
+    return (world if num_replicas is None else num_replicas), (me if rank is None else rank)
+
+
+class ShardSampler:
+    """Distributed sampler that keeps reads local to a few shards, in O(shards) memory.
+
+    The ``DistributedSampler`` interface (``__iter__``, ``__len__``,
+    ``set_epoch``) plus ``state_dict`` / ``load_state_dict`` for mid-epoch
+    resumption. Works as ``DataLoader(ds, sampler=...)`` (it needs no torch
+    itself; torch is imported only to read the default rank and world size).
+
+    Args:
+        dataset: anything with ``shard_sizes`` (``TarDataset``, or a synthetic
+            object with a numpy array of sizes).
+        num_replicas: world size; default ``torch.distributed``'s, or 1 when it
+            is not initialised.
+        rank: this process's rank; default ``torch.distributed``'s, or 0.
+        shuffle: permute shards and samples within windows; ``False`` gives
+            index order, dealt in contiguous blocks.
+        seed: the same on every rank.
+        drop_last: drop the stream's tail so it divides evenly, instead of
+            padding with the stream's first samples.
+        chunk_shards: shards per shuffle window (the number of shards a rank
+            reads at once).
+
+    Raises:
+        ValueError: bad rank, world size, chunk size, or a negative shard size.
+        RuntimeError: ``WORLD_SIZE`` > 1 but ``torch.distributed`` is not
+            initialised, and ``num_replicas`` / ``rank`` were not given.
+    """
+
+    def __init__(
+        self,
+        dataset: ShardSized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        *,
+        chunk_shards: int = 4,
+    ) -> None:
+        if num_replicas is None or rank is None:
+            num_replicas, rank = _default_world(num_replicas, rank)
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas - 1}], got {rank}")
+        if chunk_shards < 1:
+            raise ValueError(f"chunk_shards must be >= 1, got {chunk_shards}")
+        sizes = np.asarray(dataset.shard_sizes, dtype=np.int64).reshape(-1)
+        if sizes.size and int(sizes.min()) < 0:
+            raise ValueError(f"shard sizes must be >= 0, got {int(sizes.min())} for shard {int(sizes.argmin())}")
+        self.sizes = sizes
+        self.starts = np.zeros(len(sizes), dtype=np.int64)
+        if len(sizes) > 1:
+            np.cumsum(sizes[:-1], out=self.starts[1:])
+        self.total_samples = int(sizes.sum())
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.chunk_shards = chunk_shards
+        self.epoch = 0
+        self._plan: Plan = ((0, self.total_samples),) if self.total_samples else ()
+        self._offset = 0  # samples of this rank's block consumed before this pass
+        self._yielded = 0  # samples handed out by the current pass
+        self._order: _EpochOrder | None = None
+
+    # -- dealing ------------------------------------------------------------------
+    @staticmethod
+    def _block_len(plan_total: int, world: int, drop_last: bool) -> int:
+        return plan_total // world if drop_last else -(-plan_total // world)
+
+    @property
+    def _plan_total(self) -> int:
+        return sum(b - a for a, b in self._plan)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples per rank in a whole pass of the current plan (as ``DistributedSampler.num_samples``)."""
+        return self._block_len(self._plan_total, self.num_replicas, self.drop_last)
+
+    def __len__(self) -> int:
+        return self.num_samples - self._offset
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (the order); a resumed position is kept only for its own epoch."""
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._plan = ((0, self.total_samples),) if self.total_samples else ()
+            self._offset = 0
+        self._yielded = 0
+
+    def _epoch_order(self) -> _EpochOrder:
+        if self._order is None or (self._order.epoch, self._order.seed) != (self.epoch, self.seed):
+            self._order = _EpochOrder(
+                self.sizes,
+                self.starts,
+                seed=self.seed,
+                epoch=self.epoch,
+                shuffle=self.shuffle,
+                chunk_shards=self.chunk_shards,
+            )
+        return self._order
+
+    def _stream_ranges(self, lo: int, hi: int) -> Iterator[tuple[int, int]]:
+        """Stream intervals behind block positions ``[lo, hi)``, padding wrapped as DistributedSampler does."""
+        total = self._plan_total
+        yield from _plan_to_stream(self._plan, lo, min(hi, total))
+        p = max(lo, total) - total
+        while total and p < hi - total:  # padding: position total + p repeats position p % total
+            q = p % total
+            run = min(hi - total - p, total - q)
+            yield from _plan_to_stream(self._plan, q, q + run)
+            p += run
+
+    def __iter__(self) -> Iterator[int]:
+        order = self._epoch_order()
+        length = self.num_samples
+        start = self.rank * length
+        self._yielded = 0
+        for a, b in self._stream_ranges(start + self._offset, start + length):
+            for chunk in order.samples(a, b):
+                for i in chunk.tolist():
+                    self._yielded += 1
+                    yield i
+
+    # -- resumption -----------------------------------------------------------------
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """How far this rank got in the epoch, as a JSON-serialisable dict.
+
+        Args:
+            consumed: samples of the current pass the training loop has used.
+                Default: the samples this sampler has handed out, which runs
+                ahead of the loop by the DataLoader's prefetch (see
+                ``docs/sampling.md``); pass the loop's own count to be exact.
+
+        Raises:
+            ValueError: ``consumed`` is negative or more than this pass holds.
+        """
+        done = self._yielded if consumed is None else consumed
+        if not 0 <= done <= len(self):
+            raise ValueError(f"consumed must be in [0, {len(self)}], got {done}")
+        return {
+            "format": _STATE_FORMAT,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "chunk_shards": self.chunk_shards,
+            "drop_last": self.drop_last,
+            "total_samples": self.total_samples,
+            "num_shards": len(self.sizes),
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "plan": [[a, b] for a, b in self._plan],
+            "consumed": self._offset + done,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the epoch recorded in ``state`` with the next unseen samples.
+
+        With the state's world size, each rank continues its own block (load
+        any rank's state when all ranks consumed the same count, as in lockstep
+        training; ``state["consumed"]`` may also be a list, one count per old
+        rank). With another world size, the unconsumed rest of every old
+        block is dealt afresh to the new ranks. The position holds until
+        ``set_epoch`` selects another epoch.
+
+        Raises:
+            SamplerStateError: the state is malformed or was made for another
+                dataset, seed, shuffle or window size.
+        """
+        try:
+            fmt, epoch, old_world = int(state["format"]), int(state["epoch"]), int(state["num_replicas"])
+            plan = _merge((int(a), int(b)) for a, b in state["plan"])
+            consumed = state["consumed"]
+            counts = [int(c) for c in consumed] if isinstance(consumed, (list, tuple)) else [int(consumed)] * old_world
+            ours = {
+                k: state[k] for k in ("seed", "shuffle", "chunk_shards", "total_samples", "num_shards", "drop_last")
+            }
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SamplerStateError(f"not a ShardSampler state: {exc!r}") from exc
+        if fmt != _STATE_FORMAT:
+            raise SamplerStateError(f"ShardSampler state format {fmt} is not supported (expected {_STATE_FORMAT})")
+        mine = {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "chunk_shards": self.chunk_shards,
+            "total_samples": self.total_samples,
+            "num_shards": len(self.sizes),
+            "drop_last": self.drop_last,
+        }
+        for k, v in mine.items():
+            if k == "drop_last" and old_world != self.num_replicas:
+                continue  # the new dealing may choose its own
+            if ours[k] != v:
+                raise SamplerStateError(f"ShardSampler state is for {k}={ours[k]!r}, this sampler has {k}={v!r}")
+        if old_world < 1 or len(counts) != old_world:
+            raise SamplerStateError(f"ShardSampler state: {len(counts)} consumed counts for {old_world} replicas")
+        if any(not 0 <= a < b <= self.total_samples for a, b in plan):
+            raise SamplerStateError(f"ShardSampler state: plan {plan} outside [0, {self.total_samples}]")
+        total = sum(b - a for a, b in plan)
+        length = self._block_len(total, old_world, bool(state["drop_last"]))
+        if any(not 0 <= c <= length for c in counts):
+            raise SamplerStateError(f"ShardSampler state: consumed {counts} outside [0, {length}]")
+        self.epoch = epoch
+        self._yielded = 0
+        if old_world == self.num_replicas:
+            self._plan, self._offset = plan, counts[self.rank]
+            return
+        rest = (
+            iv
+            for r in range(old_world)
+            for iv in _plan_to_stream(plan, min(r * length + counts[r], total), min((r + 1) * length, total))
+        )
+        self._plan, self._offset = _merge(rest), 0
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardSampler(samples={self.total_samples}, shards={len(self.sizes)}, rank={self.rank}/{self.num_replicas}, "
+            f"epoch={self.epoch}, chunk_shards={self.chunk_shards})"
+        )

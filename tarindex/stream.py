@@ -1,0 +1,269 @@
+"""TarStream: an iterable dataset over unindexed shards (local, ``-``, ``pipe:``, HTTP, fsspec).
+
+The same parser as the index builder (:func:`tarindex.tar.iter_tar` over the
+chunks of a :mod:`tarindex.sources` source, zstd decompressed on the way),
+the same grouping (:func:`tarindex.samples.group_members`) and the same
+decoders as :class:`tarindex.TarDataset`. Importing this module imports torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+import torch.utils.data
+
+from ._split import Slot, buffer_shuffle, shard_order, shards_for_slot, worker_slot
+from .decode import DecodeMode, Decoder
+from .errors import DecodeError, StreamWarning, TarIndexError
+from .index.reader import IndexReader
+from .samples import group_members
+from .shards import INDEX_SUFFIX, expand_shards
+from .sources import DEFAULT_BLOCK_SIZE, is_url, open_source
+from .tar import iter_tar
+
+__all__ = ["Handler", "TarStream"]
+
+Sample = dict[str, Any]
+Handler = Literal["raise", "warn", "skip_shard"] | Callable[[Exception], bool]
+_HANDLERS = ("raise", "warn", "skip_shard")
+
+
+def _shard_list(urls: Any) -> tuple[list[str], list[int] | None]:
+    """Shard names, and each shard's first global sample number when ``urls`` is an index."""
+    reader: IndexReader | None = None
+    if isinstance(urls, IndexReader):
+        reader = urls
+    elif isinstance(urls, (str, os.PathLike)):
+        p = os.fspath(urls)
+        if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not p.endswith((".tar", ".tar.zst", ".tzst"))):
+            reader = IndexReader(p)
+    if reader is None:
+        return expand_shards(urls), None
+    names = [info.path if is_url(info.path) else str(reader.shard_path(i)) for i, info in enumerate(reader.shards)]
+    starts = [int(x) for x in reader.array("shard_start").tolist()]
+    if reader is not urls:
+        reader.close()
+    return names, starts
+
+
+class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Stream samples from tar shards, once each per epoch, split over ranks and DataLoader workers.
+
+    Yields the sample dicts of :class:`tarindex.TarDataset`: ``__key__``,
+    ``__url__`` (the shard name), one entry per extension (``bytes`` or
+    decoded), and ``__index__`` (the global sample number) when streaming from
+    an index. Not shuffled, samples come in archive order, shard after shard.
+
+    Splitting: the epoch's shard list is dealt ``shards[rank::world_size]``,
+    then ``[worker::num_workers]``, so each shard is read by one worker of one
+    rank. With fewer shards than ``world_size * num_workers`` some workers
+    have nothing to read (a :class:`~tarindex.errors.StreamWarning` says so)
+    unless ``epoch_size`` is set. ``epoch_size=N`` makes every rank yield
+    exactly ``N`` samples per epoch (split over its workers), reading its
+    shards again when they hold fewer and stopping early when they hold more:
+    set it for DDP, where ranks must take the same number of steps.
+
+    Args:
+        urls: shard names (list, brace pattern, glob; local paths, ``-``,
+            ``pipe:COMMAND``, ``http(s)://``, fsspec URLs), or an index file
+            or :class:`~tarindex.IndexReader` whose shards are streamed.
+        decode, decoders, transform, allow_pickle: as for :class:`~tarindex.TarDataset`.
+        shuffle: size of the sample shuffle buffer (0: no sample shuffling).
+        shuffle_shards: shuffle the shard order each epoch; default ``shuffle > 0``.
+        seed: with the epoch, rank and worker, fixes every random choice.
+        epoch_size: samples per rank per epoch (see above); ``None`` streams each shard once.
+        handler: what a bad shard or sample does: ``"raise"`` (default);
+            ``"warn"``: warn and go on with the next sample (decode errors) or the
+            next shard (unreadable or corrupt shard); ``"skip_shard"``: warn and
+            skip the rest of the shard; or a function of the exception that
+            returns ``True`` to go on as ``"warn"`` does (webdataset's handlers).
+        rank, world_size: override ``torch.distributed`` / ``RANK`` / ``WORLD_SIZE``.
+        block_size: bytes per read (a reader thread keeps 8 blocks ahead of the parser).
+        retries, backoff, timeout: network retries without progress, first
+            backoff in seconds (doubled each time), socket timeout.
+        storage_options: keyword arguments for fsspec filesystems.
+
+    Raises:
+        ShardNotFoundError: a local shard or pattern matches nothing.
+        ValueError: a bad option value.
+    """
+
+    def __init__(
+        self,
+        urls: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | IndexReader,
+        *,
+        decode: DecodeMode | None = None,
+        decoders: Mapping[str, Callable[[bytes], Any]] | None = None,
+        transform: Callable[[Sample], Any] | None = None,
+        allow_pickle: bool = False,
+        shuffle: int = 0,
+        shuffle_shards: bool | None = None,
+        seed: int = 0,
+        epoch_size: int | None = None,
+        handler: Handler = "raise",
+        rank: int | None = None,
+        world_size: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        retries: int = 5,
+        backoff: float = 0.5,
+        timeout: float = 60.0,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if not callable(handler) and handler not in _HANDLERS:
+            raise ValueError(f"handler must be one of {_HANDLERS} or a function, not {handler!r}")
+        if shuffle < 0:
+            raise ValueError(f"shuffle must be >= 0, not {shuffle}")
+        if epoch_size is not None and epoch_size < 0:
+            raise ValueError(f"epoch_size must be >= 0, not {epoch_size}")
+        self.urls, self._starts = _shard_list(urls)
+        self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
+        self.transform = transform
+        self.shuffle = shuffle
+        self.shuffle_shards = shuffle > 0 if shuffle_shards is None else shuffle_shards
+        self.seed = seed
+        self.epoch = 0
+        self.epoch_size = epoch_size
+        self.handler = handler
+        self.rank = rank
+        self.world_size = world_size
+        self._source_options: dict[str, Any] = {
+            "block_size": block_size,
+            "retries": retries,
+            "backoff": backoff,
+            "timeout": timeout,
+            "storage_options": dict(storage_options or {}),
+        }
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch: it reseeds the shard order and the shuffle buffer (call before each epoch)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        """Samples per rank per epoch; defined only with ``epoch_size``."""
+        if self.epoch_size is None:
+            raise TypeError("TarStream has no length without epoch_size (shards are not indexed)")
+        return self.epoch_size
+
+    # -- one shard ----------------------------------------------------------------
+    def _raw(self, shard: int) -> Iterator[tuple[int, Sample]]:
+        """``(sample offset, raw sample)`` for one shard, in archive order."""
+        url = self.urls[shard]
+        index = self._starts[shard] if self._starts is not None else None
+        source = open_source(url, **self._source_options)
+        try:
+            raw = source.archive()
+            for rec in group_members(iter_tar(raw, url, with_data=True), url):
+                sample: Sample = {"__key__": rec.key, "__url__": url}
+                if index is not None:
+                    sample["__index__"] = index
+                    index += 1
+                sample.update(zip([m[0] for m in rec.members], rec.data or ()))
+                yield rec.offset, sample
+            for _ in raw:  # to the end: a pipe's exit status and an HTTP body's length are checked there
+                pass
+        finally:
+            source.close()
+
+    def _handle(self, exc: Exception) -> bool:
+        """Apply the handler: ``False`` to raise, ``True`` to go on (a warning was issued)."""
+        handler = self.handler
+        if handler == "raise":
+            return False
+        if callable(handler):
+            return bool(handler(exc))
+        warnings.warn(f"{exc}; {'skipping' if handler == 'warn' else 'skipping the rest of the shard'}", StreamWarning, stacklevel=3)
+        return True
+
+    def shard_samples(self, shard: int) -> Iterator[Any]:
+        """Samples of one shard (decoded, transformed), with the error handler applied.
+
+        Raises:
+            TarIndexError: with ``handler="raise"``: ``CorruptArchiveError``,
+                ``SourceError``, ``ShardNotFoundError`` or ``DecodeError``, each
+                naming the shard and the byte offset.
+        """
+        decoder, transform = self.decoder, self.transform
+        url = self.urls[shard]
+        try:
+            for offset, sample in self._raw(shard):
+                if decoder is not None or transform is not None:
+                    try:
+                        if decoder is not None:
+                            sample = decoder(sample)
+                        if transform is not None:
+                            sample = transform(sample)
+                    except Exception as exc:
+                        err = DecodeError(url, offset, f"sample {sample.get('__key__')!r}: {type(exc).__name__}: {exc}")
+                        if not self._handle(err):
+                            raise err from exc
+                        if self.handler == "skip_shard":
+                            return
+                        continue
+                yield sample
+        except (TarIndexError, OSError) as exc:
+            if isinstance(exc, DecodeError) or not self._handle(exc):
+                raise
+
+    # -- an epoch -----------------------------------------------------------------
+    def slot(self) -> Slot:
+        """This process's reader slot (rank, world size, worker, workers)."""
+        return worker_slot(self.rank, self.world_size)
+
+    def shards_for(self, slot: Slot, epoch: int | None = None) -> list[int]:
+        """The shard numbers ``slot`` reads in ``epoch`` (default: the current one), in reading order."""
+        order = shard_order(
+            len(self.urls), seed=self.seed, epoch=self.epoch if epoch is None else epoch, shuffle=self.shuffle_shards
+        )
+        return shards_for_slot(order, slot, fill=self.epoch_size is not None)
+
+    def _quota(self, slot: Slot) -> int | None:
+        if self.epoch_size is None:
+            return None
+        base, extra = divmod(self.epoch_size, slot.num_workers)
+        return base + (slot.worker < extra)
+
+    def _passes(self, shards: list[int]) -> Iterator[Any]:
+        """Each shard once; with ``epoch_size``, again and again until the quota stops the caller."""
+        while True:
+            got = False
+            for shard in shards:
+                for sample in self.shard_samples(shard):
+                    got = True
+                    yield sample
+            if self.epoch_size is None:
+                return
+            if not got:
+                names = ", ".join(self.urls[s] for s in shards[:3])
+                raise TarIndexError(f"{names}: no samples to fill epoch_size={self.epoch_size}")
+
+    def __iter__(self) -> Iterator[Any]:
+        slot = self.slot()
+        epoch = self.epoch
+        if len(self.urls) < slot.count and slot.index == 0:
+            policy = "each reads one shard again" if self.epoch_size is not None else "they yield nothing"
+            warnings.warn(
+                f"{len(self.urls)} shards for {slot.world_size} ranks x {slot.num_workers} workers: "
+                f"{slot.count - len(self.urls)} readers have no shard of their own, {policy}",
+                StreamWarning,
+                stacklevel=2,
+            )
+        shards = self.shards_for(slot, epoch)
+        quota = self._quota(slot)
+        if not shards or quota == 0:
+            return
+        stream: Iterator[Any] = self._passes(shards)
+        if self.shuffle > 0:
+            rng = random.Random(f"tarindex-samples-{self.seed}-{epoch}-{slot.rank}-{slot.worker}")
+            stream = buffer_shuffle(stream, self.shuffle, rng)
+        if quota is not None:
+            stream = itertools.islice(stream, quota)
+        yield from stream
+
+    def __repr__(self) -> str:
+        return f"TarStream({len(self.urls)} shards, shuffle={self.shuffle}, epoch={self.epoch})"

@@ -1,0 +1,148 @@
+"""Byte sources against real servers on 127.0.0.1: nginx, a connection-dropping server, moto's S3."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from _servers import HTTPServer
+
+from conftest import make_shard_set
+from tarindex.errors import ShardNotFoundError, SourceError
+from tarindex.sources import FileSource, HTTPSource, PipeSource, is_url, iter_archive, open_source
+
+
+def _read(url: str, **options: object) -> bytes:
+    with open_source(url, **options) as src:  # type: ignore[arg-type]
+        return b"".join(bytes(c) for c in src)
+
+
+def _publish(server: HTTPServer, path: Path, name: str) -> str:
+    dest = server.root / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, dest)
+    return server.url(name)
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> Path:
+    return make_shard_set(tmp_path / "d", n_shards=1, per=40)[0]
+
+
+def test_kinds_and_is_url(shard: Path) -> None:
+    assert isinstance(open_source(str(shard)), FileSource)
+    assert isinstance(open_source(f"pipe:cat {shard}"), PipeSource)
+    assert isinstance(open_source("http://127.0.0.1:1/x.tar"), HTTPSource)
+    assert [is_url(u) for u in ("-", "pipe:cat x", "s3://b/k", "data/x.tar")] == [True, True, True, False]
+
+
+def test_file_source_reads_large_blocks(shard: Path) -> None:
+    with open_source(str(shard), block_size=1 << 16) as src:
+        chunks = list(src)
+        assert b"".join(chunks) == shard.read_bytes()
+        assert all(len(c) == 1 << 16 for c in chunks[:-1]) and len(chunks) > 1
+        assert src.size == src.position == shard.stat().st_size
+    with pytest.raises(ShardNotFoundError, match=r"nope\.tar: no such shard"):
+        open_source(str(shard.parent / "nope.tar"))
+
+
+def test_pipe_blocks_and_exit_status(shard: Path) -> None:
+    data = shard.read_bytes()
+    with open_source(f"pipe:cat {shard}", block_size=1 << 16) as src:
+        chunks = list(src)
+    assert b"".join(chunks) == data
+    assert all(len(c) == 1 << 16 for c in chunks[:-1]) and len(chunks) > 1  # large blocks, not pipe-sized reads
+    with pytest.raises(SourceError, match=rf"pipe:cat {shard}; exit 3: command exited with status 3 at byte offset {len(data)}"):
+        _read(f"pipe:cat {shard}; exit 3")
+
+
+def test_pipe_closed_early_ends_the_command(shard: Path) -> None:
+    src = open_source(f"pipe:cat {shard} {shard} {shard}; sleep 30", block_size=1 << 16)
+    it = iter(src)
+    next(it)
+    proc = src._proc  # the command we started
+    assert proc is not None and proc.poll() is None
+    t0 = time.monotonic()
+    src.close()  # stops the reader thread and ends the command (the shell and its children), without waiting
+    assert time.monotonic() - t0 < 10  # not the 30 s of the sleep that holds the pipe open
+    assert proc.poll() is not None and proc.stdout is not None and proc.stdout.closed
+
+
+def test_http_nginx_bytes_size_and_mtime(http_server: HTTPServer, shard: Path) -> None:
+    url = _publish(http_server, shard, "src/a.tar")
+    with open_source(url, block_size=1 << 16) as src:
+        data = b"".join(src)
+        assert src.size == len(data) == shard.stat().st_size
+        if http_server.kind == "nginx":
+            assert abs(src.mtime_ns - (http_server.root / "src/a.tar").stat().st_mtime_ns) < 2e9
+    assert data == shard.read_bytes()
+    with pytest.raises(ShardNotFoundError, match=r"/src/missing.tar: no such shard \(HTTP 404\)"):
+        _read(http_server.url("src/missing.tar"))
+
+
+def test_http_server_is_nginx_when_installed(http_server: HTTPServer) -> None:
+    """Says which server the HTTP tests used; with nginx installed (as .ci/run does) it must be nginx."""
+    if shutil.which("nginx") is None and not os.path.exists("/usr/sbin/nginx"):
+        pytest.skip("nginx is not installed: the HTTP tests used Python's http.server")
+    assert http_server.kind == "nginx"
+
+
+def test_connection_refused_is_retried_then_an_error() -> None:
+    with pytest.raises(SourceError, match=r"http://127.0.0.1:9/x.tar: read failed after 2 retries .* at byte offset 0"):
+        _read("http://127.0.0.1:9/x.tar", retries=2, backoff=0.01)
+
+
+def test_drop_once_resumes_with_range(drop_server, shard: Path) -> None:  # type: ignore[no-untyped-def]
+    data = shard.read_bytes()
+    server = drop_server(data, drop_at=70_000, mode="once")
+    assert _read(server.url, block_size=1 << 15, backoff=0.01) == data
+    assert server.requests == [None, "bytes=70000-"]  # resumed at the byte reached
+
+
+def test_drop_always_fails_naming_url_and_offset(drop_server, shard: Path) -> None:  # type: ignore[no-untyped-def]
+    server = drop_server(shard.read_bytes(), drop_at=70_000, mode="always")
+    with pytest.raises(SourceError, match=rf"{server.url}: read failed after 3 retries .* at byte offset 70000"):
+        _read(server.url, block_size=1 << 15, retries=3, backoff=0.01)
+    assert len(server.requests) == 1 + 3  # the first request, then 3 retries that made no progress
+
+
+def test_resume_without_range_support_skips_what_was_read(drop_server, shard: Path) -> None:  # type: ignore[no-untyped-def]
+    data = shard.read_bytes()
+    server = drop_server(data, drop_at=70_000, mode="once", ranges=False)
+    assert _read(server.url, block_size=1 << 15, backoff=0.01) == data
+    assert server.requests[1] is not None  # a Range was asked for, and ignored
+
+
+def test_shard_changed_during_read_is_an_error(drop_server, shard: Path) -> None:  # type: ignore[no-untyped-def]
+    server = drop_server(shard.read_bytes(), drop_at=70_000, mode="once", change_etag=True)
+    with pytest.raises(SourceError, match=r"shard changed on the server while it was being read at byte offset 70000"):
+        _read(server.url, block_size=1 << 15, backoff=0.01)
+
+
+def test_zstd_detected_by_content(tmp_path: Path, shard: Path) -> None:
+    zst = tmp_path / "a.tar.zst"
+    subprocess.run(["zstd", "-q", "-3", str(shard), "-o", str(zst)], check=True)
+    plain = tmp_path / "renamed.bin"  # detection by content, not by name
+    shutil.copyfile(zst, plain)
+    with open_source(str(plain)) as src:
+        assert b"".join(bytes(c) for c in iter_archive(src, str(plain))) == shard.read_bytes()
+    with open_source(str(shard)) as src:
+        assert b"".join(bytes(c) for c in iter_archive(src, str(shard))) == shard.read_bytes()
+
+
+def test_fsspec_s3_against_moto(s3_server, shard: Path) -> None:  # type: ignore[no-untyped-def]
+    import fsspec
+
+    fs = fsspec.filesystem("s3", **s3_server.storage_options())
+    fs.put(str(shard), f"{s3_server.bucket}/src/a.tar")
+    url = f"s3://{s3_server.bucket}/src/a.tar"
+    with open_source(url, storage_options=s3_server.storage_options(), block_size=1 << 16) as src:
+        data = b"".join(src)
+        assert src.size == len(data)
+    assert data == shard.read_bytes()
+    with pytest.raises(ShardNotFoundError, match="no such shard"):
+        _read(f"s3://{s3_server.bucket}/src/missing.tar", storage_options=s3_server.storage_options())

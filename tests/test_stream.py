@@ -1,0 +1,280 @@
+"""TarStream over local files, pipes, stdin and a real HTTP server: samples, splitting, shuffling, errors, builds."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch.utils.data
+from _servers import HTTPServer
+
+import tarindex
+from conftest import make_shard_set, tarfile_members, wds_write
+from tarindex import TarDataset, TarStream, build_index
+from tarindex.errors import CorruptArchiveError, DecodeError, SourceError, StreamWarning
+from tarindex.index.reader import IndexReader
+
+
+def _oracle(paths: list[Path], urls: list[str] | None = None) -> list[dict]:
+    """Samples by tarfile, webdataset's grouping of consecutive keys."""
+    out: list[dict] = []
+    for p, url in zip(paths, urls or [str(p) for p in paths]):
+        for name, data in tarfile_members(p):
+            key, ext = name.split(".", 1)
+            if not out or out[-1]["__key__"] != key or out[-1]["__url__"] != url:
+                out.append({"__key__": key, "__url__": url})
+            out[-1][ext] = data
+    return out
+
+
+def _keys(samples: list[dict]) -> list[str]:
+    return [s["__key__"] for s in samples]
+
+
+def _publish(server: HTTPServer, paths: list[Path], sub: str) -> list[str]:
+    dest = server.root / sub
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in paths:
+        shutil.copyfile(p, dest / p.name)
+    return [server.url(f"{sub}/{p.name}") for p in paths]
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> list[Path]:
+    return make_shard_set(tmp_path / "data", n_shards=5, per=7)
+
+
+def test_local_equals_tarfile_and_tardataset(shards: list[Path]) -> None:
+    expected = _oracle(shards)
+    assert list(TarStream([str(p) for p in shards])) == expected
+    assert list(TarStream(str(shards[0].parent / "train-{000000..000004}.tar"))) == expected  # brace pattern
+    report = build_index([str(p) for p in shards])
+    ds = TarDataset(report.path)
+    from_index = list(TarStream(report.path))  # an index: its shards, with TarDataset's __index__
+    assert from_index == list(ds)
+    assert [s["__index__"] for s in from_index] == list(range(len(ds)))
+
+
+def test_same_samples_as_webdataset(shards: list[Path], http_server: HTTPServer, tmp_path: Path) -> None:
+    import warnings
+
+    import webdataset as wds
+
+    urls = [str(p) for p in shards] + _publish(http_server, shards[:1], tmp_path.name + "-wds")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # webdataset's own deprecation notices
+        expected = [{k: v for k, v in s.items() if k != "__local_path__"} for s in wds.WebDataset(urls, shardshuffle=False)]
+    assert list(TarStream(urls)) == expected
+
+
+def test_tar_flavours_equal_tarfile(gnu_tar_shard: Path, py_tar_shard: Path, wds_shard: Path) -> None:
+    for p in (gnu_tar_shard, py_tar_shard, wds_shard):
+        assert list(TarStream([str(p)])) == _oracle([p])
+
+
+def test_http_nginx_equals_local(http_server: HTTPServer, shards: list[Path], tmp_path: Path) -> None:
+    urls = _publish(http_server, shards, tmp_path.name)
+    stream = TarStream(urls, block_size=1 << 16)
+    assert list(stream) == _oracle(shards, urls)
+
+
+def test_pipe_and_stdin(shards: list[Path]) -> None:
+    urls = [f"pipe:cat {p}" for p in shards]
+    assert list(TarStream(urls)) == _oracle(shards, urls)
+    code = (
+        "import json, sys, tarindex\n"
+        "print(json.dumps([[s['__key__'], s['txt'].decode()] for s in tarindex.TarStream('-')]))\n"
+    )
+    with open(shards[1], "rb") as f:
+        out = subprocess.run([sys.executable, "-c", code], stdin=f, capture_output=True, check=True, timeout=120)
+    assert json.loads(out.stdout) == [[s["__key__"], s["txt"].decode()] for s in _oracle([shards[1]])]
+
+
+def test_zstd_over_http(http_server: HTTPServer, shards: list[Path], tmp_path: Path) -> None:
+    zst = []
+    for p in shards[:2]:
+        out = tmp_path / (p.name + ".zst")
+        subprocess.run(["zstd", "-q", "-19", str(p), "-o", str(out)], check=True)
+        zst.append(out)
+    urls = _publish(http_server, zst, tmp_path.name + "-zst")
+    assert list(TarStream(urls)) == _oracle(shards[:2], urls)
+
+
+def test_decode_as_tardataset(tmp_path: Path) -> None:
+    samples = [{"__key__": f"k{i:03d}", "json": {"i": i}, "cls": i % 3, "txt": f"t{i}"} for i in range(9)]
+    shard = wds_write(tmp_path / "w-000000.tar", samples)
+    report = build_index([str(shard)])
+    streamed = list(TarStream(report.path, decode="pil"))
+    assert streamed == [TarDataset(report.path, decode="pil")[i] for i in range(9)]
+    assert streamed[4]["json"] == {"i": 4} and streamed[4]["cls"] == 1 and streamed[4]["txt"] == "t4"
+    with_transform = list(TarStream([str(shard)], decode="pil", transform=lambda s: (s["__key__"], s["cls"])))
+    assert with_transform == [(f"k{i:03d}", i % 3) for i in range(9)]
+
+
+def _epoch(stream: TarStream, rank: int, world: int, workers: int) -> list[str]:
+    stream.rank, stream.world_size = rank, world
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers)
+    return [s["__key__"] for s in loader]
+
+
+def test_two_workers_two_ranks_cover_every_sample_once(shards: list[Path]) -> None:
+    all_keys = _keys(_oracle(shards))
+    stream = TarStream([str(p) for p in shards], shuffle=4, seed=3)
+    seen = _epoch(stream, 0, 2, 2) + _epoch(stream, 1, 2, 2)
+    assert Counter(seen) == Counter(all_keys)
+    assert seen != all_keys  # shuffled
+
+
+def test_ranks_from_environment(shards: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    urls = [str(p) for p in shards]
+    seen = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        loader = torch.utils.data.DataLoader(TarStream(urls), batch_size=None, num_workers=2)
+        seen += [s["__key__"] for s in loader]
+    assert Counter(seen) == Counter(_keys(_oracle(shards)))
+    stream = TarStream(urls)
+    assert (stream.slot().rank, stream.slot().world_size) == (1, 2)
+
+
+def test_shuffle_is_deterministic(shards: list[Path]) -> None:
+    urls = [str(p) for p in shards]
+
+    def run(seed: int, epoch: int) -> list[str]:
+        s = TarStream(urls, shuffle=10, seed=seed)
+        s.set_epoch(epoch)
+        return [x["__key__"] for x in s]
+
+    a = run(0, 0)
+    assert a == run(0, 0)
+    assert a != run(0, 1) and a != run(1, 0)
+    assert sorted(a) == sorted(run(0, 1)) == sorted(_keys(_oracle(shards)))
+    s = TarStream(urls, shuffle=10)
+    slot = s.slot()
+    assert s.shards_for(slot, 0) != s.shards_for(slot, 1)  # shard order changes per epoch
+    assert sorted(s.shards_for(slot, 0)) == list(range(5))
+    assert TarStream(urls).shards_for(slot, 0) == list(range(5))  # not shuffled: archive order
+
+
+def test_epoch_size_equal_for_every_rank(shards: list[Path]) -> None:
+    urls = [str(p) for p in shards]  # 5 shards of 7 over 2 ranks: 21 and 14 samples
+    for rank in (0, 1):
+        stream = TarStream(urls, epoch_size=20, rank=rank, world_size=2)
+        assert len(stream) == 20
+        assert len(_epoch(stream, rank, 2, 2)) == 20
+        assert len(list(stream)) == 20
+
+
+def test_fewer_shards_than_readers_warns(shards: list[Path]) -> None:
+    urls = [str(p) for p in shards[:2]]
+    seen = []
+    for rank in range(3):
+        stream = TarStream(urls, rank=rank, world_size=3)
+        if rank == 0:
+            with pytest.warns(StreamWarning, match="2 shards for 3 ranks x 1 workers: 1 readers have no shard"):
+                seen += _keys(list(stream))
+        else:
+            seen += _keys(list(stream))
+    assert Counter(seen) == Counter(_keys(_oracle(shards[:2])))
+    with pytest.warns(StreamWarning, match="each reads one shard again"):
+        assert len(list(TarStream(urls, rank=0, world_size=3, epoch_size=5))) == 5
+    assert len(list(TarStream(urls, rank=2, world_size=3, epoch_size=5))) == 5
+
+
+def _truncated(src: Path, dest: Path, size: int) -> Path:
+    dest.write_bytes(src.read_bytes()[:size])
+    return dest
+
+
+def test_truncated_shard_is_an_error_never_a_short_epoch(shards: list[Path], tmp_path: Path) -> None:
+    bad = _truncated(shards[1], tmp_path / "bad-000001.tar", 5000)
+    urls = [str(shards[0]), str(bad), str(shards[2])]
+    with pytest.raises(CorruptArchiveError, match=r"bad-000001\.tar: truncated archive.* at offset \d+"):
+        list(TarStream(urls))
+    with pytest.raises(CorruptArchiveError, match=r"truncated archive"):
+        list(TarStream([f"pipe:head -c 5000 {shards[1]}"]))
+    with pytest.warns(StreamWarning, match=r"bad-000001\.tar: truncated archive.*; skipping"):
+        got = _keys(list(TarStream(urls, handler="warn")))
+    assert got[:7] == _keys(_oracle([shards[0]])) and got[-7:] == _keys(_oracle([shards[2]]))
+    errors: list[Exception] = []
+    got = _keys(list(TarStream(urls, handler=lambda e: errors.append(e) is None)))  # webdataset style: True goes on
+    assert len(errors) == 1 and isinstance(errors[0], CorruptArchiveError) and len(got) >= 14
+    import webdataset as wds
+
+    assert _keys(list(TarStream(urls, handler=wds.ignore_and_continue))) == got  # webdataset's handlers as is
+    with pytest.raises(CorruptArchiveError):
+        list(TarStream(urls, handler=wds.reraise_exception))
+
+
+def test_failing_pipe_command_is_an_error(shards: list[Path]) -> None:
+    with pytest.raises(SourceError, match=r"pipe:cat .*; exit 2: command exited with status 2 at byte offset \d+"):
+        list(TarStream([f"pipe:cat {shards[0]}; exit 2"]))
+
+
+def test_decode_error_policies(tmp_path: Path) -> None:
+    shard = tmp_path / "j-000000.tar"
+    with tarfile.open(shard, "w") as tf:
+        for i, payload in enumerate([b'{"a": 1}', b"{not json", b'{"a": 3}']):
+            ti = tarfile.TarInfo(f"s{i}.json")
+            ti.size = len(payload)
+            tf.addfile(ti, io.BytesIO(payload))
+    with pytest.raises(DecodeError, match=r"j-000000\.tar: sample 's1': JSONDecodeError.*\(sample at offset 1024\)"):
+        list(TarStream([str(shard)], decode="pil"))
+    with pytest.warns(StreamWarning, match="sample 's1'"):
+        assert _keys(list(TarStream([str(shard)], decode="pil", handler="warn"))) == ["s0", "s2"]
+    with pytest.warns(StreamWarning, match="skipping the rest of the shard"):
+        assert _keys(list(TarStream([str(shard)], decode="pil", handler="skip_shard"))) == ["s0"]
+
+
+def test_http_drop_once_resumes_and_always_drop_fails(drop_server, shards: list[Path]) -> None:  # type: ignore[no-untyped-def]
+    data = shards[0].read_bytes()
+    once = drop_server(data, drop_at=len(data) // 2 + 3, mode="once")
+    assert list(TarStream([once.url], backoff=0.01)) == _oracle([shards[0]], [once.url])
+    assert once.requests == [None, f"bytes={len(data) // 2 + 3}-"]
+    always = drop_server(data, drop_at=len(data) // 2 + 3, mode="always")
+    got: list[dict] = []
+    with pytest.raises(SourceError, match=rf"{always.url}: read failed after 2 retries .* at byte offset {len(data) // 2 + 3}"):
+        for s in TarStream([always.url], retries=2, backoff=0.01):
+            got.append(s)
+    assert len(got) < 7  # what came before the error, never reported as a whole epoch
+
+
+def test_build_index_from_http_and_pipe(http_server: HTTPServer, shards: list[Path], tmp_path: Path) -> None:
+    urls = _publish(http_server, shards[:2], tmp_path.name + "-build")
+    local = build_index([str(p) for p in shards[:2]], index=tmp_path / "local.tarindex")
+    remote = build_index([*urls, f"pipe:cat {shards[2]}"], index=tmp_path / "remote.tarindex")
+    a, b = IndexReader(local.path), IndexReader(remote.path)
+    assert [s.path for s in b.shards] == [*urls, f"pipe:cat {shards[2]}"]
+    for i in range(2):
+        assert (b.shards[i].size, b.shards[i].fingerprint) == (a.shards[i].size, a.shards[i].fingerprint)
+        assert b.shard_table(i).n_samples == a.shard_table(i).n_samples == 7
+    for col in ("sample_offset", "sample_size", "member_offset", "member_size", "key_blob"):
+        assert bytes(b.array(col)[: len(a.array(col))]) == bytes(a.array(col))
+    streamed = list(TarStream(remote.path))  # an index of URLs streams its URLs
+    assert [s["__index__"] for s in streamed] == list(range(21))
+    assert [s["__url__"] for s in streamed][:7] == [urls[0]] * 7
+    with pytest.raises(tarindex.TarIndexError, match="URL shards need an index path"):
+        build_index(urls)
+
+
+def test_cli_build_over_http(http_server: HTTPServer, shards: list[Path], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tarindex.cli.main import main
+
+    urls = _publish(http_server, shards[:1], tmp_path.name + "-cli")
+    out = tmp_path / "cli.tarindex"
+    result = CliRunner().invoke(main, ["build", *urls, "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    assert IndexReader(out).n_samples == 7
+    result = CliRunner().invoke(main, ["build", urls[0].replace(".tar", "-missing.tar"), "-o", str(out), "-q"])
+    assert result.exit_code == 1 and "no such shard (HTTP 404)" in result.output
+    assert len(result.output.strip().splitlines()) == 1
