@@ -72,9 +72,19 @@ def main() -> None:
     loader = torch.utils.data.DataLoader(ds, sampler=sampler, num_workers=2, batch_size=None)
     seen = [s["__index__"] for s in loader]
     print(f"DataLoader(num_workers=2) rank 0 of 2: {len(seen)} samples, {len(set(seen))} distinct")
-    streamed = sum(1 for _ in tarindex.TarDataset(pattern))
-    print(f"sequential pass: {streamed} samples; label histogram {np.bincount(labels).tolist()}")
-    print("summary: ok" if streamed == len(ds) == len(set(order)) else "summary: MISMATCH")
+    sharded = tarindex.ShardSampler(ds, num_replicas=2, rank=1, seed=0, chunk_shards=1)
+    print(f"ShardSampler rank 1 of 2: {len(list(sharded))} indices, shards touched first: "
+          f"{sorted({ds[i]['__url__'][-10:-4] for i in list(sharded)[:10]})}")
+    stream = tarindex.TarStream(pattern, decode="torch", shuffle=50, seed=0)
+    t0 = time.perf_counter()
+    streamed = [s["__key__"] for s in torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)]
+    dt = time.perf_counter() - t0
+    print(f"TarStream (no index, 2 workers, shuffle buffer 50): {len(streamed)} samples in {dt * 1e3:.0f} ms; "
+          f"label histogram {np.bincount(labels).tolist()}")
+    ok = sorted(streamed) == sorted(ds.index.key(i) for i in range(len(ds))) and len(set(order)) == len(ds)
+    print("summary: ok" if ok else "summary: MISMATCH")
+    if not ok:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
