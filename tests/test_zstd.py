@@ -192,6 +192,18 @@ def test_mixed_plain_and_zstd_index(tmp_path: Path) -> None:
     assert ds.get("s03i029")["txt"] == b"text 3 29"
 
 
+def test_streamed_build_records_frame_table(big: Path, tmp_path: Path) -> None:
+    """A zstd shard indexed from a pipe gets the same tables and frame table as the local file."""
+    shard = _by_compress(big, tmp_path / "p.tar.zst")
+    local = tarindex.build_index([shard], index=tmp_path / "local.tarindex", workers=1)
+    piped = tarindex.build_index([f"pipe:cat {shard}"], index=tmp_path / "piped.tarindex", workers=1)
+    a, b = IndexReader(local.path), IndexReader(piped.path)
+    assert b.shards[0].compression == "zstd" and b.shards[0].random_access
+    assert np.array_equal(a.frame_table(0), b.frame_table(0))
+    assert np.array_equal(a.array("sample_offset"), b.array("sample_offset"))
+    assert b.shards[0].fingerprint == a.shards[0].fingerprint
+
+
 def test_incremental_build_and_merge_keep_frame_tables(big: Path, tmp_path: Path) -> None:
     shard = _by_compress(big, tmp_path / "a.tar.zst")
     other = make_shard_set(tmp_path / "o", n_shards=1, per=5)[0]
