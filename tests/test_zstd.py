@@ -536,6 +536,28 @@ def test_dataloader_workers_read_zstd_shards(tmp_path: Path) -> None:
     assert got == {k: v["bin"] for k, v in oracle.items()}
 
 
+@pytest.mark.parametrize("read_path", ["c", "python"])
+def test_both_read_paths_on_zstd(read_path: str, big: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C read path calls the zstd reader's read_at and slices members itself; the Python path is the reference."""
+    import tarindex.dataset
+
+    if read_path == "python":
+        monkeypatch.setattr(tarindex.dataset, "_speedups", None)
+    else:
+        assert tarindex.dataset._speedups is not None, "the C read path was not built (pip install -e . compiles it)"
+    shard = _by_compress(big, tmp_path / "c.tar.zst")
+    plain = shutil.copy(big, tmp_path / "p.tar")
+    report = tarindex.build_index([shard, plain], index=tmp_path / "c.tarindex", workers=1)
+    ds = tarindex.TarDataset(report.path)
+    order = random_order(len(ds))
+    got = [ds.read(i) for i in order]
+    assert (ds._fast is not None) == (read_path == "c")
+    assert got == [ds._read_py(i) for i in order]
+    check_dataset(ds, expected_samples(big), order[:300])
+    ds.close()  # the C reader lets go of its handles too
+    assert ds.read(5) == ds._read_py(5)
+
+
 def test_get_cli_on_zstd(big: Path, tmp_path: Path) -> None:
     shard = _by_compress(big, tmp_path / "g.tar.zst")
     tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1)
