@@ -10,11 +10,11 @@ from typing import Any
 from ._process import FORK
 
 try:  # the C read path; the pure-Python one below is the reference
-    from . import _speedups  # type: ignore[attr-defined]
+    from . import _speedups
 except ImportError:  # not compiled here
-    _speedups = None
+    _speedups = None  # type: ignore[assignment]
 if os.environ.get("TARINDEX_PURE_PYTHON"):
-    _speedups = None
+    _speedups = None  # type: ignore[assignment]
 from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, ShardNotFoundError, StaleIndexError
 from .index.reader import IndexReader

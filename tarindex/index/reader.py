@@ -77,11 +77,11 @@ def _acquire(path: Path) -> _Env:
         _ENVS_PID = os.getpid()
     st = path.stat()
     key = (st.st_dev, st.st_ino)
-    handle = _ENVS.get(key)
-    if handle is None:
-        handle = _ENVS[key] = _Env(key, path)
-    handle.refs += 1
-    return handle
+    found = _ENVS.get(key)
+    if found is None:
+        found = _ENVS[key] = _Env(key, path)
+    found.refs += 1
+    return found
 
 
 def _check_meta(path: Path, raw: Any) -> dict[str, Any]:

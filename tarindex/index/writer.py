@@ -51,13 +51,12 @@ class IndexWriter:
         if exc_type is None:
             self.write()
 
-    def _columns(self) -> tuple[dict[str, np.ndarray], list[str]]:
+    def _columns(self) -> tuple[dict[str, np.ndarray], list[str], list[bytes]]:
+        """The global columns, the extension table and every sample's encoded key."""
         exts: dict[str, int] = {}
         parts: dict[str, list[np.ndarray]] = {name: [] for name in COLUMNS}
         counts = [0]
         member_base = 0
-        key_chunks: list[bytes] = []
-        key_lengths: list[int] = []
         for shard_id, (_, table) in enumerate(self._shards):
             remap = np.array([exts.setdefault(e, len(exts)) for e in table.exts] or [0], np.uint16)
             n = table.n_samples
@@ -71,23 +70,20 @@ class IndexWriter:
             parts["member_ext"].append(remap[table.member_ext])
             parts["member_offset"].append(table.member_offset)
             parts["member_size"].append(table.member_size)
-            for key in table.keys:
-                raw = key.encode("utf-8", "surrogateescape")
-                key_chunks.append(raw)
-                key_lengths.append(len(raw))
         parts["sample_member"].append(np.array([member_base], np.uint64))
         parts["shard_start"].append(np.array(counts, np.uint64))
-        key_offset = np.zeros(len(key_lengths) + 1, np.uint64)
-        np.cumsum(np.array(key_lengths, np.uint64), out=key_offset[1:])
+        encoded = [key.encode("utf-8", "surrogateescape") for _, table in self._shards for key in table.keys]
+        key_offset = np.zeros(len(encoded) + 1, np.uint64)
+        np.cumsum(np.fromiter(map(len, encoded), np.uint64, count=len(encoded)), out=key_offset[1:])
         parts["key_offset"].append(key_offset)
-        parts["key_blob"].append(np.frombuffer(b"".join(key_chunks), np.uint8))
+        parts["key_blob"].append(np.frombuffer(b"".join(encoded), np.uint8))
         cols = {
             name: np.concatenate(chunks).astype(COLUMNS[name], copy=False)
             if chunks
             else np.zeros(0, COLUMNS[name])
             for name, chunks in parts.items()
         }
-        return cols, list(exts)
+        return cols, list(exts), encoded
 
     def _meta(self, exts: list[str], n_samples: int, n_members: int, duplicates: int) -> bytes:
         meta = {
@@ -104,9 +100,9 @@ class IndexWriter:
 
     def write(self) -> Path:
         """Write the index atomically and return its path."""
-        cols, exts = self._columns()
+        cols, exts, encoded = self._columns()
         n_samples = len(cols["sample_offset"])
-        keys = self._key_entries(cols)
+        keys = self._key_entries(encoded)
         data_bytes = sum(c.nbytes for c in cols.values()) + sum(len(k) + 16 for k, _ in keys)
         data_bytes += sum(t.frames.nbytes + 64 for _, t in self._shards if t.frames is not None)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,11 +138,7 @@ class IndexWriter:
         return self.path
 
     @staticmethod
-    def _key_entries(cols: dict[str, np.ndarray]) -> list[tuple[bytes, bytes]]:
+    def _key_entries(encoded: list[bytes]) -> list[tuple[bytes, bytes]]:
         """Sorted, de-duplicated ``key/<key> -> sample`` entries; the first sample wins."""
-        blob = cols["key_blob"].tobytes()
-        offs = cols["key_offset"].tolist()
-        first: dict[bytes, int] = {}
-        for i in range(len(offs) - 1):
-            first.setdefault(blob[offs[i] : offs[i + 1]], i)
+        first = dict(zip(reversed(encoded), range(len(encoded) - 1, -1, -1)))  # earlier samples assigned last
         return [(KEY_PREFIX + k, v.to_bytes(8, "little")) for k, v in sorted(first.items())]

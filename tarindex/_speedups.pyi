@@ -1,0 +1,25 @@
+"""Types of the optional C read path (tarindex/_speedups.c)."""
+
+from collections.abc import Callable
+from typing import Any
+
+class Reader:
+    def __init__(
+        self,
+        s_shard: memoryview,
+        s_off: memoryview,
+        s_size: memoryview,
+        s_mem: memoryview,
+        m_ext: memoryview,
+        m_off: memoryview,
+        m_size: memoryview,
+        k_off: memoryview,
+        k_blob: memoryview,
+        exts: tuple[str, ...],
+        urls: tuple[str, ...],
+        opener: Callable[[int], int | None],
+        fallback: Callable[[int], dict[str, Any]],
+        error: Callable[[str, int, str], BaseException],
+    ) -> None: ...
+    def read(self, i: int) -> dict[str, Any]: ...
+    def forget(self, shard: int) -> None: ...
