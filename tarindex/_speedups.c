@@ -118,6 +118,22 @@ static PyObject *corrupt(Reader *self, uint32_t shard, uint64_t offset, const ch
     return NULL;
 }
 
+/* A new sample dict with __key__, __url__ and __index__ (room for nm members); NULL on error. */
+static PyObject *new_sample(Reader *self, uint32_t shard, Py_ssize_t i, uint64_t k0, uint64_t k1, Py_ssize_t nm) {
+    PyObject *d = _PyDict_NewPresized(3 + nm);
+    PyObject *key = PyUnicode_DecodeUTF8(self->k_blob + k0, (Py_ssize_t)(k1 - k0), "surrogateescape");
+    PyObject *index = PyLong_FromSsize_t(i);
+    int bad = !d || !key || !index || PyDict_SetItem(d, k_key, key) < 0 ||
+              PyDict_SetItem(d, k_url, PyTuple_GET_ITEM(self->urls, shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
+    Py_XDECREF(key);
+    Py_XDECREF(index);
+    if (bad) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
 /* Sample i of a shard read through its handle's read_at(offset, size): members sliced from the bytes it returns. */
 static PyObject *read_handle(Reader *self, uint32_t shard, Py_ssize_t i) {
     uint64_t off = self->s_off[i], size = self->s_size[i];
@@ -135,13 +151,8 @@ static PyObject *read_handle(Reader *self, uint32_t shard, Py_ssize_t i) {
         return PyObject_CallFunction(self->fallback, "n", i);
     }
     const char *base = PyBytes_AS_STRING(buf);
-    PyObject *d = _PyDict_NewPresized(3 + (Py_ssize_t)(m1 - m0));
-    PyObject *key = PyUnicode_DecodeUTF8(self->k_blob + k0, (Py_ssize_t)(k1 - k0), "surrogateescape");
-    PyObject *index = PyLong_FromSsize_t(i);
-    int bad = !d || !key || !index || PyDict_SetItem(d, k_key, key) < 0 ||
-              PyDict_SetItem(d, k_url, PyTuple_GET_ITEM(self->urls, shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
-    Py_XDECREF(key);
-    Py_XDECREF(index);
+    PyObject *d = new_sample(self, shard, i, k0, k1, (Py_ssize_t)(m1 - m0));
+    int bad = !d;
     for (uint64_t j = m0; j < m1 && !bad; j++) {
         uint64_t mo = self->m_off[j], ms = self->m_size[j];
         if (self->m_ext[j] >= self->n_exts || mo > size || ms > size - mo) {
@@ -271,13 +282,8 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
         }
         return PyObject_CallFunction(self->fallback, "n", i);
     }
-    PyObject *d = _PyDict_NewPresized(3 + nm);
-    PyObject *key = PyUnicode_DecodeUTF8(self->k_blob + k0, (Py_ssize_t)(k1 - k0), "surrogateescape");
-    PyObject *index = PyLong_FromSsize_t(i);
-    int bad = !d || !key || !index || PyDict_SetItem(d, k_key, key) < 0 ||
-              PyDict_SetItem(d, k_url, PyTuple_GET_ITEM(self->urls, shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
-    Py_XDECREF(key);
-    Py_XDECREF(index);
+    PyObject *d = new_sample(self, shard, i, k0, k1, nm);
+    int bad = !d;
     for (Py_ssize_t k = 0; k < nm; k++) {
         if (!bad && PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, self->m_ext[m0 + (uint64_t)k]), vals[k]) < 0) bad = 1;
         Py_DECREF(vals[k]);
