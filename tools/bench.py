@@ -416,14 +416,14 @@ def bench_zstd(paths: list[str], name: str, work: Path, frame_table: bool) -> li
         random.Random(2).shuffle(sub_order)
         sub_order = sub_order[:50_000]
         t_sub_plain = min(_random_reads(sub_ix, sub_order, None) for _ in range(2))
-        for fs in (4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 1 << 20):
+        for fs in (1, 4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 1 << 20):  # 1: one sample per frame
             _, files = _zstd_copies(sub, zdir, fs)
             size = sum(os.path.getsize(p) for p in files)
             ix = work / f"zstd-{name}-fs{fs}.tarindex"
             tarindex.build_index(files, index=ix)
             t = min(_random_reads(ix, sub_order, 0) for _ in range(2))
             rows.append((
-                f"{name}: frame size {fs >> 10} KiB: size vs one frame (%) | random access vs plain",
+                f"{name}: frame size {fs >> 10 if fs > 1 else 0} KiB{' (one sample per frame)' if fs == 1 else ''}: size vs one frame (%) | random access vs plain",
                 100 * (size / one_size - 1),
                 f"{t_sub_plain / t:.2f}x plain tar ({len(sub_order) / t:,.0f} samples/s, cache off); {size / sub_raw:.3f} of the tar",
             ))
