@@ -39,16 +39,33 @@ typedef struct {
 
 static PyObject *k_key, *k_url, *k_index, *k_read_at;
 
-static void Reader_dealloc(Reader *self) {
-    for (int c = 0; c < self->ncols; c++) PyBuffer_Release(&self->cols[c]);
-    Py_XDECREF(self->exts);
-    Py_XDECREF(self->urls);
-    Py_XDECREF(self->opener);
-    Py_XDECREF(self->fallback);
-    Py_XDECREF(self->error);
-    PyMem_Free(self->fds);
+static int Reader_traverse(Reader *self, visitproc visit, void *arg) {
+    Py_VISIT(self->exts);
+    Py_VISIT(self->urls);
+    Py_VISIT(self->opener); /* bound methods of the dataset: a cycle the collector must see */
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->error);
     if (self->handles)
-        for (Py_ssize_t s = 0; s < self->n_shards; s++) Py_XDECREF(self->handles[s]);
+        for (Py_ssize_t s = 0; s < self->n_shards; s++) Py_VISIT(self->handles[s]);
+    return 0;
+}
+
+static int Reader_clear(Reader *self) {
+    Py_CLEAR(self->exts);
+    Py_CLEAR(self->urls);
+    Py_CLEAR(self->opener);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->error);
+    if (self->handles)
+        for (Py_ssize_t s = 0; s < self->n_shards; s++) Py_CLEAR(self->handles[s]);
+    return 0;
+}
+
+static void Reader_dealloc(Reader *self) {
+    PyObject_GC_UnTrack(self);
+    Reader_clear(self);
+    for (int c = 0; c < self->ncols; c++) PyBuffer_Release(&self->cols[c]);
+    PyMem_Free(self->fds);
     PyMem_Free(self->handles);
     PyMem_Free(self->scratch);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -70,15 +87,24 @@ static int take(Reader *self, PyObject *obj, Py_ssize_t itemsize, const void **o
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     PyObject *c[9];
     Py_ssize_t n_shard, n_off, n_size, n_mem, n_ext, n_moff, n_msize, n_koff;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!O!OOO", &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6], &c[7], &c[8],
-                          &PyTuple_Type, &self->exts, &PyTuple_Type, &self->urls, &self->opener, &self->fallback,
-                          &self->error))
+    PyObject *exts, *urls, *opener, *fallback, *error;
+    if (self->exts) {
+        PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
         return -1;
-    Py_INCREF(self->exts);
-    Py_INCREF(self->urls);
-    Py_INCREF(self->opener);
-    Py_INCREF(self->fallback);
-    Py_INCREF(self->error);
+    }
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!O!OOO", &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6], &c[7], &c[8],
+                          &PyTuple_Type, &exts, &PyTuple_Type, &urls, &opener, &fallback, &error))
+        return -1;
+    Py_INCREF(exts);
+    self->exts = exts;
+    Py_INCREF(urls);
+    self->urls = urls;
+    Py_INCREF(opener);
+    self->opener = opener;
+    Py_INCREF(fallback);
+    self->fallback = fallback;
+    Py_INCREF(error);
+    self->error = error;
     if (take(self, c[0], 4, (const void **)&self->s_shard, &n_shard) < 0 ||
         take(self, c[1], 8, (const void **)&self->s_off, &n_off) < 0 ||
         take(self, c[2], 8, (const void **)&self->s_size, &n_size) < 0 ||
@@ -173,6 +199,10 @@ static PyObject *read_handle(Reader *self, uint32_t shard, Py_ssize_t i) {
 }
 
 static PyObject *Reader_read(Reader *self, PyObject *arg) {
+    if (!self->fds || !self->handles) {
+        PyErr_SetString(PyExc_RuntimeError, "Reader is not initialised");
+        return NULL;
+    }
     Py_ssize_t i = PyLong_AsSsize_t(arg);
     if (i == -1 && PyErr_Occurred()) return NULL;
     if (i < 0) i += self->n;
@@ -315,7 +345,9 @@ static PyTypeObject ReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex._speedups.Reader",
     .tp_basicsize = sizeof(Reader),
     .tp_dealloc = (destructor)Reader_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Reader_traverse,
+    .tp_clear = (inquiry)Reader_clear,
     .tp_doc = "Per-process sample reader over an index's columns.",
     .tp_methods = Reader_methods,
     .tp_init = (initproc)Reader_init,
