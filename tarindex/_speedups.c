@@ -3,9 +3,10 @@
  * Same behaviour as TarDataset._read_py (the reference implementation, used
  * when this module is not built): one pread of the sample's byte range into
  * a new bytes object (the GIL released), members sliced out of it, a dict
- * with __key__, __url__, __index__ and one entry per extension. Only plain
- * tar shards whose handle is an int fd are read here; anything else (zstd
- * frames, remote ranges) goes back to Python through `fallback`.
+ * with __key__, __url__, __index__ and one entry per extension. Plain tar
+ * shards (an int fd) are read here with preadv; a shard whose handle is an
+ * object with read_at(offset, size) (zstd frames) has that called and the
+ * members sliced here; a None handle goes back to Python through `fallback`.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,21 +31,42 @@ typedef struct {
     PyObject *opener;   /* opener(shard) -> int fd, or None when the shard is not plain tar */
     PyObject *fallback; /* fallback(i) -> dict, for shards that are not plain tar */
     PyObject *error;    /* error(url, offset, what) -> exception instance */
-    int *fds;           /* per shard: fd, -1 not open here, -2 not plain tar */
+    int *fds;           /* per shard: fd, -1 not open here, -2 not plain tar, -3 handle with read_at */
+    PyObject **handles; /* per shard: the read_at handle when fds[shard] == -3, else NULL */
     char *scratch;      /* headers and padding land here */
     size_t scratch_len;
 } Reader;
 
-static PyObject *k_key, *k_url, *k_index;
+static PyObject *k_key, *k_url, *k_index, *k_read_at;
+
+static int Reader_traverse(Reader *self, visitproc visit, void *arg) {
+    Py_VISIT(self->exts);
+    Py_VISIT(self->urls);
+    Py_VISIT(self->opener); /* bound methods of the dataset: a cycle the collector must see */
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->error);
+    if (self->handles)
+        for (Py_ssize_t s = 0; s < self->n_shards; s++) Py_VISIT(self->handles[s]);
+    return 0;
+}
+
+static int Reader_clear(Reader *self) {
+    Py_CLEAR(self->exts);
+    Py_CLEAR(self->urls);
+    Py_CLEAR(self->opener);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->error);
+    if (self->handles)
+        for (Py_ssize_t s = 0; s < self->n_shards; s++) Py_CLEAR(self->handles[s]);
+    return 0;
+}
 
 static void Reader_dealloc(Reader *self) {
+    PyObject_GC_UnTrack(self);
+    Reader_clear(self);
     for (int c = 0; c < self->ncols; c++) PyBuffer_Release(&self->cols[c]);
-    Py_XDECREF(self->exts);
-    Py_XDECREF(self->urls);
-    Py_XDECREF(self->opener);
-    Py_XDECREF(self->fallback);
-    Py_XDECREF(self->error);
     PyMem_Free(self->fds);
+    PyMem_Free(self->handles);
     PyMem_Free(self->scratch);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -65,15 +87,24 @@ static int take(Reader *self, PyObject *obj, Py_ssize_t itemsize, const void **o
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     PyObject *c[9];
     Py_ssize_t n_shard, n_off, n_size, n_mem, n_ext, n_moff, n_msize, n_koff;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!O!OOO", &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6], &c[7], &c[8],
-                          &PyTuple_Type, &self->exts, &PyTuple_Type, &self->urls, &self->opener, &self->fallback,
-                          &self->error))
+    PyObject *exts, *urls, *opener, *fallback, *error;
+    if (self->exts) {
+        PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
         return -1;
-    Py_INCREF(self->exts);
-    Py_INCREF(self->urls);
-    Py_INCREF(self->opener);
-    Py_INCREF(self->fallback);
-    Py_INCREF(self->error);
+    }
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!O!OOO", &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6], &c[7], &c[8],
+                          &PyTuple_Type, &exts, &PyTuple_Type, &urls, &opener, &fallback, &error))
+        return -1;
+    Py_INCREF(exts);
+    self->exts = exts;
+    Py_INCREF(urls);
+    self->urls = urls;
+    Py_INCREF(opener);
+    self->opener = opener;
+    Py_INCREF(fallback);
+    self->fallback = fallback;
+    Py_INCREF(error);
+    self->error = error;
     if (take(self, c[0], 4, (const void **)&self->s_shard, &n_shard) < 0 ||
         take(self, c[1], 8, (const void **)&self->s_off, &n_off) < 0 ||
         take(self, c[2], 8, (const void **)&self->s_size, &n_size) < 0 ||
@@ -94,7 +125,8 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
         return -1;
     }
     self->fds = PyMem_Malloc(sizeof(int) * (self->n_shards ? self->n_shards : 1));
-    if (!self->fds) {
+    self->handles = PyMem_Calloc(self->n_shards ? self->n_shards : 1, sizeof(PyObject *));
+    if (!self->fds || !self->handles) {
         PyErr_NoMemory();
         return -1;
     }
@@ -112,7 +144,65 @@ static PyObject *corrupt(Reader *self, uint32_t shard, uint64_t offset, const ch
     return NULL;
 }
 
+/* A new sample dict with __key__, __url__ and __index__ (room for nm members); NULL on error. */
+static PyObject *new_sample(Reader *self, uint32_t shard, Py_ssize_t i, uint64_t k0, uint64_t k1, Py_ssize_t nm) {
+    PyObject *d = _PyDict_NewPresized(3 + nm);
+    PyObject *key = PyUnicode_DecodeUTF8(self->k_blob + k0, (Py_ssize_t)(k1 - k0), "surrogateescape");
+    PyObject *index = PyLong_FromSsize_t(i);
+    int bad = !d || !key || !index || PyDict_SetItem(d, k_key, key) < 0 ||
+              PyDict_SetItem(d, k_url, PyTuple_GET_ITEM(self->urls, shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
+    Py_XDECREF(key);
+    Py_XDECREF(index);
+    if (bad) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* Sample i of a shard read through its handle's read_at(offset, size): members sliced from the bytes it returns. */
+static PyObject *read_handle(Reader *self, uint32_t shard, Py_ssize_t i) {
+    uint64_t off = self->s_off[i], size = self->s_size[i];
+    uint64_t m0 = self->s_mem[i], m1 = self->s_mem[i + 1];
+    uint64_t k0 = self->k_off[i], k1 = self->k_off[i + 1];
+    if (m1 < m0 || m1 > (uint64_t)self->n_members || k1 < k0 || k1 > (uint64_t)self->blob_len || size > PY_SSIZE_T_MAX)
+        return corrupt(self, shard, off, "index entry out of bounds");
+    PyObject *off_o = PyLong_FromUnsignedLongLong(off), *size_o = PyLong_FromUnsignedLongLong(size);
+    PyObject *buf = off_o && size_o ? PyObject_CallMethodObjArgs(self->handles[shard], k_read_at, off_o, size_o, NULL) : NULL;
+    Py_XDECREF(off_o);
+    Py_XDECREF(size_o);
+    if (!buf) return NULL;
+    if (!PyBytes_Check(buf) || (uint64_t)PyBytes_GET_SIZE(buf) != size) {
+        Py_DECREF(buf); /* a short read: the Python path reports it */
+        return PyObject_CallFunction(self->fallback, "n", i);
+    }
+    const char *base = PyBytes_AS_STRING(buf);
+    PyObject *d = new_sample(self, shard, i, k0, k1, (Py_ssize_t)(m1 - m0));
+    int bad = !d;
+    for (uint64_t j = m0; j < m1 && !bad; j++) {
+        uint64_t mo = self->m_off[j], ms = self->m_size[j];
+        if (self->m_ext[j] >= self->n_exts || mo > size || ms > size - mo) {
+            Py_DECREF(buf);
+            Py_XDECREF(d);
+            return corrupt(self, shard, off, "index entry out of bounds");
+        }
+        PyObject *v = PyBytes_FromStringAndSize(base + mo, (Py_ssize_t)ms);
+        if (!v || PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, self->m_ext[j]), v) < 0) bad = 1;
+        Py_XDECREF(v);
+    }
+    Py_DECREF(buf);
+    if (bad) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
 static PyObject *Reader_read(Reader *self, PyObject *arg) {
+    if (!self->fds || !self->handles) {
+        PyErr_SetString(PyExc_RuntimeError, "Reader is not initialised");
+        return NULL;
+    }
     Py_ssize_t i = PyLong_AsSsize_t(arg);
     if (i == -1 && PyErr_Occurred()) return NULL;
     if (i < 0) i += self->n;
@@ -128,6 +218,10 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
         if (!got) return NULL;
         if (got == Py_None) {
             fd = -2;
+        } else if (!PyLong_Check(got)) { /* an object with read_at(offset, size) */
+            Py_INCREF(got);
+            Py_XSETREF(self->handles[shard], got);
+            fd = -3;
         } else {
             long v = PyLong_AsLong(got);
             if (v == -1 && PyErr_Occurred()) {
@@ -140,6 +234,7 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
         self->fds[shard] = fd;
     }
     if (fd == -2) return PyObject_CallFunction(self->fallback, "n", i);
+    if (fd == -3) return read_handle(self, shard, i);
 
     uint64_t off = self->s_off[i], size = self->s_size[i];
     uint64_t m0 = self->s_mem[i], m1 = self->s_mem[i + 1];
@@ -217,13 +312,8 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
         }
         return PyObject_CallFunction(self->fallback, "n", i);
     }
-    PyObject *d = _PyDict_NewPresized(3 + nm);
-    PyObject *key = PyUnicode_DecodeUTF8(self->k_blob + k0, (Py_ssize_t)(k1 - k0), "surrogateescape");
-    PyObject *index = PyLong_FromSsize_t(i);
-    int bad = !d || !key || !index || PyDict_SetItem(d, k_key, key) < 0 ||
-              PyDict_SetItem(d, k_url, PyTuple_GET_ITEM(self->urls, shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
-    Py_XDECREF(key);
-    Py_XDECREF(index);
+    PyObject *d = new_sample(self, shard, i, k0, k1, nm);
+    int bad = !d;
     for (Py_ssize_t k = 0; k < nm; k++) {
         if (!bad && PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, self->m_ext[m0 + (uint64_t)k]), vals[k]) < 0) bad = 1;
         Py_DECREF(vals[k]);
@@ -238,7 +328,10 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
 static PyObject *Reader_forget(Reader *self, PyObject *arg) {
     Py_ssize_t s = PyLong_AsSsize_t(arg);
     if (s == -1 && PyErr_Occurred()) return NULL;
-    if (s >= 0 && s < self->n_shards) self->fds[s] = -1;
+    if (s >= 0 && s < self->n_shards) {
+        self->fds[s] = -1;
+        Py_CLEAR(self->handles[s]);
+    }
     Py_RETURN_NONE;
 }
 
@@ -252,7 +345,9 @@ static PyTypeObject ReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex._speedups.Reader",
     .tp_basicsize = sizeof(Reader),
     .tp_dealloc = (destructor)Reader_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Reader_traverse,
+    .tp_clear = (inquiry)Reader_clear,
     .tp_doc = "Per-process sample reader over an index's columns.",
     .tp_methods = Reader_methods,
     .tp_init = (initproc)Reader_init,
@@ -266,7 +361,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     k_key = PyUnicode_InternFromString("__key__");
     k_url = PyUnicode_InternFromString("__url__");
     k_index = PyUnicode_InternFromString("__index__");
-    if (!k_key || !k_url || !k_index) return NULL;
+    k_read_at = PyUnicode_InternFromString("read_at");
+    if (!k_key || !k_url || !k_index || !k_read_at) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&ReaderType);

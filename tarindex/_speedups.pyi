@@ -17,7 +17,7 @@ class Reader:
         k_blob: memoryview,
         exts: tuple[str, ...],
         urls: tuple[str, ...],
-        opener: Callable[[int], int | None],
+        opener: Callable[[int], Any],  # an int fd, an object with read_at(offset, size), or None (fallback)
         fallback: Callable[[int], dict[str, Any]],
         error: Callable[[str, int, str], BaseException],
     ) -> None: ...

@@ -17,7 +17,7 @@ from .samples import group_members
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, fingerprint, fingerprint_stream
 from .sources import is_url, open_source
 from .tar import iter_tar, iter_tar_file
-from .zstd import is_zstd, random_access, scan_zstd
+from .zstd import frame_array, is_zstd, random_access, scan_zstd
 
 __all__ = ["BuildReport", "build_index", "merge_indexes", "scan_shard", "scan_stream"]
 
@@ -93,13 +93,17 @@ def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
             tail = (tail + chunk[-2 * span :])[-2 * span :]
             yield chunk
 
+    rows: list[tuple[int, int, int, int]] = []
     with open_source(url) as source:
-        raw = source.archive(tapped)
+        raw = source.archive(tapped, frames=rows)
         table = ShardTable.from_samples(group_members(iter_tar(raw, url), url))
         for _ in raw:  # the rest (end-of-archive padding): the size and fingerprint cover the whole stream
             pass
         size = source.position
         info = ShardInfo(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table.n_samples, table.n_members)
+    if is_zstd(bytes(head[:4])):  # the frame table, as for a local zstd shard
+        table.frames = frame_array(rows)
+        info = dataclasses.replace(info, compression="zstd", random_access=random_access(table.frames))
     return info, table
 
 

@@ -133,10 +133,9 @@ class TarDataset:
             self._read = self._fast.read
         self._gen = FORK[0]
 
-    def _open_plain(self, shard: int) -> int | None:
-        """For the C read path: the shard's fd, or ``None`` when it is not a plain tar file."""
-        handle = self._open_shard(shard)
-        return handle if type(handle) is int else None
+    def _open_plain(self, shard: int) -> Any:
+        """For the C read path: the shard's fd, or its handle with ``read_at`` (zstd frames)."""
+        return self._open_shard(shard)
 
     def _open_shard(self, shard: int) -> Any:
         path = self.urls[shard]

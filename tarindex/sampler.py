@@ -9,7 +9,9 @@ The order of one epoch is a *stream*: a bijection from stream positions
 3. inside a window, positions are permuted: a numpy permutation of the
    window's size when it has at most ``2**20`` samples (8 MB at most), else a
    keyed Feistel network over the window's size (cycle walking), so memory
-   never grows with the number of samples.
+   never grows with the number of samples. With ``block_samples`` > 1 the
+   window's runs of that many consecutive samples are permuted instead, each
+   run kept in order (the window's last, partial run stays at its end).
 
 The stream is dealt to ranks in contiguous blocks (rank ``r`` gets positions
 ``[r*L, (r+1)*L)``), so each rank reads a few windows, one after the other, and
@@ -111,8 +113,10 @@ class _EpochOrder:
         epoch: int,
         shuffle: bool,
         chunk_shards: int,
+        block_samples: int,
     ) -> None:
         self.seed, self.epoch, self.shuffle, self.chunk = seed, epoch, shuffle, chunk_shards
+        self.block = block_samples
         self.starts = starts
         n_shards = len(sizes)
         if shuffle:
@@ -152,17 +156,27 @@ class _EpochOrder:
             stop = min(b, end)
             shards = self.perm[w * chunk : (w + 1) * chunk]
             cum = self.pcum[w * chunk : w * chunk + len(shards) + 1] - base
-            perm = self._window_perm(w, end - base)
+            units = (end - base) // self.block  # runs of block samples; a partial last run stays in place
+            perm = self._window_perm(w, units)
             for lo in range(a, stop, _BLOCK):
                 hi = min(stop, lo + _BLOCK)
-                if isinstance(perm, _Feistel):
-                    j = perm(np.arange(lo - base, hi - base, dtype=np.uint64)).astype(np.int64)
+                j = np.arange(lo - base, hi - base, dtype=np.int64)
+                if self.block == 1:
+                    j = _apply(perm, j)
                 else:
-                    j = perm[lo - base : hi - base]
+                    full = np.flatnonzero(j < units * self.block)
+                    run, within = np.divmod(j[full], self.block)
+                    j[full] = _apply(perm, run) * self.block + within
                 t = np.searchsorted(cum, j, side="right") - 1
                 yield self.starts[shards[t]] + (j - cum[t])
             a = stop
             w += 1
+
+
+def _apply(perm: _Feistel | npt.NDArray[np.int64], x: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    if isinstance(perm, _Feistel):
+        return perm(x.astype(np.uint64)).astype(np.int64)
+    return perm[x]
 
 
 def _plan_to_stream(plan: Plan, lo: int, hi: int) -> Iterator[tuple[int, int]]:
@@ -227,9 +241,14 @@ class ShardSampler:
             padding with the stream's first samples.
         chunk_shards: shards per shuffle window (the number of shards a rank
             reads at once).
+        block_samples: shuffle runs of this many consecutive samples instead
+            of single samples (each run read in order): about the samples per
+            zstd frame makes every frame decompress once per epoch, whatever
+            the frame cache holds.
 
     Raises:
-        ValueError: bad rank, world size, chunk size, or a negative shard size.
+        ValueError: bad rank, world size, chunk or block size, or a negative
+            shard size.
         RuntimeError: ``WORLD_SIZE`` > 1 but ``torch.distributed`` is not
             initialised, and ``num_replicas`` / ``rank`` were not given.
     """
@@ -244,6 +263,7 @@ class ShardSampler:
         drop_last: bool = False,
         *,
         chunk_shards: int = 4,
+        block_samples: int = 1,
     ) -> None:
         if num_replicas is None or rank is None:
             num_replicas, rank = _default_world(num_replicas, rank)
@@ -253,6 +273,8 @@ class ShardSampler:
             raise ValueError(f"rank must be in [0, {num_replicas - 1}], got {rank}")
         if chunk_shards < 1:
             raise ValueError(f"chunk_shards must be >= 1, got {chunk_shards}")
+        if block_samples < 1:
+            raise ValueError(f"block_samples must be >= 1, got {block_samples}")
         sizes = np.asarray(dataset.shard_sizes, dtype=np.int64).reshape(-1)
         if sizes.size and int(sizes.min()) < 0:
             raise ValueError(f"shard sizes must be >= 0, got {int(sizes.min())} for shard {int(sizes.argmin())}")
@@ -267,6 +289,7 @@ class ShardSampler:
         self.seed = seed
         self.drop_last = drop_last
         self.chunk_shards = chunk_shards
+        self.block_samples = block_samples
         self.epoch = 0
         self._plan: Plan = ((0, self.total_samples),) if self.total_samples else ()
         self._offset = 0  # samples of this rank's block consumed before this pass
@@ -299,7 +322,7 @@ class ShardSampler:
         self._yielded = 0
 
     def _epoch_order(self) -> _EpochOrder:
-        if self._order is None or (self._order.epoch, self._order.seed) != (self.epoch, self.seed):
+        if self._order is None or (self._order.epoch, self._order.seed) != (self.epoch, self.seed):  # cache per epoch
             self._order = _EpochOrder(
                 self.sizes,
                 self.starts,
@@ -307,6 +330,7 @@ class ShardSampler:
                 epoch=self.epoch,
                 shuffle=self.shuffle,
                 chunk_shards=self.chunk_shards,
+                block_samples=self.block_samples,
             )
         return self._order
 
@@ -333,6 +357,18 @@ class ShardSampler:
                     yield i
 
     # -- resumption -----------------------------------------------------------------
+    def _config(self) -> dict[str, Any]:
+        """What defines the stream and the dataset; a state must match it to be loaded."""
+        return {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "chunk_shards": self.chunk_shards,
+            "block_samples": self.block_samples,
+            "drop_last": self.drop_last,
+            "total_samples": self.total_samples,
+            "num_shards": len(self.sizes),
+        }
+
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """How far this rank got in the epoch, as a JSON-serialisable dict.
 
@@ -351,12 +387,7 @@ class ShardSampler:
         return {
             "format": _STATE_FORMAT,
             "epoch": self.epoch,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "chunk_shards": self.chunk_shards,
-            "drop_last": self.drop_last,
-            "total_samples": self.total_samples,
-            "num_shards": len(self.sizes),
+            **self._config(),
             "num_replicas": self.num_replicas,
             "rank": self.rank,
             "plan": [[a, b] for a, b in self._plan],
@@ -375,28 +406,19 @@ class ShardSampler:
 
         Raises:
             SamplerStateError: the state is malformed or was made for another
-                dataset, seed, shuffle or window size.
+                dataset, seed, shuffle, window or block size.
         """
         try:
             fmt, epoch, old_world = int(state["format"]), int(state["epoch"]), int(state["num_replicas"])
             plan = _merge((int(a), int(b)) for a, b in state["plan"])
             consumed = state["consumed"]
             counts = [int(c) for c in consumed] if isinstance(consumed, (list, tuple)) else [int(consumed)] * old_world
-            ours = {
-                k: state[k] for k in ("seed", "shuffle", "chunk_shards", "total_samples", "num_shards", "drop_last")
-            }
+            mine = self._config()
+            ours = {k: state[k] for k in mine}
         except (KeyError, TypeError, ValueError) as exc:
             raise SamplerStateError(f"not a ShardSampler state: {exc!r}") from exc
         if fmt != _STATE_FORMAT:
             raise SamplerStateError(f"ShardSampler state format {fmt} is not supported (expected {_STATE_FORMAT})")
-        mine = {
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "chunk_shards": self.chunk_shards,
-            "total_samples": self.total_samples,
-            "num_shards": len(self.sizes),
-            "drop_last": self.drop_last,
-        }
         for k, v in mine.items():
             if k == "drop_last" and old_world != self.num_replicas:
                 continue  # the new dealing may choose its own

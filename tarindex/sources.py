@@ -83,13 +83,16 @@ class Source:
     def __iter__(self) -> Iterator[Any]:
         return self._run(self._chunks())
 
-    def archive(self, tap: Callable[[Iterator[bytes]], Iterator[bytes]] | None = None) -> Iterator[bytes]:
+    def archive(
+        self, tap: Callable[[Iterator[bytes]], Iterator[bytes]] | None = None, *, frames: list[Any] | None = None
+    ) -> Iterator[bytes]:
         """The uncompressed tar stream (see :func:`iter_archive`), decompressed in the reader thread too.
 
-        ``tap`` wraps the raw chunks before decompression (it runs in the reader thread).
+        ``tap`` wraps the raw chunks before decompression (it runs in the reader thread); ``frames``
+        collects a zstd stream's frame table.
         """
         raw = self._chunks()
-        return self._run(iter_archive(tap(raw) if tap is not None else raw, self.url))
+        return self._run(iter_archive(tap(raw) if tap is not None else raw, self.url, frames=frames))
 
     def _run(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
         if self.prefetch <= 0:
@@ -667,8 +670,11 @@ def _open(
     return FileSource(url, block_size=block_size)
 
 
-def iter_archive(chunks: Iterable[Any], url: str) -> Iterator[bytes]:
+def iter_archive(chunks: Iterable[Any], url: str, *, frames: list[Any] | None = None) -> Iterator[bytes]:
     """The uncompressed tar stream of a source's chunks: zstd is detected by its first bytes and decompressed.
+
+    ``frames``, when given, receives the frame table of a zstd stream (see
+    :func:`tarindex.zstd.iter_decompressed`) and stays empty for a plain tar.
 
     Raises:
         CorruptArchiveError: bad zstd data.
@@ -678,7 +684,7 @@ def iter_archive(chunks: Iterable[Any], url: str) -> Iterator[bytes]:
     if first is None:
         return
     if is_zstd(bytes(first[:4])):
-        yield from iter_decompressed(itertools.chain((first,), chunks), url)
+        yield from iter_decompressed(itertools.chain((first,), chunks), url, frames=frames)
     else:
         yield first
         yield from chunks

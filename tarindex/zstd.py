@@ -371,20 +371,25 @@ def decompress_frames(
         yield from held
 
 
-def iter_decompressed(chunks: Iterable[Any], path: str) -> Iterator[bytes]:
+def iter_decompressed(
+    chunks: Iterable[Any], path: str, *, frames: list[tuple[int, int, int, int]] | None = None
+) -> Iterator[bytes]:
     """Decompress a zstd stream given as consecutive compressed pieces (any sizes).
 
     The pieces are bytes-like objects that stay unchanged once handed over
     (``bytes``, or slices of a map); a reused read buffer must be copied first.
 
     Streaming across frames; skippable frames (``pzstd`` headers, seek tables)
-    are ignored. Each piece of output is at most 4 MiB.
+    are ignored. Each piece of output is at most 4 MiB. With ``frames``, each
+    data frame's ``(compressed offset, compressed size, decompressed offset,
+    decompressed size)`` is appended to it once the frame is complete (the
+    frame table an index records).
 
     Raises:
         CorruptFrameError: corrupt or truncated data, naming ``path`` and the
             compressed offset of the damaged frame.
     """
-    return decompress_frames(chunks, path)
+    return decompress_frames(chunks, path, frames)
 
 
 # -- seek tables (seekable format) --------------------------------------------

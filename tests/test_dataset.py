@@ -369,3 +369,20 @@ def test_batched_fetch_keeps_the_sampler_order(built: tuple[list[Path], TarDatas
     got = [s for batch in loader for s in batch]
     assert [s["__index__"] for s in got] == order
     assert [_strip(s) for s in got] == [expected[i] for i in order]
+
+
+def test_datasets_are_freed_with_their_files(built: tuple[list[Path], TarDataset]) -> None:
+    import gc
+    import weakref
+
+    _, ds = built
+    fresh = TarDataset(ds.index_path)
+    fresh[0], fresh[len(fresh) - 1]
+    fds = list(fresh._fds.values())
+    ref = weakref.ref(fresh)
+    del fresh
+    gc.collect()
+    assert ref() is None, "the dataset was not freed (a reference cycle the collector cannot see?)"
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed with the dataset

@@ -37,6 +37,7 @@ worlds = st.integers(1, 5)
 seeds = st.integers(-(2**63), 2**64)
 epochs = st.integers(0, 10**6)
 chunks = st.integers(1, 5)
+blocks = st.integers(1, 4)  # block_samples: 1 shuffles single samples
 
 
 def rank_streams(sizes: list[int], world: int, **kw: Any) -> list[list[int]]:
@@ -76,15 +77,30 @@ WINDOW_PATHS = pytest.mark.parametrize("table_max", [sampler_module._TABLE_MAX, 
 
 @WINDOW_PATHS
 @SETTINGS
-@given(shard_lists, worlds, seeds, epochs, chunks, st.booleans(), st.booleans())
+@given(shard_lists, worlds, seeds, epochs, chunks, blocks, st.booleans(), st.booleans())
 def test_exactly_once_equal_lengths_padding(
-    table_max: int, sizes: list[int], world: int, seed: int, epoch: int, chunk: int, shuffle: bool, drop_last: bool
+    table_max: int,
+    sizes: list[int],
+    world: int,
+    seed: int,
+    epoch: int,
+    chunk: int,
+    block: int,
+    shuffle: bool,
+    drop_last: bool,
 ) -> None:
     n = sum(sizes)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sampler_module, "_TABLE_MAX", table_max)
         streams = rank_streams(
-            sizes, world, seed=seed, epoch=epoch, chunk_shards=chunk, shuffle=shuffle, drop_last=drop_last
+            sizes,
+            world,
+            seed=seed,
+            epoch=epoch,
+            chunk_shards=chunk,
+            block_samples=block,
+            shuffle=shuffle,
+            drop_last=drop_last,
         )
     length = expected_len(n, world, drop_last)
     assert [len(s) for s in streams] == [length] * world
@@ -101,13 +117,15 @@ def test_exactly_once_equal_lengths_padding(
 
 
 @SETTINGS
-@given(shard_lists, worlds, seeds, epochs, chunks, st.booleans())
+@given(shard_lists, worlds, seeds, epochs, chunks, blocks, st.booleans())
 def test_each_rank_reads_few_shards_at_once(
-    sizes: list[int], world: int, seed: int, epoch: int, chunk: int, drop_last: bool
+    sizes: list[int], world: int, seed: int, epoch: int, chunk: int, block: int, drop_last: bool
 ) -> None:
     shard_of = np.repeat(np.arange(len(sizes)), sizes)
     n = sum(sizes)
-    streams = rank_streams(sizes, world, seed=seed, epoch=epoch, chunk_shards=chunk, drop_last=drop_last)
+    streams = rank_streams(
+        sizes, world, seed=seed, epoch=epoch, chunk_shards=chunk, block_samples=block, drop_last=drop_last
+    )
     length = expected_len(n, world, drop_last)
     for r, stream in enumerate(streams):
         real = max(0, min(length, n - r * length))  # positions before any padding
@@ -132,49 +150,43 @@ def test_no_shuffle_is_index_order(sizes: list[int], chunk: int) -> None:
 
 @WINDOW_PATHS
 @SETTINGS
-@given(shard_lists, worlds, seeds, epochs, chunks, st.booleans(), st.floats(0, 1), st.booleans())
+@given(shard_lists, worlds, seeds, epochs, st.tuples(chunks, blocks), st.booleans(), st.floats(0, 1), st.booleans())
 def test_resume_equals_uninterrupted(
     table_max: int,
     sizes: list[int],
     world: int,
     seed: int,
     epoch: int,
-    chunk: int,
+    chunk: tuple[int, int],
     drop_last: bool,
     frac: float,
     explicit: bool,
 ) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sampler_module, "_TABLE_MAX", table_max)
-        check_resume(sizes, world, seed, epoch, chunk, drop_last, frac, explicit)
-
-
-def check_resume(
-    sizes: list[int], world: int, seed: int, epoch: int, chunk: int, drop_last: bool, frac: float, explicit: bool
-) -> None:
-    kw = {"seed": seed, "chunk_shards": chunk, "drop_last": drop_last}
-    for r in range(world):
-        full = ShardSampler(Shards(sizes), world, r, **kw)
-        full.set_epoch(epoch)
-        whole = list(full)
-        k = int(frac * len(whole))
-        run = ShardSampler(Shards(sizes), world, r, **kw)
-        run.set_epoch(epoch)
-        if explicit:  # the training loop's own count
-            state = run.state_dict(consumed=k)
-        else:  # the sampler's count of what it handed out
-            it = iter(run)
-            for _ in range(k):
-                next(it)
-            state = run.state_dict()
-        state = json.loads(json.dumps(state))
-        resumed = ShardSampler(Shards(sizes), world, r, **kw)
-        resumed.load_state_dict(state)
-        resumed.set_epoch(epoch)  # what a training loop does next: keeps the position
-        assert len(resumed) == len(whole) - k
-        assert list(resumed) == whole[k:]
-        resumed.set_epoch(epoch + 1)  # another epoch starts from the beginning
-        assert len(resumed) == len(whole)
+        kw = {"seed": seed, "chunk_shards": chunk[0], "block_samples": chunk[1], "drop_last": drop_last}
+        for r in range(world):
+            full = ShardSampler(Shards(sizes), world, r, **kw)
+            full.set_epoch(epoch)
+            whole = list(full)
+            k = int(frac * len(whole))
+            run = ShardSampler(Shards(sizes), world, r, **kw)
+            run.set_epoch(epoch)
+            if explicit:  # the training loop's own count
+                state = run.state_dict(consumed=k)
+            else:  # the sampler's count of what it handed out
+                it = iter(run)
+                for _ in range(k):
+                    next(it)
+                state = run.state_dict()
+            state = json.loads(json.dumps(state))
+            resumed = ShardSampler(Shards(sizes), world, r, **kw)
+            resumed.load_state_dict(state)
+            resumed.set_epoch(epoch)  # what a training loop does next: keeps the position
+            assert len(resumed) == len(whole) - k
+            assert list(resumed) == whole[k:]
+            resumed.set_epoch(epoch + 1)  # another epoch starts from the beginning
+            assert len(resumed) == len(whole)
 
 
 @SETTINGS
@@ -184,13 +196,20 @@ def check_resume(
     worlds,
     seeds,
     chunks,
+    blocks,
     st.booleans(),
 )
 def test_resume_with_other_world_sizes_sees_rest_once(
-    sizes: list[int], phases: list[tuple[int, float]], last_world: int, seed: int, chunk: int, drop_last: bool
+    sizes: list[int],
+    phases: list[tuple[int, float]],
+    last_world: int,
+    seed: int,
+    chunk: int,
+    block: int,
+    drop_last: bool,
 ) -> None:
     n = sum(sizes)
-    kw = {"seed": seed, "chunk_shards": chunk, "drop_last": drop_last}
+    kw = {"seed": seed, "chunk_shards": chunk, "block_samples": block, "drop_last": drop_last}
     seen: list[int] = []
     state: dict[str, Any] | None = None
     slack = 0  # padding may repeat, drop_last may drop, fewer than `world` samples per phase
@@ -245,6 +264,18 @@ def test_window_shuffle_is_uniform(table_max: int) -> None:
     assert chi2 < 9 + 5 * math.sqrt(18), first
 
 
+@pytest.mark.parametrize("table_max", [sampler_module._TABLE_MAX, 0], ids=["table", "feistel"])
+def test_block_samples_keep_runs_in_order(table_max: int) -> None:
+    """A window of 14 samples, runs of 4: three whole runs in some order, each in order; the partial run last."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampler_module, "_TABLE_MAX", table_max)
+        orders = {tuple(ShardSampler(Shards([14]), 1, 0, seed=s, block_samples=4)) for s in range(40)}
+    runs = {(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)}
+    for order in orders:
+        assert {order[0:4], order[4:8], order[8:12]} == runs and order[12:] == (12, 13)
+    assert len(orders) == 6  # all 3! orders of the runs occur
+
+
 def test_resume_other_world_size_exact_example() -> None:
     """24 samples, 2 ranks consume 5 each, 3 ranks finish: the 14 others, once, in the old blocks' order."""
     data = Shards([6, 0, 1, 6, 5, 6])
@@ -283,6 +314,10 @@ def test_state_round_trip_and_errors() -> None:
         ShardSampler(data, 2, 2)
     with pytest.raises(ValueError, match="chunk_shards must be >= 1"):
         ShardSampler(data, 1, 0, chunk_shards=0)
+    with pytest.raises(ValueError, match="block_samples must be >= 1, got 0"):
+        ShardSampler(data, 1, 0, block_samples=0)
+    with pytest.raises(SamplerStateError, match="block_samples=1, this sampler has block_samples=2"):
+        ShardSampler(data, 2, 1, seed=4, block_samples=2).load_state_dict(state)
     with pytest.raises(ValueError, match="shard sizes must be >= 0, got -1 for shard 1"):
         ShardSampler(Shards([2, -1]), 1, 0)
 
@@ -303,7 +338,7 @@ def test_default_world_from_torch_distributed(monkeypatch: pytest.MonkeyPatch) -
     s = ShardSampler(Shards([2, 2]))
     assert (s.num_replicas, s.rank) == (1, 0)
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(RuntimeError, match="torch.distributed is not initialised"):
+    with pytest.raises(RuntimeError, match=r"torch\.distributed is not initialised"):
         ShardSampler(Shards([2, 2]))
     assert ShardSampler(Shards([2, 2]), 2, 1).rank == 1  # explicit rank and world size need no torch
 
@@ -343,7 +378,7 @@ def test_five_billion_samples_in_o_shards_memory() -> None:
         tracemalloc.stop()
     assert peak < 100 * 2**20, f"{peak / 2**20:.1f} MiB"
     assert len(s) == 625_000_000 and len(resumed) == math.ceil((5_000_000_000 - 8 * 50_000) / 6)
-    assert len(set(head)) == len(head) and 0 <= min(head) and max(head) < 5_000_000_000
+    assert len(set(head)) == len(head) and min(head) >= 0 and max(head) < 5_000_000_000
     shards = {i // 10_000 for i in head}
     assert len(shards) <= 4 * (50_000 // 40_000 + 2)  # a few windows of 4 shards
     assert tail[0] not in set(head)
@@ -396,3 +431,25 @@ def test_sampler_over_tardataset_matches_shard_sizes(dataset: TarDataset) -> Non
     for i in order[:20]:
         shard = int(np.searchsorted(starts, i, side="right")) - 1
         assert dataset[i][1] == dataset.urls[shard]
+
+
+def test_sampler_over_zstd_shards(tmp_path: Path) -> None:
+    """zstd shards (sample-aligned frames): the same shard sizes, every sample once, bytes as in the plain tar."""
+    from conftest import make_shard_set
+
+    plain = make_shard_set(tmp_path / "plain", n_shards=5, per=7)
+    zstd = [tmp_path / f"{p.name}.zst" for p in plain]
+    for src, dst in zip(plain, zstd):
+        tarindex.compress_shard(src, dst, frame_size=2048)
+    zds = TarDataset(tarindex.build_index([str(p) for p in zstd], index=tmp_path / "z.tarindex").path)
+    pds = TarDataset(tarindex.build_index([str(p) for p in plain], index=tmp_path / "p.tarindex").path)
+    assert zds.shard_sizes == pds.shard_sizes == [7] * 5
+    frames = zds.index.frame_table(0)
+    assert frames is not None and len(frames) > 1  # really zstd, several frames per shard
+    seen = []
+    for rank in range(3):
+        for i in ShardSampler(zds, 3, rank, seed=1, chunk_shards=2, block_samples=3):
+            z, p = zds.read(i), pds.read(i)
+            assert z["__key__"] == p["__key__"] and bytes(z["bin"]) == bytes(p["bin"])
+            seen.append(i)
+    assert sorted(set(seen)) == list(range(35)) and len(seen) == 36  # 3 ranks x 12, one padded

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 import zstandard
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tarindex
 from conftest import make_shard_set, py_tar, tarfile_members
@@ -190,6 +192,18 @@ def test_mixed_plain_and_zstd_index(tmp_path: Path) -> None:
     assert ds.get("s03i029")["txt"] == b"text 3 29"
 
 
+def test_streamed_build_records_frame_table(big: Path, tmp_path: Path) -> None:
+    """A zstd shard indexed from a pipe gets the same tables and frame table as the local file."""
+    shard = _by_compress(big, tmp_path / "p.tar.zst")
+    local = tarindex.build_index([shard], index=tmp_path / "local.tarindex", workers=1)
+    piped = tarindex.build_index([f"pipe:cat {shard}"], index=tmp_path / "piped.tarindex", workers=1)
+    a, b = IndexReader(local.path), IndexReader(piped.path)
+    assert b.shards[0].compression == "zstd" and b.shards[0].random_access
+    assert np.array_equal(a.frame_table(0), b.frame_table(0))
+    assert np.array_equal(a.array("sample_offset"), b.array("sample_offset"))
+    assert b.shards[0].fingerprint == a.shards[0].fingerprint
+
+
 def test_incremental_build_and_merge_keep_frame_tables(big: Path, tmp_path: Path) -> None:
     shard = _by_compress(big, tmp_path / "a.tar.zst")
     other = make_shard_set(tmp_path / "o", n_shards=1, per=5)[0]
@@ -312,6 +326,36 @@ def test_iter_decompressed_any_chunking(piece: int, tmp_path: Path) -> None:
     assert b"".join(iter_decompressed(chunks, "f.zst")) == small.read_bytes() * 2
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    frames=st.lists(
+        st.tuples(st.binary(max_size=3000), st.integers(1, 19), st.booleans(), st.booleans(), st.integers(0, 40)),
+        min_size=1,
+        max_size=6,
+    ),
+    cuts=st.lists(st.integers(0, 20_000), max_size=8),
+)
+def test_frame_walk_property(frames: list[tuple[bytes, int, bool, bool, int]], cuts: list[int]) -> None:
+    """Any frames (levels, checksums, content sizes, skippable frames between) cut anywhere: same bytes, exact table."""
+    stream = b""
+    expected = []
+    d_off = 0
+    for data, level, checksum, content_size, skip in frames:
+        if skip:
+            stream += (0x184D2A50 + skip % 16).to_bytes(4, "little") + skip.to_bytes(4, "little") + bytes(skip)
+        frame = zstandard.ZstdCompressor(level=level, write_checksum=checksum, write_content_size=content_size).compress(data)
+        expected.append((len(stream), len(frame), d_off, len(data)))
+        stream += frame
+        d_off += len(data)
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    chunks = [stream[a:b] for a, b in zip(points, points[1:])]
+    rows: list[tuple[int, int, int, int]] = []
+    from tarindex.zstd import decompress_frames
+
+    assert b"".join(decompress_frames(chunks, "p.zst", rows)) == b"".join(f[0] for f in frames)
+    assert rows == expected
+
+
 def test_iter_decompressed_bounds_output_pieces(tmp_path: Path) -> None:
     data = zstandard.ZstdCompressor().compress(bytes(64 << 20))  # 64 MiB of zeros: a few KB compressed
     sizes = [len(p) for p in iter_decompressed([data], "zeros.zst")]
@@ -415,6 +459,8 @@ def test_single_frame_shard_needs_opt_in(one_frame: tuple[Path, Path], tmp_path:
     assert result.exit_code == 0
     assert f"warning: {shard}: zstd frames too large for random access" in result.output
     assert f"tarindex compress {shard} {shard}" in result.output
+    info = CliRunner().invoke(main, ["info", str(index)])
+    assert "zstd shards:    1 (1 too coarse for random access; see docs/zstd.md)" in info.output
     ds = tarindex.TarDataset(index)
     assert not ds.index.shards[0].random_access
     with pytest.raises(RandomAccessError, match=r"one\.tar\.zst: 1 zstd frame\(s\).*tarindex compress .*zstd_cache_dir="):
@@ -488,6 +534,28 @@ def test_dataloader_workers_read_zstd_shards(tmp_path: Path) -> None:
     for p in plain:
         oracle.update(expected_samples(p))
     assert got == {k: v["bin"] for k, v in oracle.items()}
+
+
+@pytest.mark.parametrize("read_path", ["c", "python"])
+def test_both_read_paths_on_zstd(read_path: str, big: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C read path calls the zstd reader's read_at and slices members itself; the Python path is the reference."""
+    import tarindex.dataset
+
+    if read_path == "python":
+        monkeypatch.setattr(tarindex.dataset, "_speedups", None)
+    else:
+        assert tarindex.dataset._speedups is not None, "the C read path was not built (pip install -e . compiles it)"
+    shard = _by_compress(big, tmp_path / "c.tar.zst")
+    plain = shutil.copy(big, tmp_path / "p.tar")
+    report = tarindex.build_index([shard, plain], index=tmp_path / "c.tarindex", workers=1)
+    ds = tarindex.TarDataset(report.path)
+    order = random_order(len(ds))
+    got = [ds.read(i) for i in order]
+    assert (ds._fast is not None) == (read_path == "c")
+    assert got == [ds._read_py(i) for i in order]
+    check_dataset(ds, expected_samples(big), order[:300])
+    ds.close()  # the C reader lets go of its handles too
+    assert ds.read(5) == ds._read_py(5)
 
 
 def test_get_cli_on_zstd(big: Path, tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Benchmarks, side by side with the peers and the physical limit, as ratios in one run.
 
-Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,zstd,sampler,scale]
+Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,zstd,sampler,sampler_zstd,scale]
 Every part runs by default; ``--only`` picks some. ``--only stream,quick``: the streaming benchmark over
-4 shards per set; ``--zstd-shards N``: the zstd benchmark on the first N shards; ``--sets sampler``: a quick set.
+4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
+``--sets sampler``: a quick set.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
 Results go to stdout as a markdown table; record them in docs/performance.md.
 """
@@ -426,14 +427,14 @@ def bench_zstd(paths: list[str], name: str, work: Path, frame_table: bool) -> li
         random.Random(2).shuffle(sub_order)
         sub_order = sub_order[:50_000]
         t_sub_plain = min(_random_reads(sub_ix, sub_order, None) for _ in range(2))
-        for fs in (4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 1 << 20):
+        for fs in (1, 4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 1 << 20):  # 1: one sample per frame
             _, files = _zstd_copies(sub, zdir, fs)
             size = sum(os.path.getsize(p) for p in files)
             ix = work / f"zstd-{name}-fs{fs}.tarindex"
             tarindex.build_index(files, index=ix)
             t = min(_random_reads(ix, sub_order, 0) for _ in range(2))
             rows.append((
-                f"{name}: frame size {fs >> 10} KiB: size vs one frame (%) | random access vs plain",
+                f"{name}: frame size {fs >> 10 if fs > 1 else 0} KiB{' (one sample per frame)' if fs == 1 else ''}: size vs one frame (%) | random access vs plain",
                 100 * (size / one_size - 1),
                 f"{t_sub_plain / t:.2f}x plain tar ({len(sub_order) / t:,.0f} samples/s, cache off); {size / sub_raw:.3f} of the tar",
             ))
@@ -458,6 +459,8 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_open(ds, name, work)
     if "sampler" in only:
         yield from bench_sampler_order(index, name)
+    if "sampler_zstd" in only:
+        yield from bench_sampler_zstd(paths[: ZSTD_SHARDS[0]], name, work)
     if "stream" in only:
         yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
     if "zstd" in only:
@@ -481,37 +484,62 @@ def _evict(paths: list[str]) -> None:
 def bench_sampler_order(index: str | Path, name: str, *, world: int = 2) -> list[tuple[str, float, str]]:
     """TarDataset read throughput of rank 0 in ShardSampler order vs DistributedSampler order, same data.
 
-    Takes any index (plain tar today; point it at an index of zstd shards to compare frame-cache locality).
-    Warm: page cache holds the shards. Cold: the shards' pages are evicted (posix_fadvise) before each pass.
+    Takes any index, plain tar or zstd (see ``bench_sampler_zstd``). Warm: page cache holds the shards.
+    Cold: the shards' pages are evicted (posix_fadvise) before each pass. The zstd frame cache (default
+    size) is emptied before every pass, so each order starts from nothing.
     """
     from torch.utils.data import DistributedSampler
+
+    from tarindex.zstd import frame_cache
 
     ds = tarindex.TarDataset(index)
     orders = {
         "DistributedSampler": list(DistributedSampler(ds, num_replicas=world, rank=0, shuffle=True, seed=0)),
         "ShardSampler": list(tarindex.ShardSampler(ds, world, 0, seed=0)),
+        "ShardSampler(chunk_shards=1)": list(tarindex.ShardSampler(ds, world, 0, seed=0, chunk_shards=1)),
+        "ShardSampler(block_samples=16)": list(tarindex.ShardSampler(ds, world, 0, seed=0, block_samples=16)),
         "index order (sequential: the locality limit)": list(tarindex.ShardSampler(ds, world, 0, shuffle=False)),
     }
     read = ds.read
     rows: list[tuple[str, float, str]] = []
     for cache in ("warm", "cold"):
-        rate = {}
-        for label, order in orders.items():
-            if cache == "warm":
-                _read_all(read, order)  # fill the page cache
-            best = float("inf")
-            for _ in range(3 if cache == "warm" else 2):
+        if cache == "warm":
+            _read_all(read, list(range(len(ds))))  # fill the page cache
+        best = dict.fromkeys(orders, float("inf"))
+        for _ in range(5 if cache == "warm" else 2):  # rounds over all orders: load drift hits each alike
+            for label, order in orders.items():
                 if cache == "cold":
                     ds.close()
                     _evict(ds.urls)
-                best = min(best, timed(lambda order=order: _read_all(read, order)))
-            rate[label] = len(order) / best
+                frame_cache().clear()
+                best[label] = min(best[label], timed(lambda order=order: _read_all(read, order)))
+        rate = {label: len(order) / best[label] for label, order in orders.items()}
         base = rate["DistributedSampler"]
         rows.append((f"{name}: rank 0 of {world}, DistributedSampler, {cache} (samples/s)", base, "peer"))
         for label in list(orders)[1:]:
             ratio = f"{rate[label] / base:.2f}x DistributedSampler"
             rows.append((f"{name}: rank 0 of {world}, {label}, {cache} (samples/s)", rate[label], ratio))
     return rows
+
+
+def bench_sampler_zstd(paths: list[str], name: str, work: Path, frame_size: int = 32 << 10) -> list[Row]:
+    """``bench_sampler_order`` on ``tarindex compress`` copies of the shards, with several samples per frame."""
+    from tarindex.writer import compress_shard
+
+    zdir = work / f"zstd-{name}"
+    zdir.mkdir(parents=True, exist_ok=True)
+    framed = []
+    for p in paths:
+        out = zdir / (Path(p).name + f".f{frame_size}.zst")  # the naming of _zstd_copies: files are shared
+        if not out.exists():
+            compress_shard(p, out, frame_size=frame_size)
+        framed.append(str(out))
+    index = tarindex.build_index(framed, index=work / f"zstd-{name}-f{frame_size}.tarindex").path
+    ds = tarindex.TarDataset(index)
+    frames = sum(len(t) for k in range(len(ds.urls)) if (t := ds.index.frame_table(k)) is not None)
+    per_frame = len(ds) / frames
+    rows: list[Row] = [(f"{name}.zst ({frame_size >> 10} KiB frames): samples per frame", per_frame, f"{frames:,} frames")]
+    return rows + bench_sampler_order(index, f"{name}.zst")
 
 
 class _Synthetic:
@@ -595,7 +623,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default="bench-data", type=Path)
     ap.add_argument("--sets", default="jpeg,small")
-    ap.add_argument("--only", default="build,access,loader,open,stream,zstd,sampler,scale")
+    ap.add_argument("--only", default="build,access,loader,open,stream,zstd,sampler,sampler_zstd,scale")
     ap.add_argument("--zstd-shards", type=int, default=None, help="zstd benchmark on the first N shards (quick check)")
     args = ap.parse_args()
     ZSTD_SHARDS[0] = args.zstd_shards

@@ -28,6 +28,8 @@ def command(index: str, as_json: bool) -> None:
         "members": ix.n_members,
         "sample_bytes": data_bytes,
         "shard_bytes": sum(s.size for s in ix.shards),
+        "zstd_shards": sum(1 for s in ix.shards if s.compression == "zstd"),
+        "zstd_shards_without_random_access": sum(1 for s in ix.shards if not s.random_access),
         "index_bytes": ix.file_size(),
         "duplicate_keys": ix.duplicate_keys,
         "extensions": exts,
@@ -38,6 +40,9 @@ def command(index: str, as_json: bool) -> None:
     click.echo(f"index:          {summary['index']} (format {summary['format_version']}, {human(summary['index_bytes'])})")
     click.echo(f"created:        {summary['created']}")
     click.echo(f"shards:         {summary['shards']} ({human(summary['shard_bytes'])})")
+    if summary["zstd_shards"]:
+        slow = summary["zstd_shards_without_random_access"]
+        click.echo(f"zstd shards:    {summary['zstd_shards']}" + (f" ({slow} too coarse for random access; see docs/zstd.md)" if slow else ""))
     click.echo(f"samples:        {summary['samples']} ({human(data_bytes)})")
     click.echo(f"members:        {summary['members']}")
     dup = summary["duplicate_keys"]
