@@ -107,6 +107,7 @@ class TarDataset:
         self.zstd_cache_bytes = zstd_cache_bytes
         self._gen = -1  # FORK[0] this object attached under; -1: not attached
         self._n = self.index.n_samples
+        self._samples_per_frame: int | None = None
         self.urls = [info.path if is_url(info.path) else str(self.index.shard_path(i)) for i, info in enumerate(self.index.shards)]
 
     # -- per-process state ----------------------------------------------------
@@ -186,7 +187,7 @@ class TarDataset:
             pass
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k == "_n"}
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k in ("_n", "_samples_per_frame")}
         state["_gen"] = -1
         return state
 
@@ -269,6 +270,25 @@ class TarDataset:
         """Samples per shard, in index order (sample numbers run shard after shard)."""
         starts = self.index.array("shard_start")
         return [int(b - a) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+
+    @property
+    def samples_per_frame(self) -> int:
+        """Mean samples per zstd frame over the zstd shards (rounded down, at least 1); 1 without zstd shards.
+
+        ``ShardSampler`` shuffles runs of this many consecutive samples by
+        default, so each frame is decompressed about once per epoch.
+        """
+        if self._samples_per_frame is None:
+            samples = frames = 0
+            sizes = self.shard_sizes
+            for shard, info in enumerate(self.index.shards):
+                if info.compression == "zstd":
+                    table = self.index.frame_table(shard)
+                    if table is not None and len(table):
+                        samples += sizes[shard]
+                        frames += len(table)
+            self._samples_per_frame = max(1, samples // frames) if frames else 1
+        return self._samples_per_frame
 
     def keys(self) -> Iterator[str]:
         """Every sample's key, in index order."""

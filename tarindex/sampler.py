@@ -244,7 +244,9 @@ class ShardSampler:
         block_samples: shuffle runs of this many consecutive samples instead
             of single samples (each run read in order): about the samples per
             zstd frame makes every frame decompress once per epoch, whatever
-            the frame cache holds.
+            the frame cache holds. Default (``None``): the dataset's
+            ``samples_per_frame`` when it has one (``TarDataset``: 1 for plain
+            tar, the mean samples per frame of its zstd shards), else 1.
 
     Raises:
         ValueError: bad rank, world size, chunk or block size, or a negative
@@ -263,8 +265,10 @@ class ShardSampler:
         drop_last: bool = False,
         *,
         chunk_shards: int = 4,
-        block_samples: int = 1,
+        block_samples: int | None = None,
     ) -> None:
+        if block_samples is None:
+            block_samples = max(1, int(getattr(dataset, "samples_per_frame", 1)))
         if num_replicas is None or rank is None:
             num_replicas, rank = _default_world(num_replicas, rank)
         if num_replicas < 1:

@@ -453,3 +453,25 @@ def test_sampler_over_zstd_shards(tmp_path: Path) -> None:
             assert z["__key__"] == p["__key__"] and bytes(z["bin"]) == bytes(p["bin"])
             seen.append(i)
     assert sorted(set(seen)) == list(range(35)) and len(seen) == 36  # 3 ranks x 12, one padded
+
+
+def test_default_block_follows_the_zstd_frames(tmp_path: Path, dataset: TarDataset) -> None:
+    """Plain tar: single samples; zstd shards of several samples per frame: runs of about one frame."""
+    from conftest import make_shard_set
+
+    assert dataset.samples_per_frame == 1
+    assert ShardSampler(dataset, 1, 0).block_samples == 1
+    plain = make_shard_set(tmp_path / "framed", n_shards=3, per=40)
+    zstd = [tmp_path / f"{p.name}.zst" for p in plain]
+    for src, dst in zip(plain, zstd):
+        tarindex.compress_shard(src, dst, frame_size=16 << 10)
+    zds = TarDataset(tarindex.build_index([str(p) for p in zstd], index=tmp_path / "f.tarindex").path)
+    frames = sum(len(zds.index.frame_table(k)) for k in range(3))
+    assert zds.samples_per_frame == 120 // frames > 1
+    sampler = ShardSampler(zds, 2, 1, seed=3)
+    assert sampler.block_samples == zds.samples_per_frame
+    assert ShardSampler(zds, 2, 1, seed=3, block_samples=1).block_samples == 1  # an explicit value wins
+    order = list(sampler)
+    assert len(set(order)) == len(order)
+    runs = sum(1 for a, b in zip(order, order[1:]) if b == a + 1)
+    assert runs >= len(order) // 2  # consecutive samples come in runs
