@@ -12,6 +12,7 @@
 #include <Python.h>
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -354,7 +355,298 @@ static PyTypeObject ReaderType = {
     .tp_new = PyType_GenericNew,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", "TarDataset's read path in C.", -1, NULL};
+
+/* ---- the tar header walk's common case ----------------------------------------------------
+ *
+ * scan_headers(buf, pos, base, with_data, limit) -> (entries, pos, last_header, last_size)
+ *
+ * Walks consecutive plain headers from buf[pos:] and returns the regular members as
+ * (name, header_offset, data_offset, size, data-or-None) with absolute offsets (base + position),
+ * the position after the last header walked (its padded data may end past the buffer), and that
+ * header's position and size (for the caller's truncation error).
+ * It stops, without consuming it, at the first header it does not fully vouch for: a zero
+ * block, an extension header (PAX, GNU long name or link, sparse, anything unknown), a
+ * checksum that does not match the unsigned sum, a size that is not plain octal, a ustar
+ * prefix, a header that does not fit in the buffer, or (with_data) member data that does not.
+ * tarindex.tar._walk handles those, so it stays the one authority on everything unusual.
+ */
+static int octal_field(const unsigned char *f, int len, uint64_t *out) {
+    int i = 0;
+    uint64_t v = 0;
+    while (i < len && f[i] == ' ') i++;
+    int start = i;
+    while (i < len && f[i] >= '0' && f[i] <= '7') {
+        if (v >> 60) return -1;
+        v = v * 8 + (uint64_t)(f[i] - '0');
+        i++;
+    }
+    if (i == start) return -1;
+    for (; i < len; i++)
+        if (f[i] != 0 && f[i] != ' ') return -1;
+    *out = v;
+    return 0;
+}
+
+static int all_zero(const unsigned char *h) {
+    for (int i = 0; i < 512; i++)
+        if (h[i]) return 0;
+    return 1;
+}
+
+static PyObject *scan_headers(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos, limit;
+    long long base;
+    int with_data;
+    if (!PyArg_ParseTuple(args, "y*nLpn", &view, &pos, &base, &with_data, &limit)) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t end = view.len;
+    PyObject *entries = PyList_New(0);
+    Py_ssize_t last_at = pos;
+    uint64_t last_size = 0;
+    if (!entries) goto fail;
+    while (pos >= 0 && pos + 512 <= end && PyList_GET_SIZE(entries) < limit) {
+        const unsigned char *h = buf + pos;
+        unsigned char typ = h[156];
+        int regular = typ == '0' || typ == 0 || typ == '7';
+        int skipped = typ == '1' || typ == '2' || typ == '3' || typ == '4' || typ == '5' || typ == '6';
+        if (!regular && !skipped) break;
+        if (all_zero(h)) break;
+        uint64_t stored, size;
+        if (octal_field(h + 148, 8, &stored) < 0) break;
+        uint64_t sum = 8 * 32;
+        for (int i = 0; i < 512; i++)
+            if (i < 148 || i >= 156) sum += h[i];
+        if (sum != stored) break;
+        if (h[124] & 0x80) break;
+        if (octal_field(h + 124, 12, &size) < 0) break;
+        if (memcmp(h + 257, "ustar\0", 6) == 0 && h[345]) break;
+        uint64_t padded = (size + 511) & ~(uint64_t)511;
+        Py_ssize_t data = pos + 512;
+        if (padded > (uint64_t)PY_SSIZE_T_MAX - (uint64_t)data) break;
+        if (regular) {
+            if (with_data && (uint64_t)(end - data) < size) break;
+            Py_ssize_t nlen = 0;
+            while (nlen < 100 && h[nlen]) nlen++;
+            PyObject *name = PyUnicode_DecodeUTF8((const char *)h, nlen, "surrogateescape");
+            PyObject *payload = with_data ? PyBytes_FromStringAndSize((const char *)buf + data, (Py_ssize_t)size)
+                                          : (Py_INCREF(Py_None), Py_None);
+            PyObject *entry = (name && payload)
+                                  ? Py_BuildValue("(NLLKN)", name, base + pos, base + data, (unsigned long long)size, payload)
+                                  : NULL;
+            if (!entry) {
+                if (!name || !payload) {
+                    Py_XDECREF(name);
+                    Py_XDECREF(payload);
+                }
+                goto fail;
+            }
+            int rc = PyList_Append(entries, entry);
+            Py_DECREF(entry);
+            if (rc < 0) goto fail;
+        }
+        last_at = pos;
+        last_size = size;
+        pos = data + (Py_ssize_t)padded;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(NnnK)", entries, pos, last_at, (unsigned long long)last_size);
+fail:
+    Py_XDECREF(entries);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+
+/* ---- members -> offset tables, webdataset's key rule in its common case ------------------
+ *
+ * pack_members(entries) -> (sample_offset, sample_size, sample_nmembers, member_ext,
+ *                           member_offset, member_size, keys, exts) or None
+ *
+ * entries: the list of (name, header_offset, data_offset, size, data) that tarindex.tar yields.
+ * Arrays come back as bytearrays of little-endian u64/u64/u32/u16/u64/u64. None when any name is
+ * outside the common case (no dot after the last '/' but the first character, or a leading '_'),
+ * or when a sample repeats an extension: tarindex.samples.group_members then does the whole
+ * shard, with the full rules and the error.
+ */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} Grow;
+
+static int grow_put(Grow *g, const void *v, size_t n) {
+    if (g->len + n > g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 4096;
+        while (cap < g->len + n) cap *= 2;
+        char *q = PyMem_Realloc(g->p, cap);
+        if (!q) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        g->p = q;
+        g->cap = cap;
+    }
+    memcpy(g->p + g->len, v, n);
+    g->len += n;
+    return 0;
+}
+
+static PyObject *grow_take(Grow *g) {
+    PyObject *out = PyByteArray_FromStringAndSize(g->p ? g->p : "", (Py_ssize_t)g->len);
+    PyMem_Free(g->p);
+    g->p = NULL;
+    return out;
+}
+
+static PyObject *pack_members(PyObject *self, PyObject *entries) {
+    if (!PyList_Check(entries)) {
+        PyErr_SetString(PyExc_TypeError, "entries must be a list");
+        return NULL;
+    }
+    Grow s_off = {0}, s_size = {0}, s_n = {0}, m_ext = {0}, m_off = {0}, m_size = {0};
+    PyObject *keys = PyList_New(0), *exts = PyList_New(0), *ext_ids = PyDict_New(), *result = NULL;
+    PyObject *key = NULL; /* the current sample's key */
+    uint64_t start = 0, end = 0;
+    uint32_t count = 0;
+    uint16_t seen[64];
+    int bail = 0;
+    if (!keys || !exts || !ext_ids) goto done;
+    Py_ssize_t n = PyList_GET_SIZE(entries);
+    for (Py_ssize_t i = 0; i < n && !bail; i++) {
+        PyObject *e = PyList_GET_ITEM(entries, i);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 4) {
+            PyErr_SetString(PyExc_TypeError, "entries must be (name, header_offset, data_offset, size, ...)");
+            goto done;
+        }
+        PyObject *name = PyTuple_GET_ITEM(e, 0);
+        unsigned long long h = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(e, 1));
+        unsigned long long d = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(e, 2));
+        unsigned long long z = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(e, 3));
+        if (PyErr_Occurred() || !PyUnicode_Check(name)) goto done;
+        Py_ssize_t len = PyUnicode_GET_LENGTH(name);
+        if (len == 0 || PyUnicode_READ_CHAR(name, 0) == '_') {
+            bail = 1;
+            break;
+        }
+        Py_ssize_t slash = PyUnicode_FindChar(name, '/', 0, len, -1);
+        Py_ssize_t dot = PyUnicode_FindChar(name, '.', slash + 1, len, 1);
+        if (dot == -2 || slash == -2) goto done;
+        if (dot <= slash + 1) {
+            bail = 1;
+            break;
+        }
+        PyObject *k = PyUnicode_Substring(name, 0, dot);
+        PyObject *raw_ext = PyUnicode_Substring(name, dot + 1, len);
+        if (!k || !raw_ext) {
+            Py_XDECREF(k);
+            Py_XDECREF(raw_ext);
+            goto done;
+        }
+        PyObject *id_obj = PyDict_GetItemWithError(ext_ids, raw_ext);
+        long id;
+        if (id_obj) {
+            id = PyLong_AsLong(id_obj);
+        } else if (PyErr_Occurred()) {
+            Py_DECREF(k);
+            Py_DECREF(raw_ext);
+            goto done;
+        } else {
+            PyObject *lower = PyObject_CallMethod(raw_ext, "lower", NULL);
+            Py_ssize_t found = -1;
+            if (lower) { /* two spellings (JPG, jpg) share one lower-cased extension */
+                for (Py_ssize_t q = 0; q < PyList_GET_SIZE(exts); q++) {
+                    int eq = PyUnicode_Compare(PyList_GET_ITEM(exts, q), lower);
+                    if (eq == 0) {
+                        found = q;
+                        break;
+                    }
+                }
+            }
+            if (!lower || (found < 0 && PyList_Append(exts, lower) < 0)) {
+                Py_XDECREF(lower);
+                Py_DECREF(k);
+                Py_DECREF(raw_ext);
+                goto done;
+            }
+            Py_DECREF(lower);
+            id = found >= 0 ? (long)found : (long)PyList_GET_SIZE(exts) - 1;
+            PyObject *v = PyLong_FromLong(id);
+            if (!v || PyDict_SetItem(ext_ids, raw_ext, v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(k);
+                Py_DECREF(raw_ext);
+                goto done;
+            }
+            Py_DECREF(v);
+        }
+        Py_DECREF(raw_ext);
+        if (id > 65535) {
+            Py_DECREF(k);
+            bail = 1;
+            break;
+        }
+        int same = key ? PyUnicode_Compare(key, k) == 0 : 0;
+        if (!same) {
+            if (key) {
+                uint64_t size = end - start;
+                if (grow_put(&s_off, &start, 8) < 0 || grow_put(&s_size, &size, 8) < 0 || grow_put(&s_n, &count, 4) < 0 ||
+                    PyList_Append(keys, key) < 0) {
+                    Py_DECREF(k);
+                    goto done;
+                }
+                Py_DECREF(key);
+            }
+            key = k;
+            start = h;
+            count = 0;
+        } else {
+            Py_DECREF(k);
+            for (uint32_t q = 0; q < count && q < 64; q++)
+                if (seen[q] == (uint16_t)id) bail = 1; /* a repeated extension: the Python path names it */
+            if (count >= 64) bail = 1;
+            if (bail) break;
+        }
+        uint16_t id16 = (uint16_t)id;
+        uint64_t rel = d - start;
+        if (count < 64) seen[count] = id16;
+        if (grow_put(&m_ext, &id16, 2) < 0 || grow_put(&m_off, &rel, 8) < 0 || grow_put(&m_size, &z, 8) < 0) goto done;
+        count++;
+        end = d + ((z + 511) & ~(uint64_t)511);
+    }
+    if (bail) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    if (key) {
+        uint64_t size = end - start;
+        if (grow_put(&s_off, &start, 8) < 0 || grow_put(&s_size, &size, 8) < 0 || grow_put(&s_n, &count, 4) < 0 ||
+            PyList_Append(keys, key) < 0)
+            goto done;
+    }
+    result = Py_BuildValue("(NNNNNNOO)", grow_take(&s_off), grow_take(&s_size), grow_take(&s_n), grow_take(&m_ext),
+                           grow_take(&m_off), grow_take(&m_size), keys, exts);
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(keys);
+    Py_XDECREF(exts);
+    Py_XDECREF(ext_ids);
+    PyMem_Free(s_off.p);
+    PyMem_Free(s_size.p);
+    PyMem_Free(s_n.p);
+    PyMem_Free(m_ext.p);
+    PyMem_Free(m_off.p);
+    PyMem_Free(m_size.p);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"pack_members", pack_members, METH_O, "pack_members(entries) -> offset tables, or None outside the common case"},
+    {"scan_headers", scan_headers, METH_VARARGS, "scan_headers(buf, pos, base, with_data, limit) -> (entries, pos, last_header, last_size)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", "TarDataset's read path and the tar header walk's common case, in C.", -1, module_methods};
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyType_Ready(&ReaderType) < 0) return NULL;

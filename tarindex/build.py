@@ -13,7 +13,6 @@ from .errors import CorruptArchiveError, IndexFormatError, IndexNotFoundError, S
 from .index.format import ShardInfo, ShardTable
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
-from .samples import group_members
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, fingerprint, fingerprint_stream
 from .sources import is_url, open_source
 from .tar import iter_tar, iter_tar_file
@@ -60,7 +59,7 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
         if is_zstd(os.pread(fd, 4, 0)):
             table = scan_zstd(fd, path)
         else:
-            table = ShardTable.from_samples(group_members(iter_tar_file(fd, path), path))
+            table = ShardTable.from_entries(iter_tar_file(fd, path), path)
         info = ShardInfo(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table.n_samples, table.n_members)
         if table.frames is not None:
             info = dataclasses.replace(info, compression="zstd", random_access=random_access(table.frames))
@@ -96,7 +95,7 @@ def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
     rows: list[tuple[int, int, int, int]] = []
     with open_source(url) as source:
         raw = source.archive(tapped, frames=rows)
-        table = ShardTable.from_samples(group_members(iter_tar(raw, url), url))
+        table = ShardTable.from_entries(iter_tar(raw, url), url)
         for _ in raw:  # the rest (end-of-archive padding): the size and fingerprint cover the whole stream
             pass
         size = source.position

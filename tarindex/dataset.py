@@ -7,14 +7,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from ._native import SPEEDUPS
 from ._process import FORK
-
-try:  # the C read path; the pure-Python one below is the reference
-    from . import _speedups
-except ImportError:  # not compiled here
-    _speedups = None  # type: ignore[assignment]
-if os.environ.get("TARINDEX_PURE_PYTHON"):
-    _speedups = None  # type: ignore[assignment]
 from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, ShardNotFoundError, StaleIndexError
 from .index.format import ShardInfo
@@ -22,6 +16,8 @@ from .index.reader import IndexReader
 from .shards import resolve_index
 from .sources import RangeReader, is_url
 from .zstd import open_zstd_shard
+
+_speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
 
 __all__ = ["TarDataset"]
 

@@ -23,6 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ._native import SPEEDUPS
 from .errors import CorruptArchiveError
 
 __all__ = ["BLOCK", "Buffer", "Entry", "Member", "iter_members", "iter_tar", "iter_tar_file", "scan_tar"]
@@ -43,6 +44,9 @@ _WINDOW = 64 << 10
 _SMALL_WINDOW = 4 << 10
 
 log = logging.getLogger(__name__)
+
+# the common case of the walk in C; _walk below is the reference and handles everything else
+_scan_headers = SPEEDUPS.scan_headers if SPEEDUPS is not None else None
 
 Entry = tuple[str, int, int, int, "bytes | None"]
 """``(name, header_offset, data_offset, size, data)`` of one regular member."""
@@ -314,6 +318,8 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[En
     pax: dict[str, str] = {}
     global_pax: dict[str, str] = {}
 
+    scan = _scan_headers
+
     def fail(at: int, what: str) -> CorruptArchiveError:
         _verify(blocks, block_offsets, path)  # an earlier bad checksum explains more
         if blocks and block_offsets[-1] == at and not _checksum_ok(blocks[-1]):
@@ -332,6 +338,23 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[En
                 if not len(buf):
                     raise fail(here, "truncated archive: no end-of-archive marker")
                 raise fail(here, f"truncated header ({len(buf)} of {BLOCK} bytes)")
+        if scan is not None and start < 0 and not pax and not global_pax and long_name is None:
+            got, after, last_at, last_size = scan(buf, pos, cur.base, with_data, _BATCH_HEADERS)
+            if after != pos:  # the C walk vouched for these headers (checksums included)
+                pending += got
+                if with_data:
+                    held += sum(e[3] for e in got)
+                pos = after
+                if pos > len(buf):  # the last member's data runs past this window
+                    here = cur.base + last_at
+                    pos = cur.skip(pos, 0)
+                    if pos < 0:
+                        raise fail(here, f"truncated archive: member data needs {last_size} bytes, input ends at {cur.base}")
+                if len(pending) >= _BATCH_HEADERS or held >= _BATCH_BYTES:
+                    _verify(blocks, block_offsets, path)
+                    yield from pending
+                    pending, blocks, block_offsets, held = [], [], [], 0
+                continue
         hdr = buf[pos : pos + BLOCK]
         here = cur.base + pos
         if hdr == _ZERO_BLOCK:

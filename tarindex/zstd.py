@@ -31,7 +31,6 @@ import zstandard
 from ._process import FORK
 from .errors import CorruptArchiveError, CorruptFrameError, IndexFormatError, RandomAccessError
 from .index.format import ShardInfo, ShardTable
-from .samples import group_members
 from .tar import iter_tar
 
 __all__ = [
@@ -692,7 +691,7 @@ def _scan_chunks(chunks: Iterator[bytes], path: str) -> ShardTable:
             message says the offset is in the decompressed tar).
     """
     try:
-        table = ShardTable.from_samples(group_members(iter_tar(chunks, path), path))
+        table = ShardTable.from_entries(iter_tar(chunks, path), path)
     except CorruptFrameError:
         raise
     except CorruptArchiveError as exc:

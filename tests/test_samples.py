@@ -8,6 +8,7 @@ import tarfile
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tarindex
@@ -137,3 +138,52 @@ def test_duplicate_extension_raises(tmp_path: Path) -> None:
     buf = bio.getvalue()
     with pytest.raises(tarindex.DuplicateMemberError, match=r"dup\.tar.*at offset 1024"):
         list(group_members(iter_tar((buf,), "dup.tar"), "dup.tar"))
+
+
+def _tables_both_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[object, object]:
+    import dataclasses
+
+    import tarindex.index.format as fmt
+
+    buf = path.read_bytes()
+    fast = fmt.ShardTable.from_entries(iter_tar((buf,), str(path)), str(path))
+    with monkeypatch.context() as m:
+        m.setattr(fmt, "_pack_members", None)
+        slow = fmt.ShardTable.from_entries(iter_tar((buf,), str(path)), str(path))
+
+    def plain(t: object) -> dict:
+        return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in dataclasses.asdict(t).items()}  # type: ignore[call-overload]
+
+    return plain(fast), plain(slow)
+
+
+def test_c_packing_equals_the_reference(
+    gnu_tar_shard: Path, py_tar_shard: Path, wds_shard: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tarindex.index.format as fmt
+
+    assert fmt._pack_members is not None, "the C packing was not built (pip install -e . compiles it)"
+    mixed_case = py_tar(tmp_path / "case.tar", [("a.JPG", b"1"), ("a.cls", b"2"), ("b.jpg", b"3"), ("b.Cls", b"4")], tarfile.GNU_FORMAT, dirs=False)
+    for path in (gnu_tar_shard, py_tar_shard, wds_shard, mixed_case):
+        fast, slow = _tables_both_ways(path, monkeypatch)
+        assert fast == slow, path
+        assert fast["keys"], path  # samples were found
+    assert _tables_both_ways(mixed_case, monkeypatch)[0]["exts"] == ["jpg", "cls"]
+
+
+def test_c_packing_hands_unusual_names_and_errors_to_the_reference(tmp_path: Path) -> None:
+    from tarindex._speedups import pack_members
+
+    assert pack_members([("x/.hidden.txt", 0, 512, 1, None)]) is None  # webdataset's quirk: the regex decides
+    assert pack_members([("__key__.txt", 0, 512, 1, None)]) is None  # metadata names
+    assert pack_members([("k.txt", 0, 512, 1, None), ("k.TXT", 1024, 1536, 1, None)]) is None  # the error is Python's
+    got = pack_members([("d/k.a.b", 0, 512, 5, None), ("d/k.c", 1024, 1536, 600, None), ("m.a.b", 2560, 3072, 0, None)])
+    assert got is not None
+    s_off, s_size, s_n, m_ext, m_off, m_size, keys, exts = got
+    assert keys == ["d/k", "m"] and exts == ["a.b", "c"]
+    assert list(np.frombuffer(s_off, np.uint64)) == [0, 2560] and list(np.frombuffer(s_size, np.uint64)) == [2560, 512]
+    assert list(np.frombuffer(s_n, np.uint32)) == [2, 1] and list(np.frombuffer(m_ext, np.uint16)) == [0, 1, 0]
+    assert list(np.frombuffer(m_off, np.uint64)) == [512, 1536, 512] and list(np.frombuffer(m_size, np.uint64)) == [5, 600, 0]
+    dup = py_tar(tmp_path / "dup2.tar", [("k.txt", b"x"), ("k.TXT", b"y")], tarfile.GNU_FORMAT, dirs=False)
+    with pytest.raises(tarindex.DuplicateMemberError, match=r"dup2\.tar.*at offset 1024"):
+        tarindex.build_index(str(dup), index=tmp_path / "dup.tarindex", workers=1)

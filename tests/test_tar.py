@@ -17,6 +17,35 @@ from conftest import PY_FORMATS, tarfile_members
 from tarindex.tar import BLOCK, iter_members, iter_tar
 
 
+@pytest.fixture(params=["c", "python"], autouse=True)
+def walk_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every parser test runs with the C walk of plain headers and with the Python walker alone."""
+    import tarindex.tar
+
+    if request.param == "python":
+        monkeypatch.setattr(tarindex.tar, "_scan_headers", None)
+    else:
+        assert tarindex.tar._scan_headers is not None, "the C header walk was not built (pip install -e . compiles it)"
+    return str(request.param)
+
+
+def test_c_walk_covers_plain_headers_and_stops_at_the_rest(walk_path: str) -> None:
+    from tarindex._speedups import scan_headers
+
+    bio = io.BytesIO()
+    with tarfile.open(fileobj=bio, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        for name in ("a.txt", "b" * 120 + ".txt", "c.txt"):  # the long name needs a GNU 'L' header
+            ti = tarfile.TarInfo(name)
+            ti.size = 3
+            tf.addfile(ti, io.BytesIO(b"abc"))
+    buf = bio.getvalue()
+    got, after, last_at, last_size = scan_headers(buf, 0, 100, True, 1000)
+    assert got == [("a.txt", 100, 612, 3, b"abc")] and after == 1024 and (last_at, last_size) == (0, 3)
+    assert buf[after + 156 : after + 157] == b"L"  # stopped at the extension header, for the Python walker
+    assert scan_headers(buf, after, 0, False, 1000)[0] == []
+    assert [e[0] for e in iter_tar((buf,), "x.tar")] == ["a.txt", "b" * 120 + ".txt", "c.txt"]
+
+
 def _scan(path: Path) -> list[tuple[str, bytes]]:
     buf = path.read_bytes()
     return [(m.name, buf[m.offset : m.offset + m.size]) for m in iter_members(buf, str(path))]

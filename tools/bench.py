@@ -509,6 +509,7 @@ def bench_sampler_order(index: str | Path, name: str, *, world: int = 2) -> list
     orders = {
         "DistributedSampler": list(DistributedSampler(ds, num_replicas=world, rank=0, shuffle=True, seed=0)),
         "ShardSampler": list(tarindex.ShardSampler(ds, world, 0, seed=0)),
+        "ShardSampler(block_samples=1)": list(tarindex.ShardSampler(ds, world, 0, seed=0, block_samples=1)),
         "ShardSampler(chunk_shards=1)": list(tarindex.ShardSampler(ds, world, 0, seed=0, chunk_shards=1)),
         "ShardSampler(block_samples=16)": list(tarindex.ShardSampler(ds, world, 0, seed=0, block_samples=16)),
         "index order (sequential: the locality limit)": list(tarindex.ShardSampler(ds, world, 0, shuffle=False)),

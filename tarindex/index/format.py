@@ -11,7 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from ..samples import SampleRecord
+from .._native import SPEEDUPS
+from ..samples import SampleRecord, group_members
+from ..tar import Entry
+
+# the common case of grouping and packing in C; from_samples(group_members(...)) is the reference
+_pack_members = SPEEDUPS.pack_members if SPEEDUPS is not None else None
 
 __all__ = ["COLUMNS", "FORMAT_VERSION", "MAGIC", "ShardInfo", "ShardTable"]
 
@@ -96,6 +101,34 @@ class ShardTable:
     @property
     def n_members(self) -> int:
         return len(self.member_ext)
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[Entry], path: str) -> ShardTable:
+        """Group a shard's :func:`tarindex.tar.iter_tar` entries into samples and pack them.
+
+        The C extension does the common case (every name has a dot in its base
+        name and no leading ``_``); otherwise, or without the extension,
+        :func:`tarindex.samples.group_members` does it, with the full key rules.
+
+        Raises:
+            DuplicateMemberError: two members of one sample have the same extension.
+            CorruptArchiveError: the entries' archive is not valid (from the walk).
+        """
+        listed = list(entries)
+        packed = _pack_members(listed) if _pack_members is not None else None
+        if packed is None:
+            return cls.from_samples(group_members(listed, path))
+        s_off, s_size, s_n, m_ext, m_off, m_size, keys, exts = packed
+        return cls(
+            np.frombuffer(s_off, np.uint64),
+            np.frombuffer(s_size, np.uint64),
+            np.frombuffer(s_n, np.uint32),
+            np.frombuffer(m_ext, np.uint16),
+            np.frombuffer(m_off, np.uint64),
+            np.frombuffer(m_size, np.uint64),
+            keys,
+            exts,
+        )
 
     @classmethod
     def from_samples(cls, samples: Iterable[SampleRecord]) -> ShardTable:
