@@ -139,6 +139,15 @@ def shard_set(tmp_path: Path) -> Callable[..., list[Path]]:
     return make
 
 
+def require_c_extension() -> None:
+    """For tests of the C fast paths: they must be built, unless the run turned them off on purpose."""
+    from tarindex._native import SPEEDUPS
+
+    if os.environ.get("TARINDEX_PURE_PYTHON"):
+        pytest.skip("TARINDEX_PURE_PYTHON is set: the C extension is off for this run")
+    assert SPEEDUPS is not None, "the C extension was not built (pip install -e . compiles it)"
+
+
 def tarfile_members(path: Path) -> list[tuple[str, bytes]]:
     """The oracle: every regular member's name and bytes, by tarfile."""
     out = []

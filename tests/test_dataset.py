@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tarindex
-from conftest import make_shard_set, py_tar, tarfile_members
+from conftest import make_shard_set, py_tar, require_c_extension, tarfile_members
 from tarindex import TarDataset, build_index, merge_indexes
 
 
@@ -42,7 +42,7 @@ def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     if request.param == "python":
         monkeypatch.setattr(tarindex.dataset, "_speedups", None)
     else:
-        assert tarindex.dataset._speedups is not None, "the C read path was not built (pip install -e . compiles it)"
+        require_c_extension()
     return str(request.param)
 
 

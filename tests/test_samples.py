@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tarindex
-from conftest import py_tar, wds_write
+from conftest import py_tar, require_c_extension, wds_write
 from tarindex.samples import group_members, split_key
 from tarindex.tar import iter_tar
 
@@ -160,9 +160,8 @@ def _tables_both_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[obje
 def test_c_packing_equals_the_reference(
     gnu_tar_shard: Path, py_tar_shard: Path, wds_shard: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tarindex.index.format as fmt
 
-    assert fmt._pack_members is not None, "the C packing was not built (pip install -e . compiles it)"
+    require_c_extension()
     mixed_case = py_tar(tmp_path / "case.tar", [("a.JPG", b"1"), ("a.cls", b"2"), ("b.jpg", b"3"), ("b.Cls", b"4")], tarfile.GNU_FORMAT, dirs=False)
     for path in (gnu_tar_shard, py_tar_shard, wds_shard, mixed_case):
         fast, slow = _tables_both_ways(path, monkeypatch)

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tarindex
-from conftest import PY_FORMATS, tarfile_members
+from conftest import PY_FORMATS, require_c_extension, tarfile_members
 from tarindex.tar import BLOCK, iter_members, iter_tar
 
 
@@ -25,7 +25,7 @@ def walk_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     if request.param == "python":
         monkeypatch.setattr(tarindex.tar, "_scan_headers", None)
     else:
-        assert tarindex.tar._scan_headers is not None, "the C header walk was not built (pip install -e . compiles it)"
+        require_c_extension()
     return str(request.param)
 
 
