@@ -29,7 +29,7 @@ typedef struct {
     Py_ssize_t n, n_members, n_exts, n_shards, blob_len;
     PyObject *exts;     /* tuple of str */
     PyObject *urls;     /* tuple of str */
-    PyObject *opener;   /* opener(shard) -> int fd, or None when the shard is not plain tar */
+    PyObject *opener;   /* opener(shard) -> int fd, an object with read_at, or None (read by fallback) */
     PyObject *fallback; /* fallback(i) -> dict, for shards that are not plain tar */
     PyObject *error;    /* error(url, offset, what) -> exception instance */
     int *fds;           /* per shard: fd, -1 not open here, -2 not plain tar, -3 handle with read_at */

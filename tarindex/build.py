@@ -13,7 +13,7 @@ from .errors import CorruptArchiveError, IndexFormatError, IndexNotFoundError, S
 from .index.format import ShardInfo, ShardTable
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
-from .shards import INDEX_SUFFIX, default_index_path, expand_shards, fingerprint, fingerprint_stream
+from .shards import FINGERPRINT_SPAN, INDEX_SUFFIX, default_index_path, expand_shards, fingerprint, fingerprint_stream
 from .sources import is_url, open_source
 from .tar import iter_tar, iter_tar_file
 from .zstd import frame_array, is_zstd, random_access, scan_zstd
@@ -60,10 +60,7 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
             table = scan_zstd(fd, path)
         else:
             table = ShardTable.from_entries(iter_tar_file(fd, path), path)
-        info = ShardInfo(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table.n_samples, table.n_members)
-        if table.frames is not None:
-            info = dataclasses.replace(info, compression="zstd", random_access=random_access(table.frames))
-        return info, table
+        return _shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table), table
     finally:
         os.close(fd)
 
@@ -80,7 +77,7 @@ def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
         CorruptArchiveError: the stream is not a valid tar archive, or ends early.
         SourceError: the stream could not be read (after retries), or a ``pipe:`` command failed.
     """
-    span = 64 << 10
+    span = FINGERPRINT_SPAN
     head = bytearray()
     tail = b""
 
@@ -99,11 +96,17 @@ def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
         for _ in raw:  # the rest (end-of-archive padding): the size and fingerprint cover the whole stream
             pass
         size = source.position
-        info = ShardInfo(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table.n_samples, table.n_members)
     if is_zstd(bytes(head[:4])):  # the frame table, as for a local zstd shard
         table.frames = frame_array(rows)
+    return _shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table), table
+
+
+def _shard_info(path: str, size: int, mtime_ns: int, fp: str, table: ShardTable) -> ShardInfo:
+    """A scanned shard's record; a zstd shard (one with a frame table) says so, and whether random access is cheap."""
+    info = ShardInfo(path, size, mtime_ns, fp, table.n_samples, table.n_members)
+    if table.frames is not None:
         info = dataclasses.replace(info, compression="zstd", random_access=random_access(table.frames))
-    return info, table
+    return info
 
 
 def _relative(shard: str, index_dir: Path) -> str:

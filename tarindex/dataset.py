@@ -126,15 +126,12 @@ class TarDataset:
         self._fast: Any = None
         if _speedups is not None:
             cols = (self._s_shard, self._s_off, self._s_size, self._s_mem, self._m_ext, self._m_off, self._m_size, self._k_off, self._k_blob)
-            self._fast = _speedups.Reader(*cols, tuple(self._exts), tuple(self.urls), self._open_plain, self._read_py, CorruptArchiveError)
+            self._fast = _speedups.Reader(*cols, tuple(self._exts), tuple(self.urls), self._open_shard, self._read_py, CorruptArchiveError)
             self._read = self._fast.read
         self._gen = FORK[0]
 
-    def _open_plain(self, shard: int) -> Any:
-        """For the C read path: the shard's fd, or its handle with ``read_at`` (zstd frames)."""
-        return self._open_shard(shard)
-
     def _open_shard(self, shard: int) -> Any:
+        """Open a shard in this process (stale check on the open handle): an int fd, or a handle with ``read_at``."""
         path = self.urls[shard]
         info = self.index.shards[shard]
         if path.startswith(("http://", "https://")):  # an index built from URLs: Range requests

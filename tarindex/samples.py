@@ -73,15 +73,10 @@ def group_members(entries: Iterable[Entry], path: str) -> Iterator[SampleRecord]
     payloads: list[bytes] = []
     with_data = False
     for name, header_offset, offset, size, data in entries:
-        slash = name.rfind("/")
-        dot = name.find(".", slash + 1)
-        if dot > slash + 1 and name[0] != "_":  # the common case: no pattern, no metadata name
-            k, ext = name[:dot], name[dot + 1 :].lower()
-        else:
-            split = split_key(name)
-            if split is None or _is_meta(name):
-                continue
-            k, ext = split
+        split = split_key(name)
+        if split is None or (name[:2] == "__" and _is_meta(name)):
+            continue
+        k, ext = split
         if k != key:
             if key is not None:
                 yield SampleRecord(key, start, end - start, tuple(current), tuple(payloads) if with_data else None)

@@ -11,11 +11,13 @@ from pathlib import Path
 
 from .errors import IndexNotFoundError, ShardNotFoundError
 
-__all__ = ["INDEX_SUFFIX", "default_index_path", "expand_braces", "expand_shards", "fingerprint", "fingerprint_stream", "resolve_index"]
+__all__ = [
+    "FINGERPRINT_SPAN",
+    "INDEX_SUFFIX", "default_index_path", "expand_braces", "expand_shards", "fingerprint", "fingerprint_stream", "resolve_index"]
 
 INDEX_SUFFIX = ".tarindex"
 _RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)\}")
-_FINGERPRINT_SPAN = 64 << 10
+FINGERPRINT_SPAN = 64 << 10
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -85,21 +87,18 @@ def default_index_path(shards: list[str]) -> Path:
 
 def fingerprint(fd: int, size: int) -> str:
     """Hex digest of a shard's size and its first and last 64 KiB."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(size.to_bytes(8, "little"))
-    h.update(os.pread(fd, _FINGERPRINT_SPAN, 0))
-    if size > _FINGERPRINT_SPAN:
-        h.update(os.pread(fd, _FINGERPRINT_SPAN, max(_FINGERPRINT_SPAN, size - _FINGERPRINT_SPAN)))
-    return h.hexdigest()
+    head = os.pread(fd, FINGERPRINT_SPAN, 0)
+    tail = os.pread(fd, FINGERPRINT_SPAN, max(FINGERPRINT_SPAN, size - FINGERPRINT_SPAN)) if size > FINGERPRINT_SPAN else b""
+    return fingerprint_stream(size, head, tail)
 
 
 def fingerprint_stream(size: int, head: bytes, tail: bytes) -> str:
     """:func:`fingerprint` of a shard read as a stream: ``head`` its first bytes, ``tail`` its last 128 KiB (or all)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(size.to_bytes(8, "little"))
-    h.update(head[:_FINGERPRINT_SPAN])
-    if size > _FINGERPRINT_SPAN:
-        n = size - max(_FINGERPRINT_SPAN, size - _FINGERPRINT_SPAN)
+    h.update(head[:FINGERPRINT_SPAN])
+    if size > FINGERPRINT_SPAN:
+        n = size - max(FINGERPRINT_SPAN, size - FINGERPRINT_SPAN)
         h.update(tail[len(tail) - n :])
     return h.hexdigest()
 
