@@ -16,6 +16,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "_zstdread.h"
+
 #define MAX_MEMBERS 256 /* more members than this in one sample: the Python path reads it */
 
 typedef struct {
@@ -168,10 +170,15 @@ static PyObject *read_handle(Reader *self, uint32_t shard, Py_ssize_t i) {
     uint64_t k0 = self->k_off[i], k1 = self->k_off[i + 1];
     if (m1 < m0 || m1 > (uint64_t)self->n_members || k1 < k0 || k1 > (uint64_t)self->blob_len || size > PY_SSIZE_T_MAX)
         return corrupt(self, shard, off, "index entry out of bounds");
-    PyObject *off_o = PyLong_FromUnsignedLongLong(off), *size_o = PyLong_FromUnsignedLongLong(size);
-    PyObject *buf = off_o && size_o ? PyObject_CallMethodObjArgs(self->handles[shard], k_read_at, off_o, size_o, NULL) : NULL;
-    Py_XDECREF(off_o);
-    Py_XDECREF(size_o);
+    PyObject *buf;
+    if (zstdread_is_reader(self->handles[shard])) { /* zstd frames: no method call */
+        buf = zstdread_read_at(self->handles[shard], off, size);
+    } else {
+        PyObject *off_o = PyLong_FromUnsignedLongLong(off), *size_o = PyLong_FromUnsignedLongLong(size);
+        buf = off_o && size_o ? PyObject_CallMethodObjArgs(self->handles[shard], k_read_at, off_o, size_o, NULL) : NULL;
+        Py_XDECREF(off_o);
+        Py_XDECREF(size_o);
+    }
     if (!buf) return NULL;
     if (!PyBytes_Check(buf) || (uint64_t)PyBytes_GET_SIZE(buf) != size) {
         Py_DECREF(buf); /* a short read: the Python path reports it */
@@ -660,6 +667,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     Py_INCREF(&ReaderType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
         Py_DECREF(&ReaderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (zstdread_add_types(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

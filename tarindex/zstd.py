@@ -17,6 +17,7 @@ it, with a per-process LRU of decompressed frames bounded in bytes.
 
 from __future__ import annotations
 
+import array
 import bisect
 import mmap
 import os
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
+from ._native import SPEEDUPS as _speedups
 from ._process import FORK
 from .errors import CorruptArchiveError, CorruptFrameError, IndexFormatError, RandomAccessError
 from .index.format import ShardInfo, ShardTable
@@ -37,6 +39,7 @@ __all__ = [
     "FRAME_FIELDS",
     "MAX_FRAME_BYTES",
     "RANDOM_ACCESS_FRAME_LIMIT",
+    "SEED_BYTES",
     "SEEKABLE_MAGIC",
     "ZSTD_MAGIC",
     "FrameCache",
@@ -54,6 +57,7 @@ __all__ = [
     "read_seek_table",
     "scan_zstd",
     "seek_table_frame",
+    "zstd_reader",
 ]
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -459,47 +463,87 @@ def frame_array(rows: list[tuple[int, int, int, int]]) -> np.ndarray:
 # -- random access --------------------------------------------------------------
 
 
+SEED_BYTES = 4 << 20
+"""A frame cache's first length; it grows towards ``max_bytes`` by half the bytes its hits serve."""
+
+
 class FrameCache:
-    """An LRU of decompressed frames, bounded in bytes; one per process (see :func:`frame_cache`)."""
+    """Decompressed frames, bounded in bytes, least recently used dropped first; one per process (see :func:`frame_cache`).
+
+    Holding a frame costs fresh memory, whose page faults can cost more than
+    decompressing the frame again, so the bound in force (``limit``) starts at
+    :data:`SEED_BYTES` and grows by half the bytes that hits serve, up to
+    ``max_bytes``: the cache grows only as fast as it pays for itself.
+    ``decompressed`` counts the bytes that readers decompressed through it
+    (their admission test, see :meth:`ZstdShardReader.frame`).
+    """
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
+        self._max_bytes = max_bytes
+        self.limit = min(max_bytes, SEED_BYTES)
+        self.hit_bytes = 0
         self.bytes = 0
+        self.decompressed = 0
         self._items: OrderedDict[tuple[Any, int], bytes] = OrderedDict()
+
+    @property
+    def max_bytes(self) -> int:
+        """The bound (0: keep nothing); setting another value empties the cache."""
+        return self._max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        if value != self._max_bytes:
+            self.clear()
+            self._max_bytes = value
+            self.limit = min(value, SEED_BYTES)
+            self.hit_bytes = 0
 
     def get(self, key: tuple[Any, int]) -> bytes | None:
         data = self._items.get(key)
         if data is not None:
             self._items.move_to_end(key)
+            self.hit_bytes += len(data)
+            self.limit = max(self.limit, min(self._max_bytes, SEED_BYTES + self.hit_bytes // 2))
         return data
 
     def put(self, key: tuple[Any, int], data: bytes) -> None:
-        if len(data) > self.max_bytes:
+        if not data or len(data) > self.limit:
             return
         old = self._items.pop(key, None)
         if old is not None:
             self.bytes -= len(old)
         self._items[key] = data
         self.bytes += len(data)
-        while self.bytes > self.max_bytes:
+        while self.bytes > self.limit:
             _, dropped = self._items.popitem(last=False)
             self.bytes -= len(dropped)
 
     def clear(self) -> None:
+        """Drop every frame."""
         self._items.clear()
         self.bytes = 0
 
+    def __len__(self) -> int:
+        return len(self._items)
 
-_CACHE: FrameCache | None = None
+
+_CACHE: Any = None
 _CACHE_GEN = -1
 DEFAULT_CACHE_BYTES = 64 << 20
 
 
-def frame_cache() -> FrameCache:
-    """This process's cache of decompressed frames (64 MiB; set ``.max_bytes`` to change)."""
+def frame_cache() -> Any:
+    """This process's cache of decompressed frames (64 MiB; set ``.max_bytes`` to change, 0 turns it off).
+
+    With the C extension, a ``_speedups.FrameCache``: one ring of ``max_bytes``
+    allocated at first use, oldest frames dropped first (see docs/zstd.md);
+    without it, a :class:`FrameCache`. Both have ``max_bytes``, ``bytes``,
+    ``clear()`` and ``len()``.
+    """
     global _CACHE, _CACHE_GEN
     if _CACHE is None or FORK[0] != _CACHE_GEN:  # a forked child starts with an empty cache
-        _CACHE, _CACHE_GEN = FrameCache(DEFAULT_CACHE_BYTES), FORK[0]
+        _CACHE, _CACHE_GEN = (_speedups.FrameCache if _speedups is not None else FrameCache)(DEFAULT_CACHE_BYTES), FORK[0]
     return _CACHE
 
 
@@ -510,9 +554,15 @@ _bisect_right = bisect.bisect_right
 class ZstdShardReader:
     """``read_at(offset, size)`` over a zstd shard's decompressed bytes, through its frame table.
 
-    Reads and decompresses only the frames that overlap the range; recently
-    used frames are served from the per-process :func:`frame_cache` (a frame
-    read whole for one range, such as a one-sample frame, is not kept).
+    Reads and decompresses only the frames that overlap the range, each whole
+    (its checksum verified before any byte of it is returned). The frame
+    decompressed last is remembered (consecutive samples of one frame: one
+    decompression); other frames come from the per-process
+    :func:`frame_cache`, which keeps a frame only when it was decompressed
+    before, recently enough that a cache of ``max_bytes`` would still hold
+    it (a frame read whole for one range, such as a one-sample frame, is
+    never kept). The C extension's ``ZstdReader`` does the same (see
+    :func:`zstd_reader`).
 
     Args:
         path: the shard (used in errors).
@@ -530,6 +580,9 @@ class ZstdShardReader:
         st = os.fstat(fd)
         self._key = (st.st_dev, st.st_ino, st.st_mtime_ns)
         self._dctx = zstandard.ZstdDecompressor()
+        self._seen = array.array("Q", bytes(8 * len(self._c_off)))  # per frame: the cache's clock after its last decompression
+        self._last_k = -1
+        self._last = b""
 
     def frame(self, k: int, *, keep: bool = True) -> bytes:
         """Decompressed frame ``k`` (from the cache, or read and decompressed; cached if ``keep``).
@@ -538,12 +591,12 @@ class ZstdShardReader:
             CorruptFrameError: the frame is truncated or corrupt, or decompresses
                 to another size than the frame table says.
         """
-        cache = _CACHE if FORK[0] == _CACHE_GEN and _CACHE is not None else frame_cache()
+        if k == self._last_k:
+            return self._last
+        cache: FrameCache = _CACHE if FORK[0] == _CACHE_GEN and _CACHE is not None else frame_cache()
         key = (self._key, k)
-        items = cache._items
-        data = items.get(key)
+        data = cache.get(key)
         if data is not None:
-            items.move_to_end(key)
             return data
         c_off, c_size, d_size = self._c_off[k], self._c_size[k], self._d_size[k]
         raw = _pread(self.fd, c_size, c_off)
@@ -559,7 +612,10 @@ class ZstdShardReader:
             raise CorruptFrameError(
                 self.path, c_off, f"zstd frame decompresses to {len(data)} bytes, the index says {d_size}"
             )
-        if keep:
+        self._last_k, self._last = k, data
+        prev, before = self._seen[k], cache.decompressed
+        cache.decompressed = self._seen[k] = before + d_size
+        if keep and prev and before - prev + d_size <= cache.max_bytes:  # reused, recently: worth keeping
             cache.put(key, data)
         return data
 
@@ -590,9 +646,24 @@ class ZstdShardReader:
 
     def close(self) -> None:
         """Close the shard file."""
+        self._last_k, self._last = -1, b""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def zstd_reader(path: str, fd: int, frames: np.ndarray) -> Any:
+    """A reader with ``read_at(offset, size)``, ``close()`` and ``fd`` over a zstd shard; takes ownership of ``fd``.
+
+    The C extension's ``ZstdReader`` (same behaviour, errors included) when it
+    is built, else :class:`ZstdShardReader`; both use :func:`frame_cache`.
+    """
+    if _speedups is None:
+        return ZstdShardReader(path, fd, frames)
+    table = np.ascontiguousarray(frames, np.uint64)
+    return _speedups.ZstdReader(
+        str(path), fd, table, zstandard.ZstdDecompressor().decompress, CorruptFrameError, zstandard.ZstdError, frame_cache()
+    )
 
 
 # -- indexing -------------------------------------------------------------------
@@ -731,7 +802,7 @@ def open_zstd_shard(
         os.close(fd)
         raise IndexFormatError(f"{path}: the index has no zstd frame table for this shard; rebuild the index")
     if info.random_access:
-        return ZstdShardReader(path, fd, frames)
+        return zstd_reader(path, fd, frames)
     largest = int(frames[:, 3].max())
     if cache_dir is None:
         os.close(fd)

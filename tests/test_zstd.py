@@ -29,7 +29,17 @@ from tarindex.errors import CorruptArchiveError, CorruptFrameError, RandomAccess
 from tarindex.index.reader import IndexReader
 from tarindex.samples import split_key
 from tarindex.writer import compress_shard
-from tarindex.zstd import FrameCache, is_zstd, iter_decompressed
+from tarindex.zstd import (
+    DEFAULT_CACHE_BYTES,
+    SEED_BYTES,
+    FrameCache,
+    ZstdShardReader,
+    frame_array,
+    frame_cache,
+    is_zstd,
+    iter_decompressed,
+    zstd_reader,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("zstd") is None or shutil.which("pzstd") is None, reason="zstd CLI")
 # .ci/run installs Debian's zstd package (zstd and pzstd), so in CI this never skips.
@@ -509,15 +519,152 @@ def test_frame_cache_is_bounded_in_bytes() -> None:
     assert cache.get(("f", 6)) is None
 
 
-def test_random_access_reads_only_needed_frames(big: Path, tmp_path: Path) -> None:
+def _framed(big: Path, tmp_path: Path) -> tuple[tarindex.TarDataset, np.ndarray, np.ndarray]:
+    """A dataset over ``tarindex compress`` output, its frame table and each sample's frame."""
     shard = _by_compress(big, tmp_path / "r.tar.zst")
     report = tarindex.build_index([shard], index=tmp_path / "r.tarindex", workers=1)
     ds = tarindex.TarDataset(report.path)
-    from tarindex.zstd import frame_cache
+    frames = ds.index.frame_table(0)
+    assert frames is not None
+    frame_of = np.searchsorted(frames[:, 2], ds.index.array("sample_offset"), side="right") - 1
+    return ds, frames, frame_of
 
+
+def test_random_access_reads_only_needed_frames(big: Path, tmp_path: Path) -> None:
+    ds, frames, frame_of = _framed(big, tmp_path)
+    cache = frame_cache()
+    before = cache.decompressed
+    i = len(ds) // 2
+    ds[i]
+    assert cache.decompressed - before == int(frames[frame_of[i], 3])  # one frame, decompressed once
+
+
+def test_frame_cache_keeps_only_reused_frames(big: Path, tmp_path: Path) -> None:
+    ds, frames, frame_of = _framed(big, tmp_path)
+    cache = frame_cache()
+    cache.clear()
+    first = {int(k): i for i, k in reversed(list(enumerate(frame_of.tolist())))}  # a sample of each frame
+    a, b = first[10], first[20]
+    ds[a]
+    ds[b]  # the reader now remembers frame 20
+    assert len(cache) == 0  # read once: not kept
+    start = cache.decompressed
+    ds[a]  # decompressed again, recently: kept
+    assert len(cache) == 1 and cache.decompressed - start == int(frames[10, 3])
+    ds[b]
+    start = cache.decompressed
+    ds[a]  # a hit: nothing decompressed
+    assert cache.decompressed == start
+    check_dataset(ds, expected_samples(big), [a, b, a])
+
+
+def test_block_reads_decompress_each_frame_once_without_cache(big: Path, tmp_path: Path) -> None:
+    ds, frames, _ = _framed(big, tmp_path)
+    cache = frame_cache()
+    cache.max_bytes = 0
+    try:
+        start = cache.decompressed
+        assert check_dataset(ds, expected_samples(big)) == len(ds)  # file order: runs of samples per frame
+        assert cache.decompressed - start == int(frames[:, 3].sum())
+    finally:
+        cache.max_bytes = DEFAULT_CACHE_BYTES
+
+
+def test_frame_cache_grows_as_hits_pay_and_wraps(big: Path, tmp_path: Path) -> None:
+    ds, frames, frame_of = _framed(big, tmp_path)
+    cache = frame_cache()
+    oracle = expected_samples(big)
+    cache.max_bytes = 5 * int(frames[:, 3].max())  # a few frames: the ring wraps and drops frames all the time
+    try:
+        assert cache.limit == cache.max_bytes
+        order = random_order(len(ds))[:300] * 3
+        assert check_dataset(ds, oracle, order) == len(order)
+        assert 0 < cache.bytes <= cache.max_bytes
+        cache.max_bytes = 1 << 30
+        assert cache.limit == SEED_BYTES and len(cache) == 0  # a new bound starts over
+        few = [i for i in range(len(ds)) if frame_of[i] < 8]
+        held = 0
+        for _ in range(40):
+            check_dataset(ds, oracle, random_order(len(few)))  # indexes of the first frames' samples
+            held = cache.limit
+        assert SEED_BYTES < held <= cache.max_bytes  # hits paid for a longer ring
+    finally:
+        cache.max_bytes = DEFAULT_CACHE_BYTES
+
+
+def _frames_file(path: Path, data: bytes, *, content_size: bool) -> np.ndarray:
+    """``data`` as zstd frames of 700-1300 bytes (not aligned to anything), written to ``path``; the frame table."""
+    cctx = zstandard.ZstdCompressor(write_checksum=True, write_content_size=content_size)
+    rng = random.Random(5)
+    rows, out, d = [], bytearray(), 0
+    while d < len(data):
+        piece = data[d : d + rng.randint(700, 1300)]
+        comp = cctx.compress(piece)
+        rows.append((len(out), len(comp), d, len(piece)))
+        out += comp
+        d += len(piece)
+    path.write_bytes(bytes(out))
+    return frame_array(rows)
+
+
+@pytest.mark.parametrize("content_size", [True, False])
+@pytest.mark.parametrize("cache_bytes", [0, 4000, DEFAULT_CACHE_BYTES])
+def test_read_at_any_range(tmp_path: Path, content_size: bool, cache_bytes: int) -> None:
+    data = np.random.default_rng(3).integers(0, 6, 60_000, dtype=np.uint8).tobytes()
+    path = tmp_path / "f.zst"
+    frames = _frames_file(path, data, content_size=content_size)
+    cache = frame_cache()
+    cache.max_bytes = cache_bytes
+    reader = zstd_reader(str(path), os.open(path, os.O_RDONLY), frames)
+    try:
+        rng = random.Random(7)
+        for _ in range(3000):
+            off, size = rng.randrange(len(data) + 50), rng.choice([1, 50, 900, 2500, 7000])
+            assert reader.read_at(off, size) == data[off : off + size], (off, size)
+        assert reader.read_at(0, len(data)) == data and reader.read_at(5, 0) == b"" and reader.read_at(len(data), 10) == b""
+        assert cache.bytes <= cache_bytes
+    finally:
+        reader.close()
+        cache.max_bytes = DEFAULT_CACHE_BYTES
+    assert reader.fd == -1
+
+
+def test_reader_errors_name_the_frame(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 40
+    path = tmp_path / "e.zst"
+    frames = _frames_file(path, data, content_size=True)
+    c_off, c_size, d_off, _ = (int(x) for x in frames[3])
+    longer = frames.copy()
+    longer[-1, 1] += 100  # the table says the last frame runs past the end of the file
+    wrong = frames.copy()
+    wrong[3, 3] += 1  # the frame header disagrees
+    for table, k, what in ((longer, len(frames) - 1, r"truncated zstd frame \(\d+ of \d+ bytes\)"), (wrong, 3, r"zstd frame header disagrees with the index \(\d+ bytes\)")):
+        reader = zstd_reader(str(path), os.open(path, os.O_RDONLY), table)
+        with pytest.raises(CorruptFrameError, match=rf"e\.zst: {what} at offset {int(table[k, 0])}$"):
+            reader.read_at(int(table[k, 2]), 10)
+        reader.close()
+    damaged = bytearray(path.read_bytes())
+    damaged[c_off + c_size - 6] ^= 0x10  # inside the checksum or the last block
+    path.write_bytes(bytes(damaged))
     frame_cache().clear()
-    ds[len(ds) // 2]
-    assert len(frame_cache()._items) == 1
+    reader = zstd_reader(str(path), os.open(path, os.O_RDONLY), frames)
+    with pytest.raises(CorruptFrameError, match=rf"e\.zst: corrupt zstd frame .* at offset {c_off}$") as err:
+        reader.read_at(d_off, 10)  # the damage is after these 10 bytes: nothing of the frame is returned
+    assert isinstance(err.value.__cause__, zstandard.ZstdError)
+    assert reader.read_at(0, 10) == data[:10]  # other frames still read
+    reader.close()
+
+
+def test_c_reader_is_used_when_built(big: Path, tmp_path: Path) -> None:
+    require_c_extension()
+    from tarindex._native import SPEEDUPS
+
+    assert SPEEDUPS is not None
+    ds, _, _ = _framed(big, tmp_path)
+    ds[0]
+    (handle,) = ds._fds.values()
+    assert type(handle) is SPEEDUPS.ZstdReader and not isinstance(handle, ZstdShardReader)
+    assert type(frame_cache()) is SPEEDUPS.FrameCache
 
 
 def test_dataloader_workers_read_zstd_shards(tmp_path: Path) -> None:

@@ -1,0 +1,546 @@
+/* Random reads of zstd shards, in C: ZstdReader and FrameCache (part of the _speedups module).
+ *
+ * Same behaviour as tarindex.zstd.ZstdShardReader (the reference, used when
+ * the extension is not built): read_at(offset, size) finds the frame holding
+ * `offset` in the shard's frame table (binary search), preads the compressed
+ * frame (the GIL released), checks its header against the table and calls
+ * python-zstandard's ZstdDecompressor.decompress on it, so every frame is
+ * decompressed whole and its checksum verified before any byte of it is
+ * returned. Damage raises CorruptFrameError(path, compressed offset, what).
+ *
+ * FrameCache keeps decompressed frames in one ring of max_bytes, allocated on
+ * first use and reused: a frame is copied in at the write position and the
+ * oldest frames in its way are dropped (FIFO). No allocation per kept frame,
+ * so keeping one costs a memcpy, never fresh pages from the kernel (which
+ * cost more than decompressing the frame again on this kind of machine).
+ * Entries carry consecutive serial numbers, so a reader finds its frame k by
+ * the serial it remembers for k, in O(1), without a hash table.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "_zstdread.h"
+
+/* -- FrameCache ---------------------------------------------------------------------- */
+
+typedef struct {
+    size_t pos, size;
+} Entry;
+
+#define SEED_BYTES ((size_t)4 << 20) /* the ring's first length; it grows only as hits pay for fresh memory */
+
+typedef struct {
+    PyObject_HEAD
+    char *arena;       /* max_bytes, allocated at the first put */
+    size_t arena_len;  /* its allocated length */
+    size_t max_bytes;  /* the bound; 0: nothing is kept */
+    size_t limit;      /* the ring's length now: SEED_BYTES, growing by half the bytes hits served, up to max_bytes */
+    uint64_t hit_bytes; /* decompressed bytes served by hits since max_bytes was set */
+    size_t head;       /* where the next frame is written */
+    size_t used;       /* bytes held */
+    Entry *ring;       /* entries, oldest first, from ring[first] */
+    size_t ring_cap, first, count;
+    uint64_t oldest;   /* serial of ring[first]; serials of held entries run oldest .. oldest + count - 1 */
+    uint64_t clock;    /* bytes decompressed by the readers using this cache, ever */
+} FrameCache;
+
+static void cache_drop_oldest(FrameCache *c) {
+    c->used -= c->ring[c->first].size;
+    c->first = (c->first + 1) % c->ring_cap;
+    c->count--;
+    c->oldest++;
+}
+
+static void cache_clear(FrameCache *c) {
+    c->oldest += c->count; /* every serial handed out so far is now stale */
+    c->first = c->count = 0;
+    c->head = c->used = 0;
+}
+
+/* The held frame with this serial, or NULL. */
+static const Entry *cache_find(const FrameCache *c, uint64_t serial) {
+    if (serial < c->oldest || serial - c->oldest >= c->count) return NULL;
+    return &c->ring[(c->first + (size_t)(serial - c->oldest)) % c->ring_cap];
+}
+
+/* Copy a frame in; its serial, or 0 if not kept (too large, or no memory for the ring). */
+static uint64_t cache_put(FrameCache *c, const char *data, size_t size) {
+    if (!size || size > c->limit) return 0;
+    if (c->arena_len < c->max_bytes) {
+        PyMem_RawFree(c->arena);
+        c->arena = PyMem_RawMalloc(c->max_bytes);
+        c->arena_len = c->arena ? c->max_bytes : 0;
+        cache_clear(c);
+        if (!c->arena) return 0; /* no room: read without keeping */
+    }
+    if (c->count == c->ring_cap) {
+        size_t cap = c->ring_cap ? 2 * c->ring_cap : 64;
+        Entry *ring = PyMem_RawMalloc(cap * sizeof(Entry));
+        if (!ring) return 0;
+        for (size_t j = 0; j < c->count; j++) ring[j] = c->ring[(c->first + j) % c->ring_cap];
+        PyMem_RawFree(c->ring);
+        c->ring = ring;
+        c->ring_cap = cap;
+        c->first = 0;
+    }
+    if (c->head + size > c->limit) { /* wrap: the frames after head are the oldest */
+        while (c->count && c->ring[c->first].pos >= c->head) cache_drop_oldest(c);
+        c->head = 0;
+    }
+    /* Held frames lie from the oldest's position up to head (around the end); drop those in the way. */
+    while (c->count && c->ring[c->first].pos >= c->head && c->ring[c->first].pos < c->head + size) cache_drop_oldest(c);
+    memcpy(c->arena + c->head, data, size);
+    c->ring[(c->first + c->count) % c->ring_cap] = (Entry){c->head, size};
+    c->count++;
+    c->head += size;
+    c->used += size;
+    return c->oldest + c->count - 1;
+}
+
+static int FrameCache_init(FrameCache *self, PyObject *args, PyObject *kw) {
+    Py_ssize_t max_bytes;
+    static char *names[] = {"max_bytes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "n", names, &max_bytes)) return -1;
+    if (max_bytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_bytes must be >= 0");
+        return -1;
+    }
+    self->max_bytes = (size_t)max_bytes;
+    self->limit = self->max_bytes < SEED_BYTES ? self->max_bytes : SEED_BYTES;
+    if (!self->oldest) self->oldest = 1; /* serial 0 means "not kept" */
+    return 0;
+}
+
+static void FrameCache_dealloc(FrameCache *self) {
+    PyMem_RawFree(self->arena);
+    PyMem_RawFree(self->ring);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *FrameCache_clear(FrameCache *self, PyObject *unused) {
+    cache_clear(self);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t FrameCache_len(FrameCache *self) { return (Py_ssize_t)self->count; }
+
+static PyObject *FrameCache_get_max_bytes(FrameCache *self, void *closure) { return PyLong_FromSize_t(self->max_bytes); }
+
+static int FrameCache_set_max_bytes(FrameCache *self, PyObject *value, void *closure) {
+    Py_ssize_t v = value ? PyLong_AsSsize_t(value) : -1;
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_bytes must be >= 0");
+        return -1;
+    }
+    if ((size_t)v != self->max_bytes) { /* a new bound: empty, and the ring is reallocated at its next use */
+        cache_clear(self);
+        PyMem_RawFree(self->arena);
+        self->arena = NULL;
+        self->arena_len = 0;
+        self->max_bytes = (size_t)v;
+        self->limit = self->max_bytes < SEED_BYTES ? self->max_bytes : SEED_BYTES;
+        self->hit_bytes = 0;
+    }
+    return 0;
+}
+
+static PyObject *FrameCache_get_bytes(FrameCache *self, void *closure) { return PyLong_FromSize_t(self->used); }
+
+static PyObject *FrameCache_get_limit(FrameCache *self, void *closure) { return PyLong_FromSize_t(self->limit); }
+
+static PyObject *FrameCache_get_clock(FrameCache *self, void *closure) { return PyLong_FromUnsignedLongLong(self->clock); }
+
+static PyMethodDef FrameCache_methods[] = {
+    {"clear", (PyCFunction)FrameCache_clear, METH_NOARGS, "Drop every frame (the ring's memory is kept)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef FrameCache_getset[] = {
+    {"max_bytes", (getter)FrameCache_get_max_bytes, (setter)FrameCache_set_max_bytes, "The bound in bytes (0: keep nothing); setting another value empties the cache.", NULL},
+    {"bytes", (getter)FrameCache_get_bytes, NULL, "Bytes of decompressed frames held.", NULL},
+    {"limit", (getter)FrameCache_get_limit, NULL, "The ring's length now (it grows up to max_bytes as hits pay for it).", NULL},
+    {"decompressed", (getter)FrameCache_get_clock, NULL, "Bytes decompressed by the readers using this cache, ever.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods FrameCache_as_sequence = {.sq_length = (lenfunc)FrameCache_len};
+
+static PyTypeObject FrameCacheType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex._speedups.FrameCache",
+    .tp_basicsize = sizeof(FrameCache),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "FrameCache(max_bytes): decompressed zstd frames in one ring of max_bytes (oldest dropped first).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)FrameCache_init,
+    .tp_dealloc = (destructor)FrameCache_dealloc,
+    .tp_methods = FrameCache_methods,
+    .tp_getset = FrameCache_getset,
+    .tp_as_sequence = &FrameCache_as_sequence,
+};
+
+/* -- ZstdReader ---------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    int fd;
+    const char *map;      /* the compressed shard, mapped read-only (NULL: pread instead) */
+    size_t map_len;
+    PyObject *path;       /* str, for errors */
+    Py_buffer table;      /* (n, 4) uint64: c_offset, c_size, d_offset, d_size */
+    int has_table;
+    const uint64_t *t;
+    Py_ssize_t n;
+    uint64_t *serial;     /* per frame: its serial in the cache, 0 if none */
+    uint64_t *seen;       /* per frame: the cache's clock after its last decompression, 0 if never */
+    PyObject *last;       /* the frame this reader decompressed last (bytes), or NULL */
+    Py_ssize_t last_k;
+    PyObject *decompress; /* ZstdDecompressor.decompress, bound */
+    PyObject *error;      /* CorruptFrameError */
+    PyObject *zstd_error; /* zstandard.ZstdError */
+    FrameCache *cache;
+} ZstdReader;
+
+static PyObject *k_max_output_size_names; /* ("max_output_size",) */
+
+/* Raise error(path, offset, what); NULL. With a pending exception, it becomes the cause. */
+static PyObject *frame_error(ZstdReader *self, uint64_t offset, PyObject *what) {
+    PyObject *cause = NULL, *type = NULL, *tb = NULL;
+    if (PyErr_Occurred()) { /* the decompressor's error becomes the cause */
+        PyErr_Fetch(&type, &cause, &tb);
+        PyErr_NormalizeException(&type, &cause, &tb);
+        if (cause && tb) PyException_SetTraceback(cause, tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+    }
+    PyObject *exc = what ? PyObject_CallFunction(self->error, "OKO", self->path, (unsigned long long)offset, what) : NULL;
+    if (exc) {
+        if (cause) {
+            PyException_SetCause(exc, Py_NewRef(cause));
+            PyException_SetContext(exc, cause);
+            cause = NULL;
+        }
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    Py_XDECREF(cause);
+    Py_XDECREF(what);
+    return NULL;
+}
+
+/* The frame content size in a zstd frame header: 1 and *out set, 0 when the header has none, -1 unparsable. */
+static int header_content_size(const unsigned char *p, size_t len, uint64_t *out) {
+    if (len < 5 || p[0] != 0x28 || p[1] != 0xB5 || p[2] != 0x2F || p[3] != 0xFD) return -1;
+    unsigned d = p[4];
+    if (d & 0x08) return -1;
+    int single = (d >> 5) & 1;
+    size_t pos = 5 + (single ? 0 : 1) + (size_t)((const int[]){0, 1, 2, 4})[d & 3];
+    int fcs = ((const int[]){single ? 1 : 0, 2, 4, 8})[d >> 6];
+    if (!fcs) return 0;
+    if (len < pos + (size_t)fcs) return -1;
+    uint64_t v = 0;
+    for (int b = fcs - 1; b >= 0; b--) v = (v << 8) | p[pos + (size_t)b];
+    *out = fcs == 2 ? v + 256 : v;
+    return 1;
+}
+
+/* Frame k: a pointer to its bytes in the cache (*owner NULL) or in a new bytes object (*owner, a new reference). */
+static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr, size_t *len, PyObject **owner) {
+    FrameCache *cache = self->cache;
+    const uint64_t *row = self->t + 4 * k;
+    uint64_t c_off = row[0], c_size = row[1], d_size = row[3];
+    if (self->last && self->last_k == k) { /* block reads: consecutive samples of one frame */
+        *ptr = PyBytes_AS_STRING(self->last);
+        *len = (size_t)PyBytes_GET_SIZE(self->last);
+        *owner = Py_NewRef(self->last);
+        return 0;
+    }
+    *owner = NULL;
+    if (self->serial[k]) {
+        const Entry *e = cache_find(cache, self->serial[k]);
+        if (e) {
+            *ptr = cache->arena + e->pos;
+            *len = e->size;
+            cache->hit_bytes += e->size; /* fresh memory (page faults) costs more than a decompression: */
+            size_t grown = SEED_BYTES + (size_t)(cache->hit_bytes / 2); /* the ring grows as hits pay for it */
+            if (grown > cache->limit) cache->limit = grown < cache->max_bytes ? grown : cache->max_bytes;
+            return 0;
+        }
+        self->serial[k] = 0;
+    }
+    if (self->fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "read from a closed zstd shard reader");
+        return -1;
+    }
+    if (c_size > PY_SSIZE_T_MAX || d_size > PY_SSIZE_T_MAX) {
+        frame_error(self, c_off, PyUnicode_FromString("zstd frame table entry out of bounds"));
+        return -1;
+    }
+    PyObject *raw;
+    const char *buf;
+    size_t got = 0;
+    if (self->map) { /* no system call: a view of the mapped frame */
+        got = c_off >= self->map_len ? 0 : (self->map_len - c_off < c_size ? self->map_len - c_off : c_size);
+        buf = self->map + (got ? c_off : 0);
+        raw = PyMemoryView_FromMemory((char *)buf, (Py_ssize_t)got, PyBUF_READ);
+        if (!raw) return -1;
+    } else {
+        raw = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)c_size);
+        if (!raw) return -1;
+        char *dst = PyBytes_AS_STRING(raw);
+        int err = 0;
+        Py_BEGIN_ALLOW_THREADS
+        while (got < c_size) {
+            ssize_t r = pread(self->fd, dst + got, c_size - got, (off_t)(c_off + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) err = errno;
+            if (r <= 0) break;
+            got += (size_t)r;
+        }
+        Py_END_ALLOW_THREADS
+        if (err) {
+            Py_DECREF(raw);
+            errno = err;
+            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, self->path);
+            return -1;
+        }
+        buf = dst;
+    }
+    if (got != c_size) {
+        Py_DECREF(raw);
+        frame_error(self, c_off, PyUnicode_FromFormat("truncated zstd frame (%zu of %llu bytes)", got, (unsigned long long)c_size));
+        return -1;
+    }
+    uint64_t content = 0;
+    int known = header_content_size((const unsigned char *)buf, got, &content);
+    PyObject *data;
+    if (known == 1 && content != d_size) { /* never let a damaged header size the output */
+        Py_DECREF(raw);
+        frame_error(self, c_off, PyUnicode_FromFormat("zstd frame header disagrees with the index (%llu bytes)", (unsigned long long)d_size));
+        return -1;
+    }
+    if (known == 1) { /* the header's size, checked: one positional argument */
+        data = PyObject_Vectorcall(self->decompress, &raw, 1, NULL);
+    } else {
+        PyObject *limit = PyLong_FromUnsignedLongLong(d_size);
+        PyObject *args[2] = {raw, limit};
+        data = limit ? PyObject_Vectorcall(self->decompress, args, 1, k_max_output_size_names) : NULL;
+        Py_XDECREF(limit);
+    }
+    Py_DECREF(raw);
+    if (!data) {
+        if (PyErr_ExceptionMatches(self->zstd_error)) {
+            PyObject *type, *exc, *tb;
+            PyErr_Fetch(&type, &exc, &tb);
+            PyErr_NormalizeException(&type, &exc, &tb);
+            PyObject *what = exc ? PyUnicode_FromFormat("corrupt zstd frame (%S)", exc) : NULL;
+            PyErr_Restore(type, exc, tb);
+            frame_error(self, c_off, what);
+        }
+        return -1;
+    }
+    if (!PyBytes_Check(data) || (uint64_t)PyBytes_GET_SIZE(data) != d_size) {
+        Py_ssize_t n = PyBytes_Check(data) ? PyBytes_GET_SIZE(data) : -1;
+        Py_DECREF(data);
+        frame_error(self, c_off, PyUnicode_FromFormat("zstd frame decompresses to %zd bytes, the index says %llu", n, (unsigned long long)d_size));
+        return -1;
+    }
+    *ptr = PyBytes_AS_STRING(data);
+    *len = (size_t)d_size;
+    *owner = data;
+    Py_XSETREF(self->last, Py_NewRef(data));
+    self->last_k = k;
+    /* Kept only if decompressed before, recently enough that a cache of max_bytes holding every
+     * decompressed frame would still have it: a frame with no sign of reuse costs fresh memory
+     * (page faults) to keep and saves nothing. */
+    uint64_t prev = self->seen[k], before = cache->clock;
+    cache->clock += d_size;
+    self->seen[k] = cache->clock;
+    if (keep && prev && before - prev + d_size <= cache->max_bytes) self->serial[k] = cache_put(cache, *ptr, *len);
+    return 0;
+}
+
+static PyObject *zstd_read_range(ZstdReader *self, uint64_t offset, uint64_t size) {
+    const uint64_t *t = self->t;
+    Py_ssize_t lo = 0, hi = self->n; /* the first frame with d_offset > offset */
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (t[4 * mid + 2] <= offset) lo = mid + 1;
+        else hi = mid;
+    }
+    Py_ssize_t k = lo - 1;
+    if (k < 0 || !size) return PyBytes_FromStringAndSize(NULL, 0);
+    uint64_t start = offset - t[4 * k + 2], d_size = t[4 * k + 3];
+    const char *ptr;
+    size_t len;
+    PyObject *owner;
+    if (start <= d_size && size <= d_size - start) { /* within frame k */
+        int whole = start == 0 && size == d_size; /* a frame that holds just this range is not kept */
+        if (get_frame(self, k, !whole, &ptr, &len, &owner) < 0) return NULL;
+        if (whole && owner) return owner;
+        PyObject *out = PyBytes_FromStringAndSize(ptr + start, (Py_ssize_t)size);
+        Py_XDECREF(owner);
+        return out;
+    }
+    /* across frames: up to the end of the last one */
+    uint64_t end = t[4 * (self->n - 1) + 2] + t[4 * (self->n - 1) + 3];
+    uint64_t want = end > offset ? (end - offset < size ? end - offset : size) : 0;
+    if (want > PY_SSIZE_T_MAX) return PyErr_NoMemory();
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)want);
+    if (!out) return NULL;
+    char *dst = PyBytes_AS_STRING(out);
+    uint64_t done = 0;
+    for (; done < want && k < self->n; k++, start = 0) {
+        if (get_frame(self, k, 1, &ptr, &len, &owner) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        uint64_t take = start < len ? len - start : 0;
+        if (take > want - done) take = want - done;
+        memcpy(dst + done, ptr + start, (size_t)take);
+        done += take;
+        Py_XDECREF(owner);
+    }
+    if (done != want && _PyBytes_Resize(&out, (Py_ssize_t)done) < 0) return NULL;
+    return out;
+}
+
+PyObject *zstdread_read_at(PyObject *handle, uint64_t offset, uint64_t size) {
+    return zstd_read_range((ZstdReader *)handle, offset, size);
+}
+
+static PyObject *ZstdReader_read_at(ZstdReader *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "read_at(offset, size) takes two arguments");
+        return NULL;
+    }
+    long long offset = PyLong_AsLongLong(args[0]), size = PyLong_AsLongLong(args[1]);
+    if ((offset == -1 || size == -1) && PyErr_Occurred()) return NULL;
+    if (offset < 0 || size <= 0) return PyBytes_FromStringAndSize(NULL, 0);
+    return zstd_read_range(self, (uint64_t)offset, (uint64_t)size);
+}
+
+static void unmap(ZstdReader *self) {
+    if (self->map) munmap((void *)self->map, self->map_len);
+    self->map = NULL;
+    self->map_len = 0;
+}
+
+static PyObject *ZstdReader_close(ZstdReader *self, PyObject *unused) {
+    unmap(self);
+    Py_CLEAR(self->last);
+    if (self->fd >= 0) {
+        close(self->fd);
+        self->fd = -1;
+    }
+    Py_RETURN_NONE;
+}
+
+static int ZstdReader_init(ZstdReader *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"path", "fd", "frames", "decompress", "error", "zstd_error", "cache", NULL};
+    PyObject *path, *frames, *decompress, *error, *zstd_error, *cache;
+    int fd;
+    if (self->path) {
+        PyErr_SetString(PyExc_RuntimeError, "ZstdReader is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UiOOOOO!", names, &path, &fd, &frames, &decompress, &error, &zstd_error,
+                                     &FrameCacheType, &cache))
+        return -1;
+    if (PyObject_GetBuffer(frames, &self->table, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    self->has_table = 1;
+    if (self->table.itemsize != 8 || self->table.ndim != 2 || self->table.shape[1] != 4) {
+        PyErr_SetString(PyExc_ValueError, "frames must be a C-contiguous (n, 4) uint64 array");
+        return -1;
+    }
+    self->t = self->table.buf;
+    self->n = self->table.shape[0];
+    self->serial = PyMem_Calloc(self->n ? (size_t)self->n : 1, sizeof(uint64_t));
+    self->seen = PyMem_Calloc(self->n ? (size_t)self->n : 1, sizeof(uint64_t));
+    if (!self->serial || !self->seen) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->path = Py_NewRef(path);
+    self->decompress = Py_NewRef(decompress);
+    self->error = Py_NewRef(error);
+    self->zstd_error = Py_NewRef(zstd_error);
+    self->cache = (FrameCache *)Py_NewRef(cache);
+    self->fd = fd; /* owned from here on */
+    struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_size > 0 && (uint64_t)st.st_size <= SIZE_MAX) {
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+        if (m != MAP_FAILED) {
+            self->map = m;
+            self->map_len = (size_t)st.st_size;
+        }
+    }
+    return 0;
+}
+
+static PyObject *ZstdReader_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    ZstdReader *self = (ZstdReader *)type->tp_alloc(type, 0);
+    if (self) self->fd = -1;
+    return (PyObject *)self;
+}
+
+static void ZstdReader_dealloc(ZstdReader *self) {
+    unmap(self);
+    if (self->fd >= 0) close(self->fd);
+    if (self->has_table) PyBuffer_Release(&self->table);
+    PyMem_Free(self->serial);
+    PyMem_Free(self->seen);
+    Py_XDECREF(self->last);
+    Py_XDECREF(self->path);
+    Py_XDECREF(self->decompress);
+    Py_XDECREF(self->error);
+    Py_XDECREF(self->zstd_error);
+    Py_XDECREF(self->cache);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *ZstdReader_get_fd(ZstdReader *self, void *closure) { return PyLong_FromLong(self->fd); }
+
+static PyObject *ZstdReader_get_path(ZstdReader *self, void *closure) {
+    return Py_NewRef(self->path ? self->path : Py_None);
+}
+
+static PyMethodDef ZstdReader_methods[] = {
+    {"read_at", (PyCFunction)(void (*)(void))ZstdReader_read_at, METH_FASTCALL, "read_at(offset, size) -> bytes (fewer only at the end of the shard)"},
+    {"close", (PyCFunction)ZstdReader_close, METH_NOARGS, "Close the shard file."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef ZstdReader_getset[] = {
+    {"fd", (getter)ZstdReader_get_fd, NULL, "The shard's descriptor (-1 once closed).", NULL},
+    {"path", (getter)ZstdReader_get_path, NULL, "The shard (used in errors).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ZstdReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex._speedups.ZstdReader",
+    .tp_basicsize = sizeof(ZstdReader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ZstdReader(path, fd, frames, decompress, error, zstd_error, cache): read_at over a zstd shard's frame table.",
+    .tp_new = ZstdReader_new,
+    .tp_init = (initproc)ZstdReader_init,
+    .tp_dealloc = (destructor)ZstdReader_dealloc,
+    .tp_methods = ZstdReader_methods,
+    .tp_getset = ZstdReader_getset,
+};
+
+int zstdread_is_reader(PyObject *handle) { return Py_IS_TYPE(handle, &ZstdReaderType); }
+
+int zstdread_add_types(PyObject *module) {
+    k_max_output_size_names = Py_BuildValue("(s)", "max_output_size");
+    if (!k_max_output_size_names || PyType_Ready(&FrameCacheType) < 0 || PyType_Ready(&ZstdReaderType) < 0) return -1;
+    if (PyModule_AddObjectRef(module, "FrameCache", (PyObject *)&FrameCacheType) < 0) return -1;
+    if (PyModule_AddObjectRef(module, "ZstdReader", (PyObject *)&ZstdReaderType) < 0) return -1;
+    return 0;
+}
