@@ -10,9 +10,13 @@
  *
  * FrameCache keeps decompressed frames in one ring of max_bytes, allocated on
  * first use and reused: a frame is copied in at the write position and the
- * oldest frames in its way are dropped (FIFO). No allocation per kept frame,
- * so keeping one costs a memcpy, never fresh pages from the kernel (which
- * cost more than decompressing the frame again on this kind of machine).
+ * oldest frames in its way are dropped (FIFO). No allocation per kept frame.
+ * Fresh pages still cost page faults the first time the ring reaches them,
+ * which can cost more than decompressing the frame again, so the ring's
+ * length in force (limit) starts at SEED_BYTES and grows by half the bytes
+ * its hits serve, and a reader keeps a frame only when it decompresses it
+ * again within that horizon. Each reader also remembers the frame it
+ * decompressed last (consecutive samples of one frame: one decompression).
  * Entries carry consecutive serial numbers, so a reader finds its frame k by
  * the serial it remembers for k, in O(1), without a hash table.
  */
@@ -356,13 +360,13 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
     *owner = data;
     Py_XSETREF(self->last, Py_NewRef(data));
     self->last_k = k;
-    /* Kept only if decompressed before, recently enough that a cache of max_bytes holding every
-     * decompressed frame would still have it: a frame with no sign of reuse costs fresh memory
-     * (page faults) to keep and saves nothing. */
+    /* Kept only if decompressed before, recently enough that a ring of the current limit holding
+     * every decompressed frame would still have it: copying in a frame that leaves the ring before
+     * its next read costs and saves nothing. */
     uint64_t prev = self->seen[k], before = cache->clock;
     cache->clock += d_size;
     self->seen[k] = cache->clock;
-    if (keep && prev && before - prev + d_size <= cache->max_bytes) self->serial[k] = cache_put(cache, *ptr, *len);
+    if (keep && prev && before - prev + d_size <= cache->limit) self->serial[k] = cache_put(cache, *ptr, *len);
     return 0;
 }
 

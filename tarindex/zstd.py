@@ -559,9 +559,9 @@ class ZstdShardReader:
     decompressed last is remembered (consecutive samples of one frame: one
     decompression); other frames come from the per-process
     :func:`frame_cache`, which keeps a frame only when it was decompressed
-    before, recently enough that a cache of ``max_bytes`` would still hold
-    it (a frame read whole for one range, such as a one-sample frame, is
-    never kept). The C extension's ``ZstdReader`` does the same (see
+    before, recently enough that a cache of its current ``limit`` holding
+    every decompressed frame would still have it (a frame read whole for one
+    range, such as a one-sample frame, is never kept). The C extension's ``ZstdReader`` does the same (see
     :func:`zstd_reader`).
 
     Args:
@@ -615,7 +615,7 @@ class ZstdShardReader:
         self._last_k, self._last = k, data
         prev, before = self._seen[k], cache.decompressed
         cache.decompressed = self._seen[k] = before + d_size
-        if keep and prev and before - prev + d_size <= cache.max_bytes:  # reused, recently: worth keeping
+        if keep and prev and before - prev + d_size <= cache.limit:  # reused, recently: worth keeping
             cache.put(key, data)
         return data
 
