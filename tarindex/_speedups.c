@@ -170,27 +170,37 @@ static PyObject *read_handle(Reader *self, uint32_t shard, Py_ssize_t i) {
     uint64_t k0 = self->k_off[i], k1 = self->k_off[i + 1];
     if (m1 < m0 || m1 > (uint64_t)self->n_members || k1 < k0 || k1 > (uint64_t)self->blob_len || size > PY_SSIZE_T_MAX)
         return corrupt(self, shard, off, "index entry out of bounds");
-    PyObject *buf;
-    if (zstdread_is_reader(self->handles[shard])) { /* zstd frames: no method call */
-        buf = zstdread_read_at(self->handles[shard], off, size);
+    PyObject *buf = NULL, *d = NULL;
+    const char *base = NULL;
+    size_t got = 0;
+    if (zstdread_is_reader(self->handles[shard])) { /* zstd frames: members sliced straight from the frame */
+        d = new_sample(self, shard, i, k0, k1, (Py_ssize_t)(m1 - m0)); /* first: nothing may run between view and slicing */
+        if (!d || zstdread_view(self->handles[shard], off, size, &base, &got, &buf) < 0) {
+            Py_XDECREF(d);
+            return NULL;
+        }
     } else {
         PyObject *off_o = PyLong_FromUnsignedLongLong(off), *size_o = PyLong_FromUnsignedLongLong(size);
         buf = off_o && size_o ? PyObject_CallMethodObjArgs(self->handles[shard], k_read_at, off_o, size_o, NULL) : NULL;
         Py_XDECREF(off_o);
         Py_XDECREF(size_o);
+        if (!buf) return NULL;
+        if (PyBytes_Check(buf)) {
+            base = PyBytes_AS_STRING(buf);
+            got = (size_t)PyBytes_GET_SIZE(buf);
+        }
     }
-    if (!buf) return NULL;
-    if (!PyBytes_Check(buf) || (uint64_t)PyBytes_GET_SIZE(buf) != size) {
-        Py_DECREF(buf); /* a short read: the Python path reports it */
+    if (!base || got != size) {
+        Py_XDECREF(buf); /* a short read: the Python path reports it */
+        Py_XDECREF(d);
         return PyObject_CallFunction(self->fallback, "n", i);
     }
-    const char *base = PyBytes_AS_STRING(buf);
-    PyObject *d = new_sample(self, shard, i, k0, k1, (Py_ssize_t)(m1 - m0));
+    if (!d) d = new_sample(self, shard, i, k0, k1, (Py_ssize_t)(m1 - m0));
     int bad = !d;
     for (uint64_t j = m0; j < m1 && !bad; j++) {
         uint64_t mo = self->m_off[j], ms = self->m_size[j];
         if (self->m_ext[j] >= self->n_exts || mo > size || ms > size - mo) {
-            Py_DECREF(buf);
+            Py_XDECREF(buf);
             Py_XDECREF(d);
             return corrupt(self, shard, off, "index entry out of bounds");
         }
@@ -198,7 +208,7 @@ static PyObject *read_handle(Reader *self, uint32_t shard, Py_ssize_t i) {
         if (!v || PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, self->m_ext[j]), v) < 0) bad = 1;
         Py_XDECREF(v);
     }
-    Py_DECREF(buf);
+    Py_XDECREF(buf);
     if (bad) {
         Py_XDECREF(d);
         return NULL;

@@ -370,7 +370,10 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
     return 0;
 }
 
-static PyObject *zstd_read_range(ZstdReader *self, uint64_t offset, uint64_t size) {
+/* The bytes [offset, offset + size) (fewer only at the end of the shard): *ptr, *len, and *owner, a new
+ * reference to the bytes object that holds them, or NULL when they lie in the cache's ring (valid until
+ * the ring next takes a frame). 0, or -1 with an exception set. */
+static int zstd_view(ZstdReader *self, uint64_t offset, uint64_t size, const char **ptr, size_t *len, PyObject **owner) {
     const uint64_t *t = self->t;
     Py_ssize_t lo = 0, hi = self->n; /* the first frame with d_offset > offset */
     while (lo < hi) {
@@ -379,44 +382,63 @@ static PyObject *zstd_read_range(ZstdReader *self, uint64_t offset, uint64_t siz
         else hi = mid;
     }
     Py_ssize_t k = lo - 1;
-    if (k < 0 || !size) return PyBytes_FromStringAndSize(NULL, 0);
+    *owner = NULL;
+    *ptr = "";
+    *len = 0;
+    if (k < 0 || !size) return 0;
     uint64_t start = offset - t[4 * k + 2], d_size = t[4 * k + 3];
-    const char *ptr;
-    size_t len;
-    PyObject *owner;
     if (start <= d_size && size <= d_size - start) { /* within frame k */
         int whole = start == 0 && size == d_size; /* a frame that holds just this range is not kept */
-        if (get_frame(self, k, !whole, &ptr, &len, &owner) < 0) return NULL;
-        if (whole && owner) return owner;
-        PyObject *out = PyBytes_FromStringAndSize(ptr + start, (Py_ssize_t)size);
-        Py_XDECREF(owner);
-        return out;
+        if (get_frame(self, k, !whole, ptr, len, owner) < 0) return -1;
+        *ptr += start;
+        *len = (size_t)size;
+        return 0;
     }
     /* across frames: up to the end of the last one */
     uint64_t end = t[4 * (self->n - 1) + 2] + t[4 * (self->n - 1) + 3];
     uint64_t want = end > offset ? (end - offset < size ? end - offset : size) : 0;
-    if (want > PY_SSIZE_T_MAX) return PyErr_NoMemory();
+    if (want > PY_SSIZE_T_MAX) {
+        PyErr_NoMemory();
+        return -1;
+    }
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)want);
-    if (!out) return NULL;
+    if (!out) return -1;
     char *dst = PyBytes_AS_STRING(out);
     uint64_t done = 0;
     for (; done < want && k < self->n; k++, start = 0) {
-        if (get_frame(self, k, 1, &ptr, &len, &owner) < 0) {
+        const char *fp;
+        size_t flen;
+        PyObject *fowner;
+        if (get_frame(self, k, 1, &fp, &flen, &fowner) < 0) {
             Py_DECREF(out);
-            return NULL;
+            return -1;
         }
-        uint64_t take = start < len ? len - start : 0;
+        uint64_t take = start < flen ? flen - start : 0;
         if (take > want - done) take = want - done;
-        memcpy(dst + done, ptr + start, (size_t)take);
+        memcpy(dst + done, fp + start, (size_t)take);
         done += take;
-        Py_XDECREF(owner);
+        Py_XDECREF(fowner);
     }
-    if (done != want && _PyBytes_Resize(&out, (Py_ssize_t)done) < 0) return NULL;
+    if (done != want && _PyBytes_Resize(&out, (Py_ssize_t)done) < 0) return -1;
+    *owner = out;
+    *ptr = PyBytes_AS_STRING(out);
+    *len = (size_t)done;
+    return 0;
+}
+
+static PyObject *zstd_read_range(ZstdReader *self, uint64_t offset, uint64_t size) {
+    const char *ptr;
+    size_t len;
+    PyObject *owner;
+    if (zstd_view(self, offset, size, &ptr, &len, &owner) < 0) return NULL;
+    if (owner && ptr == PyBytes_AS_STRING(owner) && (Py_ssize_t)len == PyBytes_GET_SIZE(owner)) return owner;
+    PyObject *out = PyBytes_FromStringAndSize(ptr, (Py_ssize_t)len);
+    Py_XDECREF(owner);
     return out;
 }
 
-PyObject *zstdread_read_at(PyObject *handle, uint64_t offset, uint64_t size) {
-    return zstd_read_range((ZstdReader *)handle, offset, size);
+int zstdread_view(PyObject *handle, uint64_t offset, uint64_t size, const char **ptr, size_t *len, PyObject **owner) {
+    return zstd_view((ZstdReader *)handle, offset, size, ptr, len, owner);
 }
 
 static PyObject *ZstdReader_read_at(ZstdReader *self, PyObject *const *args, Py_ssize_t nargs) {

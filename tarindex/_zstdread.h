@@ -8,7 +8,9 @@
 int zstdread_add_types(PyObject *module);
 /* Whether handle is a ZstdReader. */
 int zstdread_is_reader(PyObject *handle);
-/* handle.read_at(offset, size) of a ZstdReader, without the method call: a new bytes object, or NULL. */
-PyObject *zstdread_read_at(PyObject *handle, uint64_t offset, uint64_t size);
+/* The bytes [offset, offset + size) of a ZstdReader (fewer only at the end of the shard), without a copy:
+ * *ptr and *len, and *owner, a new reference to the object holding them, or NULL when they lie in the
+ * frame cache, where they stay valid until the next zstd read. 0, or -1 with an exception set. */
+int zstdread_view(PyObject *handle, uint64_t offset, uint64_t size, const char **ptr, size_t *len, PyObject **owner);
 
 #endif
