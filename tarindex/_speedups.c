@@ -175,10 +175,14 @@ static PyObject *read_handle(Reader *self, uint32_t shard, Py_ssize_t i) {
     size_t got = 0;
     if (zstdread_is_reader(self->handles[shard])) { /* zstd frames: members sliced straight from the frame */
         d = new_sample(self, shard, i, k0, k1, (Py_ssize_t)(m1 - m0)); /* first: nothing may run between view and slicing */
-        if (!d || zstdread_view(self->handles[shard], off, size, &base, &got, &buf) < 0) {
+        PyObject *handle = Py_NewRef(self->handles[shard]); /* alive even if another thread forgets it meanwhile */
+        if (!d || zstdread_view(handle, off, size, &base, &got, &buf) < 0) {
+            Py_DECREF(handle);
             Py_XDECREF(d);
             return NULL;
         }
+        if (!buf) buf = handle; /* the view lies in the frame cache the reader holds: keep the reader */
+        else Py_DECREF(handle);
     } else {
         PyObject *off_o = PyLong_FromUnsignedLongLong(off), *size_o = PyLong_FromUnsignedLongLong(size);
         buf = off_o && size_o ? PyObject_CallMethodObjArgs(self->handles[shard], k_read_at, off_o, size_o, NULL) : NULL;

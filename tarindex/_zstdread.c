@@ -196,6 +196,8 @@ typedef struct {
     int fd;
     const char *map;      /* the compressed shard, mapped read-only (NULL: pread instead) */
     size_t map_len;
+    int busy;             /* decompressions from the map in progress (the decompressor may let other threads run) */
+    int closing;          /* closed while busy: unmap when the last one ends */
     PyObject *path;       /* str, for errors */
     Py_buffer table;      /* (n, 4) uint64: c_offset, c_size, d_offset, d_size */
     int has_table;
@@ -236,6 +238,17 @@ static PyObject *frame_error(ZstdReader *self, uint64_t offset, PyObject *what) 
     Py_XDECREF(cause);
     Py_XDECREF(what);
     return NULL;
+}
+
+static void unmap(ZstdReader *self) {
+    if (self->map) munmap((void *)self->map, self->map_len);
+    self->map = NULL;
+    self->map_len = 0;
+}
+
+/* A decompression from the map has ended: unmap now if the reader was closed meanwhile. */
+static void done_with_map(ZstdReader *self, int mapped) {
+    if (mapped && !--self->busy && self->closing) unmap(self);
 }
 
 /* The frame content size in a zstd frame header: 1 and *out set, 0 when the header has none, -1 unparsable. */
@@ -289,11 +302,13 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
     PyObject *raw;
     const char *buf;
     size_t got = 0;
-    if (self->map) { /* no system call: a view of the mapped frame */
+    int mapped = self->map != NULL;
+    if (mapped) { /* no system call: a view of the mapped frame */
         got = c_off >= self->map_len ? 0 : (self->map_len - c_off < c_size ? self->map_len - c_off : c_size);
         buf = self->map + (got ? c_off : 0);
         raw = PyMemoryView_FromMemory((char *)buf, (Py_ssize_t)got, PyBUF_READ);
         if (!raw) return -1;
+        self->busy++;
     } else {
         raw = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)c_size);
         if (!raw) return -1;
@@ -318,6 +333,7 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
     }
     if (got != c_size) {
         Py_DECREF(raw);
+        done_with_map(self, mapped);
         frame_error(self, c_off, PyUnicode_FromFormat("truncated zstd frame (%zu of %llu bytes)", got, (unsigned long long)c_size));
         return -1;
     }
@@ -326,6 +342,7 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
     PyObject *data;
     if (known == 1 && content != d_size) { /* never let a damaged header size the output */
         Py_DECREF(raw);
+        done_with_map(self, mapped);
         frame_error(self, c_off, PyUnicode_FromFormat("zstd frame header disagrees with the index (%llu bytes)", (unsigned long long)d_size));
         return -1;
     }
@@ -338,6 +355,7 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
         Py_XDECREF(limit);
     }
     Py_DECREF(raw);
+    done_with_map(self, mapped);
     if (!data) {
         if (PyErr_ExceptionMatches(self->zstd_error)) {
             PyObject *type, *exc, *tb;
@@ -452,14 +470,9 @@ static PyObject *ZstdReader_read_at(ZstdReader *self, PyObject *const *args, Py_
     return zstd_read_range(self, (uint64_t)offset, (uint64_t)size);
 }
 
-static void unmap(ZstdReader *self) {
-    if (self->map) munmap((void *)self->map, self->map_len);
-    self->map = NULL;
-    self->map_len = 0;
-}
-
 static PyObject *ZstdReader_close(ZstdReader *self, PyObject *unused) {
-    unmap(self);
+    if (self->busy) self->closing = 1; /* another thread decompresses from the map: it unmaps when done */
+    else unmap(self);
     Py_CLEAR(self->last);
     if (self->fd >= 0) {
         close(self->fd);
