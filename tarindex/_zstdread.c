@@ -115,9 +115,11 @@ static int FrameCache_init(FrameCache *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "max_bytes must be >= 0");
         return -1;
     }
+    if (!self->oldest) self->oldest = 1; /* serial 0 means "not kept" */
+    cache_clear(self);
     self->max_bytes = (size_t)max_bytes;
     self->limit = self->max_bytes < SEED_BYTES ? self->max_bytes : SEED_BYTES;
-    if (!self->oldest) self->oldest = 1; /* serial 0 means "not kept" */
+    self->hit_bytes = 0;
     return 0;
 }
 
@@ -485,7 +487,7 @@ static int ZstdReader_init(ZstdReader *self, PyObject *args, PyObject *kw) {
     static char *names[] = {"path", "fd", "frames", "decompress", "error", "zstd_error", "cache", NULL};
     PyObject *path, *frames, *decompress, *error, *zstd_error, *cache;
     int fd;
-    if (self->path) {
+    if (self->path || self->has_table) {
         PyErr_SetString(PyExc_RuntimeError, "ZstdReader is already initialised");
         return -1;
     }

@@ -493,6 +493,8 @@ class FrameCache:
 
     @max_bytes.setter
     def max_bytes(self, value: int) -> None:
+        if value < 0:
+            raise ValueError("max_bytes must be >= 0")
         if value != self._max_bytes:
             self.clear()
             self._max_bytes = value
@@ -538,8 +540,9 @@ def frame_cache() -> Any:
 
     With the C extension, a ``_speedups.FrameCache``: one ring of ``max_bytes``
     allocated at first use, oldest frames dropped first (see docs/zstd.md);
-    without it, a :class:`FrameCache`. Both have ``max_bytes``, ``bytes``,
-    ``clear()`` and ``len()``.
+    without it, a :class:`FrameCache`. Both have ``max_bytes``, ``limit`` (the
+    bound in force, growing from :data:`SEED_BYTES` as hits pay for it),
+    ``bytes``, ``decompressed``, ``clear()`` and ``len()``.
     """
     global _CACHE, _CACHE_GEN
     if _CACHE is None or FORK[0] != _CACHE_GEN:  # a forked child starts with an empty cache
@@ -660,10 +663,14 @@ def zstd_reader(path: str, fd: int, frames: np.ndarray) -> Any:
     """
     if _speedups is None:
         return ZstdShardReader(path, fd, frames)
-    table = np.ascontiguousarray(frames, np.uint64)
-    return _speedups.ZstdReader(
-        str(path), fd, table, zstandard.ZstdDecompressor().decompress, CorruptFrameError, zstandard.ZstdError, frame_cache()
-    )
+    try:
+        table = np.ascontiguousarray(frames, np.uint64)
+        return _speedups.ZstdReader(
+            str(path), fd, table, zstandard.ZstdDecompressor().decompress, CorruptFrameError, zstandard.ZstdError, frame_cache()
+        )
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 # -- indexing -------------------------------------------------------------------

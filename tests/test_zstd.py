@@ -530,6 +530,26 @@ def _framed(big: Path, tmp_path: Path) -> tuple[tarindex.TarDataset, np.ndarray,
     return ds, frames, frame_of
 
 
+def _cache_types() -> list[type]:
+    from tarindex._native import SPEEDUPS
+
+    return [FrameCache] + ([SPEEDUPS.FrameCache] if SPEEDUPS is not None else [])
+
+
+@pytest.mark.parametrize("cache_type", _cache_types(), ids=lambda t: t.__module__)
+def test_frame_cache_bounds(cache_type: type) -> None:
+    cache = cache_type(1000)
+    assert (cache.max_bytes, cache.limit, cache.bytes, cache.decompressed, len(cache)) == (1000, 1000, 0, 0, 0)
+    cache.max_bytes = 100 << 20
+    assert cache.limit == SEED_BYTES  # grows from here as hits pay for it
+    cache.max_bytes = 0
+    assert cache.limit == 0
+    with pytest.raises(ValueError, match="max_bytes must be >= 0"):
+        cache.max_bytes = -1
+    cache.clear()
+    assert len(cache) == 0 and cache.bytes == 0
+
+
 def test_random_access_reads_only_needed_frames(big: Path, tmp_path: Path) -> None:
     ds, frames, frame_of = _framed(big, tmp_path)
     cache = frame_cache()
