@@ -209,7 +209,9 @@ typedef struct {
     uint64_t *seen;       /* per frame: the cache's clock after its last decompression, 0 if never */
     PyObject *last;       /* the frame this reader decompressed last (bytes), or NULL */
     Py_ssize_t last_k;
-    PyObject *decompress; /* ZstdDecompressor.decompress, bound */
+    PyObject *decompressor; /* zstandard.ZstdDecompressor */
+    PyObject *decompress; /* decompress of this reader's own ZstdDecompressor */
+    int decoding;         /* calls of it in progress: it lets other threads run, and a context serves one at a time */
     PyObject *error;      /* CorruptFrameError */
     PyObject *zstd_error; /* zstandard.ZstdError */
     FrameCache *cache;
@@ -348,14 +350,26 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
         frame_error(self, c_off, PyUnicode_FromFormat("zstd frame header disagrees with the index (%llu bytes)", (unsigned long long)d_size));
         return -1;
     }
-    if (known == 1) { /* the header's size, checked: one positional argument */
-        data = PyObject_Vectorcall(self->decompress, &raw, 1, NULL);
+    PyObject *decompress = self->decompress, *own = NULL;
+    if (self->decoding) { /* another thread is inside this reader's decompressor: use a new one */
+        PyObject *dctx = PyObject_CallNoArgs(self->decompressor);
+        own = decompress = dctx ? PyObject_GetAttrString(dctx, "decompress") : NULL;
+        Py_XDECREF(dctx);
+    } else {
+        self->decoding++;
+    }
+    if (!decompress) {
+        data = NULL;
+    } else if (known == 1) { /* the header's size, checked: one positional argument */
+        data = PyObject_Vectorcall(decompress, &raw, 1, NULL);
     } else {
         PyObject *limit = PyLong_FromUnsignedLongLong(d_size);
         PyObject *args[2] = {raw, limit};
-        data = limit ? PyObject_Vectorcall(self->decompress, args, 1, k_max_output_size_names) : NULL;
+        data = limit ? PyObject_Vectorcall(decompress, args, 1, k_max_output_size_names) : NULL;
         Py_XDECREF(limit);
     }
+    if (own) Py_DECREF(own);
+    else if (decompress) self->decoding--;
     Py_DECREF(raw);
     done_with_map(self, mapped);
     if (!data) {
@@ -484,14 +498,14 @@ static PyObject *ZstdReader_close(ZstdReader *self, PyObject *unused) {
 }
 
 static int ZstdReader_init(ZstdReader *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"path", "fd", "frames", "decompress", "error", "zstd_error", "cache", NULL};
-    PyObject *path, *frames, *decompress, *error, *zstd_error, *cache;
+    static char *names[] = {"path", "fd", "frames", "decompressor", "error", "zstd_error", "cache", NULL};
+    PyObject *path, *frames, *decompressor, *error, *zstd_error, *cache;
     int fd;
     if (self->path || self->has_table) {
         PyErr_SetString(PyExc_RuntimeError, "ZstdReader is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UiOOOOO!", names, &path, &fd, &frames, &decompress, &error, &zstd_error,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UiOOOOO!", names, &path, &fd, &frames, &decompressor, &error, &zstd_error,
                                      &FrameCacheType, &cache))
         return -1;
     if (PyObject_GetBuffer(frames, &self->table, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
@@ -508,8 +522,12 @@ static int ZstdReader_init(ZstdReader *self, PyObject *args, PyObject *kw) {
         PyErr_NoMemory();
         return -1;
     }
+    PyObject *dctx = PyObject_CallNoArgs(decompressor);
+    self->decompress = dctx ? PyObject_GetAttrString(dctx, "decompress") : NULL;
+    Py_XDECREF(dctx);
+    if (!self->decompress) return -1;
+    self->decompressor = Py_NewRef(decompressor);
     self->path = Py_NewRef(path);
-    self->decompress = Py_NewRef(decompress);
     self->error = Py_NewRef(error);
     self->zstd_error = Py_NewRef(zstd_error);
     self->cache = (FrameCache *)Py_NewRef(cache);
@@ -540,6 +558,7 @@ static void ZstdReader_dealloc(ZstdReader *self) {
     Py_XDECREF(self->last);
     Py_XDECREF(self->path);
     Py_XDECREF(self->decompress);
+    Py_XDECREF(self->decompressor);
     Py_XDECREF(self->error);
     Py_XDECREF(self->zstd_error);
     Py_XDECREF(self->cache);
@@ -568,7 +587,7 @@ static PyTypeObject ZstdReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex._speedups.ZstdReader",
     .tp_basicsize = sizeof(ZstdReader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "ZstdReader(path, fd, frames, decompress, error, zstd_error, cache): read_at over a zstd shard's frame table.",
+    .tp_doc = "ZstdReader(path, fd, frames, decompressor, error, zstd_error, cache): read_at over a zstd shard's frame table.",
     .tp_new = ZstdReader_new,
     .tp_init = (initproc)ZstdReader_init,
     .tp_dealloc = (destructor)ZstdReader_dealloc,

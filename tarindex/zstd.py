@@ -582,7 +582,7 @@ class ZstdShardReader:
         self._d_size = frames[:, 3].tolist()
         st = os.fstat(fd)
         self._key = (st.st_dev, st.st_ino, st.st_mtime_ns)
-        self._dctx = zstandard.ZstdDecompressor()
+        self._dctxs = [zstandard.ZstdDecompressor()]  # one per concurrent call: decompress lets other threads run
         self._seen = array.array("Q", bytes(8 * len(self._c_off)))  # per frame: the cache's clock after its last decompression
         self._last_k = -1
         self._last = b""
@@ -608,7 +608,12 @@ class ZstdShardReader:
         try:
             if zstandard.frame_content_size(raw) not in (-1, d_size):  # never allocate what a damaged header claims
                 raise CorruptFrameError(self.path, c_off, f"zstd frame header disagrees with the index ({d_size} bytes)")
-            data = self._dctx.decompress(raw, max_output_size=d_size)
+            dctxs = self._dctxs
+            dctx = dctxs.pop() if dctxs else zstandard.ZstdDecompressor()
+            try:
+                data = dctx.decompress(raw, max_output_size=d_size)
+            finally:
+                dctxs.append(dctx)
         except zstandard.ZstdError as exc:
             raise CorruptFrameError(self.path, c_off, f"corrupt zstd frame ({exc})") from exc
         if len(data) != d_size:
@@ -666,7 +671,7 @@ def zstd_reader(path: str, fd: int, frames: np.ndarray) -> Any:
     try:
         table = np.ascontiguousarray(frames, np.uint64)
         return _speedups.ZstdReader(
-            str(path), fd, table, zstandard.ZstdDecompressor().decompress, CorruptFrameError, zstandard.ZstdError, frame_cache()
+            str(path), fd, table, zstandard.ZstdDecompressor, CorruptFrameError, zstandard.ZstdError, frame_cache()
         )
     except BaseException:
         os.close(fd)

@@ -12,6 +12,7 @@ import random
 import shutil
 import subprocess
 import tarfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -673,6 +674,44 @@ def test_reader_errors_name_the_frame(tmp_path: Path) -> None:
     assert isinstance(err.value.__cause__, zstandard.ZstdError)
     assert reader.read_at(0, 10) == data[:10]  # other frames still read
     reader.close()
+
+
+def test_threads_read_one_shard_at_once(tmp_path: Path) -> None:
+    """decompress lets other threads run: concurrent reads of one shard must not share a decompression context."""
+    data = np.random.default_rng(1).integers(0, 20, 2_000_000, dtype=np.uint8).tobytes()
+    cctx = zstandard.ZstdCompressor(write_checksum=True)
+    rows, out = [], bytearray()
+    for d in range(0, len(data), 200_000):  # large frames: each decompression takes a while
+        comp = cctx.compress(data[d : d + 200_000])
+        rows.append((len(out), len(comp), d, len(data[d : d + 200_000])))
+        out += comp
+    path = tmp_path / "t.zst"
+    path.write_bytes(bytes(out))
+    cache = frame_cache()
+    cache.max_bytes = 0
+    reader = zstd_reader(str(path), os.open(path, os.O_RDONLY), frame_array(rows))
+    problems: list[str] = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(100):
+            off = rng.randrange(len(data) - 5000)
+            try:
+                if reader.read_at(off, 5000) != data[off : off + 5000]:
+                    problems.append(f"wrong bytes at {off}")
+            except Exception as exc:  # a shared context reports corruption
+                problems.append(repr(exc))
+
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        reader.close()
+        cache.max_bytes = DEFAULT_CACHE_BYTES
+    assert problems == []
 
 
 def test_c_reader_is_used_when_built(big: Path, tmp_path: Path) -> None:
