@@ -1,12 +1,13 @@
 /* The per-sample read path of TarDataset, in C.
  *
  * Same behaviour as TarDataset._read_py (the reference implementation, used
- * when this module is not built): one pread of the sample's byte range into
- * a new bytes object (the GIL released), members sliced out of it, a dict
- * with __key__, __url__, __index__ and one entry per extension. Plain tar
- * shards (an int fd) are read here with preadv; a shard whose handle is an
- * object with read_at(offset, size) (zstd frames) has that called and the
- * members sliced here; a None handle goes back to Python through `fallback`.
+ * when this module is not built): sample i's record (tarindex/index/records.py)
+ * gives its shard, byte range, members and key; one positional read of the
+ * range (the GIL released); a dict with __key__, __url__, __index__ and one
+ * bytes entry per extension. Plain tar shards (an int fd) are read here; a
+ * shard whose handle is an object with read_at(offset, size) (zstd frames,
+ * HTTP ranges) has that called and the members sliced here; a None handle
+ * goes back to Python through `fallback`.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -16,29 +17,60 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define MAX_MEMBERS 256 /* more members than this in one sample: the Python path reads it */
+#define MAX_MEMBERS 256           /* more members than this in one sample: the Python path reads it */
+#define DIRECT_READ (64 << 10)    /* samples larger than this are read straight into their members' bytes */
+#define RECORD_HEAD 24            /* u64 offset, u64 size, u32 shard, u16 n_members, u16 key_len */
 
 typedef struct {
     PyObject_HEAD
-    Py_buffer cols[9];
+    Py_buffer cols[2];
     int ncols;
-    const uint32_t *s_shard;
-    const uint64_t *s_off, *s_size, *s_mem, *m_off, *m_size, *k_off;
-    const uint16_t *m_ext;
-    const char *k_blob;
-    Py_ssize_t n, n_members, n_exts, n_shards, blob_len;
+    const char *rec_at;  /* u64 per sample + 1: record offsets */
+    const char *records; /* the record blob */
+    Py_ssize_t n, rec_len, n_exts, n_shards;
     PyObject *exts;     /* tuple of str */
     PyObject *urls;     /* tuple of str */
     PyObject *opener;   /* opener(shard) -> int fd, an object with read_at, or None (read by fallback) */
     PyObject *fallback; /* fallback(i) -> dict, for shards that are not plain tar */
     PyObject *error;    /* error(url, offset, what) -> exception instance */
+    PyObject *fork;     /* tarindex._process.FORK: [generation], changed in every forked child */
+    long gen;           /* FORK[0] when this reader was made: a reader inherited through fork hands reads to fallback */
     int *fds;           /* per shard: fd, -1 not open here, -2 not plain tar, -3 handle with read_at */
     PyObject **handles; /* per shard: the read_at handle when fds[shard] == -3, else NULL */
-    char *scratch;      /* headers and padding land here */
+    char *scratch;      /* small samples land here whole; large ones' headers and padding */
     size_t scratch_len;
 } Reader;
 
+/* One sample's record, checked against the blob's bounds. */
+typedef struct {
+    uint64_t offset, size;
+    uint32_t shard;
+    Py_ssize_t nm, klen;
+    const char *spans; /* nm x (u64 data offset relative to offset, u64 size) */
+    const char *ext;   /* nm x u16 */
+    const char *key;
+} Record;
+
 static PyObject *k_key, *k_url, *k_index, *k_read_at;
+static PyObject *IndexFormatError; /* tarindex.errors.IndexFormatError */
+
+static inline uint64_t ld64(const char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline uint32_t ld32(const char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint16_t ld16(const char *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
 
 static int Reader_traverse(Reader *self, visitproc visit, void *arg) {
     Py_VISIT(self->exts);
@@ -46,6 +78,7 @@ static int Reader_traverse(Reader *self, visitproc visit, void *arg) {
     Py_VISIT(self->opener); /* bound methods of the dataset: a cycle the collector must see */
     Py_VISIT(self->fallback);
     Py_VISIT(self->error);
+    Py_VISIT(self->fork);
     if (self->handles)
         for (Py_ssize_t s = 0; s < self->n_shards; s++) Py_VISIT(self->handles[s]);
     return 0;
@@ -57,6 +90,7 @@ static int Reader_clear(Reader *self) {
     Py_CLEAR(self->opener);
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->error);
+    Py_CLEAR(self->fork);
     if (self->handles)
         for (Py_ssize_t s = 0; s < self->n_shards; s++) Py_CLEAR(self->handles[s]);
     return 0;
@@ -72,30 +106,32 @@ static void Reader_dealloc(Reader *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int take(Reader *self, PyObject *obj, Py_ssize_t itemsize, const void **out, Py_ssize_t *count) {
+static int take(Reader *self, PyObject *obj, const char **out, Py_ssize_t *len) {
     Py_buffer *view = &self->cols[self->ncols];
     if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) return -1;
     self->ncols++;
-    if (view->len % itemsize) {
-        PyErr_SetString(PyExc_ValueError, "column length is not a multiple of its item size");
-        return -1;
-    }
     *out = view->buf;
-    *count = view->len / itemsize;
+    *len = view->len;
     return 0;
 }
 
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
-    PyObject *c[9];
-    Py_ssize_t n_shard, n_off, n_size, n_mem, n_ext, n_moff, n_msize, n_koff;
-    PyObject *exts, *urls, *opener, *fallback, *error;
+    PyObject *rec_at, *records, *exts, *urls, *opener, *fallback, *error, *fork;
+    Py_ssize_t at_len;
     if (self->exts) {
         PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!O!OOO", &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6], &c[7], &c[8],
-                          &PyTuple_Type, &exts, &PyTuple_Type, &urls, &opener, &fallback, &error))
+    if (!PyArg_ParseTuple(args, "OOO!O!OOOO!", &rec_at, &records, &PyTuple_Type, &exts, &PyTuple_Type, &urls, &opener,
+                          &fallback, &error, &PyList_Type, &fork))
         return -1;
+    if (PyList_GET_SIZE(fork) != 1 || !PyLong_Check(PyList_GET_ITEM(fork, 0))) {
+        PyErr_SetString(PyExc_ValueError, "fork must be a list of one int");
+        return -1;
+    }
+    self->gen = PyLong_AsLong(PyList_GET_ITEM(fork, 0));
+    Py_INCREF(fork);
+    self->fork = fork;
     Py_INCREF(exts);
     self->exts = exts;
     Py_INCREF(urls);
@@ -106,25 +142,14 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     self->fallback = fallback;
     Py_INCREF(error);
     self->error = error;
-    if (take(self, c[0], 4, (const void **)&self->s_shard, &n_shard) < 0 ||
-        take(self, c[1], 8, (const void **)&self->s_off, &n_off) < 0 ||
-        take(self, c[2], 8, (const void **)&self->s_size, &n_size) < 0 ||
-        take(self, c[3], 8, (const void **)&self->s_mem, &n_mem) < 0 ||
-        take(self, c[4], 2, (const void **)&self->m_ext, &n_ext) < 0 ||
-        take(self, c[5], 8, (const void **)&self->m_off, &n_moff) < 0 ||
-        take(self, c[6], 8, (const void **)&self->m_size, &n_msize) < 0 ||
-        take(self, c[7], 8, (const void **)&self->k_off, &n_koff) < 0 ||
-        take(self, c[8], 1, (const void **)&self->k_blob, &self->blob_len) < 0)
-        return -1;
-    self->n = n_shard;
-    self->n_members = n_ext;
-    self->n_exts = PyTuple_GET_SIZE(self->exts);
-    self->n_shards = PyTuple_GET_SIZE(self->urls);
-    if (n_off != self->n || n_size != self->n || n_mem != self->n + 1 || n_koff != self->n + 1 ||
-        n_moff != n_ext || n_msize != n_ext) {
-        PyErr_SetString(PyExc_ValueError, "index columns disagree in length");
+    if (take(self, rec_at, &self->rec_at, &at_len) < 0 || take(self, records, &self->records, &self->rec_len) < 0) return -1;
+    if (at_len % 8 || at_len < 8) {
+        PyErr_SetString(PyExc_ValueError, "record_offset must hold n + 1 uint64 values");
         return -1;
     }
+    self->n = at_len / 8 - 1;
+    self->n_exts = PyTuple_GET_SIZE(self->exts);
+    self->n_shards = PyTuple_GET_SIZE(self->urls);
     self->fds = PyMem_Malloc(sizeof(int) * (self->n_shards ? self->n_shards : 1));
     self->handles = PyMem_Calloc(self->n_shards ? self->n_shards : 1, sizeof(PyObject *));
     if (!self->fds || !self->handles) {
@@ -145,178 +170,46 @@ static PyObject *corrupt(Reader *self, uint32_t shard, uint64_t offset, const ch
     return NULL;
 }
 
-/* A new sample dict with __key__, __url__ and __index__ (room for nm members); NULL on error. */
-static PyObject *new_sample(Reader *self, uint32_t shard, Py_ssize_t i, uint64_t k0, uint64_t k1, Py_ssize_t nm) {
-    PyObject *d = _PyDict_NewPresized(3 + nm);
-    PyObject *key = PyUnicode_DecodeUTF8(self->k_blob + k0, (Py_ssize_t)(k1 - k0), "surrogateescape");
-    PyObject *index = PyLong_FromSsize_t(i);
-    int bad = !d || !key || !index || PyDict_SetItem(d, k_key, key) < 0 ||
-              PyDict_SetItem(d, k_url, PyTuple_GET_ITEM(self->urls, shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
+/* Record i, checked: every member inside the sample's range, in order, with a known extension. */
+static int load(Reader *self, Py_ssize_t i, Record *r) {
+    uint64_t at = ld64(self->rec_at + 8 * i);
+    if (at > (uint64_t)self->rec_len || (uint64_t)self->rec_len - at < RECORD_HEAD) goto bad;
+    const char *p = self->records + at;
+    r->offset = ld64(p);
+    r->size = ld64(p + 8);
+    r->shard = ld32(p + 16);
+    r->nm = ld16(p + 20);
+    r->klen = ld16(p + 22);
+    if ((uint64_t)self->rec_len - at < RECORD_HEAD + 18 * (uint64_t)r->nm + (uint64_t)r->klen) goto bad;
+    if (r->shard >= self->n_shards || r->size > PY_SSIZE_T_MAX) goto bad;
+    r->spans = p + RECORD_HEAD;
+    r->ext = r->spans + 16 * r->nm;
+    r->key = r->ext + 2 * r->nm;
+    uint64_t pos = 0;
+    for (Py_ssize_t k = 0; k < r->nm; k++) {
+        uint64_t mo = ld64(r->spans + 16 * k), ms = ld64(r->spans + 16 * k + 8);
+        if (ld16(r->ext + 2 * k) >= self->n_exts || mo < pos || mo > r->size || ms > r->size - mo) {
+            corrupt(self, r->shard, r->offset, "index entry out of bounds");
+            return -1;
+        }
+        pos = mo + ms;
+    }
+    return 0;
+bad:
+    PyErr_Format(IndexFormatError, "the index record of sample %zd is damaged; rebuild the index", i);
+    return -1;
+}
+
+/* A new sample dict with __key__, __url__ and __index__ and member k's bytes from vals[k]
+ * (references stolen, all of them, also on error); NULL on error. */
+static PyObject *new_sample(Reader *self, const Record *r, PyObject *index, PyObject **vals) {
+    PyObject *d = _PyDict_NewPresized(3 + r->nm);
+    PyObject *key = PyUnicode_DecodeUTF8(r->key, r->klen, "surrogateescape");
+    int bad = !d || !key || PyDict_SetItem(d, k_key, key) < 0 ||
+              PyDict_SetItem(d, k_url, PyTuple_GET_ITEM(self->urls, r->shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
     Py_XDECREF(key);
-    Py_XDECREF(index);
-    if (bad) {
-        Py_XDECREF(d);
-        return NULL;
-    }
-    return d;
-}
-
-/* Sample i of a shard read through its handle's read_at(offset, size): members sliced from the bytes it returns. */
-static PyObject *read_handle(Reader *self, uint32_t shard, Py_ssize_t i) {
-    uint64_t off = self->s_off[i], size = self->s_size[i];
-    uint64_t m0 = self->s_mem[i], m1 = self->s_mem[i + 1];
-    uint64_t k0 = self->k_off[i], k1 = self->k_off[i + 1];
-    if (m1 < m0 || m1 > (uint64_t)self->n_members || k1 < k0 || k1 > (uint64_t)self->blob_len || size > PY_SSIZE_T_MAX)
-        return corrupt(self, shard, off, "index entry out of bounds");
-    PyObject *off_o = PyLong_FromUnsignedLongLong(off), *size_o = PyLong_FromUnsignedLongLong(size);
-    PyObject *buf = off_o && size_o ? PyObject_CallMethodObjArgs(self->handles[shard], k_read_at, off_o, size_o, NULL) : NULL;
-    Py_XDECREF(off_o);
-    Py_XDECREF(size_o);
-    if (!buf) return NULL;
-    if (!PyBytes_Check(buf) || (uint64_t)PyBytes_GET_SIZE(buf) != size) {
-        Py_DECREF(buf); /* a short read: the Python path reports it */
-        return PyObject_CallFunction(self->fallback, "n", i);
-    }
-    const char *base = PyBytes_AS_STRING(buf);
-    PyObject *d = new_sample(self, shard, i, k0, k1, (Py_ssize_t)(m1 - m0));
-    int bad = !d;
-    for (uint64_t j = m0; j < m1 && !bad; j++) {
-        uint64_t mo = self->m_off[j], ms = self->m_size[j];
-        if (self->m_ext[j] >= self->n_exts || mo > size || ms > size - mo) {
-            Py_DECREF(buf);
-            Py_XDECREF(d);
-            return corrupt(self, shard, off, "index entry out of bounds");
-        }
-        PyObject *v = PyBytes_FromStringAndSize(base + mo, (Py_ssize_t)ms);
-        if (!v || PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, self->m_ext[j]), v) < 0) bad = 1;
-        Py_XDECREF(v);
-    }
-    Py_DECREF(buf);
-    if (bad) {
-        Py_XDECREF(d);
-        return NULL;
-    }
-    return d;
-}
-
-static PyObject *Reader_read(Reader *self, PyObject *arg) {
-    if (!self->fds || !self->handles) {
-        PyErr_SetString(PyExc_RuntimeError, "Reader is not initialised");
-        return NULL;
-    }
-    Py_ssize_t i = PyLong_AsSsize_t(arg);
-    if (i == -1 && PyErr_Occurred()) return NULL;
-    if (i < 0) i += self->n;
-    if (i < 0 || i >= self->n) {
-        PyErr_Format(PyExc_IndexError, "sample %zd out of range for %zd samples", PyLong_AsSsize_t(arg), self->n);
-        return NULL;
-    }
-    uint32_t shard = self->s_shard[i];
-    if (shard >= self->n_shards) return corrupt(self, 0, 0, "index names a shard it does not list");
-    int fd = self->fds[shard];
-    if (fd == -1) {
-        PyObject *got = PyObject_CallFunction(self->opener, "I", shard);
-        if (!got) return NULL;
-        if (got == Py_None) {
-            fd = -2;
-        } else if (!PyLong_Check(got)) { /* an object with read_at(offset, size) */
-            Py_INCREF(got);
-            Py_XSETREF(self->handles[shard], got);
-            fd = -3;
-        } else {
-            long v = PyLong_AsLong(got);
-            if (v == -1 && PyErr_Occurred()) {
-                Py_DECREF(got);
-                return NULL;
-            }
-            fd = (int)v;
-        }
-        Py_DECREF(got);
-        self->fds[shard] = fd;
-    }
-    if (fd == -2) return PyObject_CallFunction(self->fallback, "n", i);
-    if (fd == -3) return read_handle(self, shard, i);
-
-    uint64_t off = self->s_off[i], size = self->s_size[i];
-    uint64_t m0 = self->s_mem[i], m1 = self->s_mem[i + 1];
-    uint64_t k0 = self->k_off[i], k1 = self->k_off[i + 1];
-    if (m1 < m0 || m1 > (uint64_t)self->n_members || k1 < k0 || k1 > (uint64_t)self->blob_len || size > PY_SSIZE_T_MAX)
-        return corrupt(self, shard, off, "index entry out of bounds");
-    Py_ssize_t nm = (Py_ssize_t)(m1 - m0);
-    if (nm > MAX_MEMBERS) return PyObject_CallFunction(self->fallback, "n", i);
-    /* One preadv: each member's data lands in its own bytes object, headers and padding in scratch. */
-    PyObject *vals[MAX_MEMBERS];
-    struct iovec iov[2 * MAX_MEMBERS + 1];
-    int niov = 0;
-    uint64_t pos = 0, gap_total = 0;
-    for (Py_ssize_t k = 0; k < nm; k++) {
-        uint64_t j = m0 + (uint64_t)k, mo = self->m_off[j], ms = self->m_size[j];
-        if (self->m_ext[j] >= self->n_exts || mo < pos || mo > size || ms > size - mo) {
-            for (Py_ssize_t q = 0; q < k; q++) Py_DECREF(vals[q]);
-            return corrupt(self, shard, off, "index entry out of bounds");
-        }
-        vals[k] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)ms);
-        if (!vals[k]) {
-            for (Py_ssize_t q = 0; q < k; q++) Py_DECREF(vals[q]);
-            return NULL;
-        }
-        if (mo > pos) gap_total += mo - pos;
-        pos = mo + ms;
-    }
-    gap_total += size - pos;
-    if (gap_total > self->scratch_len) {
-        char *grown = PyMem_Realloc(self->scratch, gap_total);
-        if (!grown) {
-            for (Py_ssize_t q = 0; q < nm; q++) Py_DECREF(vals[q]);
-            return PyErr_NoMemory();
-        }
-        self->scratch = grown;
-        self->scratch_len = gap_total;
-    }
-    char *gap = self->scratch;
-    pos = 0;
-    for (Py_ssize_t k = 0; k < nm; k++) {
-        uint64_t j = m0 + (uint64_t)k, mo = self->m_off[j], ms = self->m_size[j];
-        if (mo > pos) {
-            iov[niov].iov_base = gap;
-            iov[niov++].iov_len = mo - pos;
-            gap += mo - pos;
-        }
-        if (ms) {
-            iov[niov].iov_base = PyBytes_AS_STRING(vals[k]);
-            iov[niov++].iov_len = ms;
-        }
-        pos = mo + ms;
-    }
-    if (size > pos) {
-        iov[niov].iov_base = gap;
-        iov[niov++].iov_len = size - pos;
-    }
-    ssize_t got = 0;
-    int err = 0;
-    Py_BEGIN_ALLOW_THREADS
-    do {
-        got = niov ? preadv(fd, iov, niov, (off_t)off) : 0;
-    } while (got < 0 && errno == EINTR);
-    if (got < 0) err = errno;
-    Py_END_ALLOW_THREADS
-    if (got >= 0 && (uint64_t)got < size && !err) {
-        /* a short read: finish it member by member is not worth it; read the rest plainly */
-        got = -1;
-        err = 0;
-    }
-    if (err || got < 0) {
-        for (Py_ssize_t q = 0; q < nm; q++) Py_DECREF(vals[q]);
-        if (err) {
-            errno = err;
-            return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PyTuple_GET_ITEM(self->urls, shard));
-        }
-        return PyObject_CallFunction(self->fallback, "n", i);
-    }
-    PyObject *d = new_sample(self, shard, i, k0, k1, nm);
-    int bad = !d;
-    for (Py_ssize_t k = 0; k < nm; k++) {
-        if (!bad && PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, self->m_ext[m0 + (uint64_t)k]), vals[k]) < 0) bad = 1;
+    for (Py_ssize_t k = 0; k < r->nm; k++) {
+        if (!bad && PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, ld16(r->ext + 2 * k)), vals[k]) < 0) bad = 1;
         Py_DECREF(vals[k]);
     }
     if (bad) {
@@ -324,6 +217,178 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
         return NULL;
     }
     return d;
+}
+
+/* Each member's bytes, copied out of the sample's bytes at base (vals[k] new references); -1 on error. */
+static int slice_members(const Record *r, const char *base, PyObject **vals) {
+    for (Py_ssize_t k = 0; k < r->nm; k++) {
+        vals[k] = PyBytes_FromStringAndSize(base + ld64(r->spans + 16 * k), (Py_ssize_t)ld64(r->spans + 16 * k + 8));
+        if (!vals[k]) {
+            for (Py_ssize_t q = 0; q < k; q++) Py_DECREF(vals[q]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A sample of a shard read through its handle's read_at(offset, size): members sliced from the bytes it returns. */
+static PyObject *read_handle(Reader *self, const Record *r, PyObject *index) {
+    PyObject *off_o = PyLong_FromUnsignedLongLong(r->offset), *size_o = PyLong_FromUnsignedLongLong(r->size);
+    PyObject *buf = off_o && size_o ? PyObject_CallMethodObjArgs(self->handles[r->shard], k_read_at, off_o, size_o, NULL) : NULL;
+    Py_XDECREF(off_o);
+    Py_XDECREF(size_o);
+    if (!buf) return NULL;
+    if (!PyBytes_Check(buf) || (uint64_t)PyBytes_GET_SIZE(buf) != r->size) {
+        Py_DECREF(buf); /* a short read: the Python path reports it */
+        return PyObject_CallOneArg(self->fallback, index);
+    }
+    PyObject *vals[MAX_MEMBERS];
+    int rc = slice_members(r, PyBytes_AS_STRING(buf), vals);
+    Py_DECREF(buf);
+    return rc < 0 ? NULL : new_sample(self, r, index, vals);
+}
+
+/* Grow the scratch buffer to at least n bytes; -1 (MemoryError set) on failure. */
+static int need_scratch(Reader *self, size_t n) {
+    if (n <= self->scratch_len) return 0;
+    char *grown = PyMem_Realloc(self->scratch, n);
+    if (!grown) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->scratch = grown;
+    self->scratch_len = n;
+    return 0;
+}
+
+/* pread/preadv until done or error, the GIL released; returns bytes read or -1 (errno in *err). */
+static ssize_t read_range(int fd, struct iovec *iov, int niov, uint64_t off, int *err) {
+    ssize_t got = 0;
+    *err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    do {
+        got = niov == 1 ? pread(fd, iov[0].iov_base, iov[0].iov_len, (off_t)off) : niov ? preadv(fd, iov, niov, (off_t)off) : 0;
+    } while (got < 0 && errno == EINTR);
+    if (got < 0) *err = errno;
+    Py_END_ALLOW_THREADS
+    return got;
+}
+
+/* A plain tar sample: small ones with one pread into scratch and a copy per member; large ones with one
+ * preadv straight into each member's bytes (headers and padding into scratch). */
+static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index) {
+    PyObject *vals[MAX_MEMBERS];
+    struct iovec iov[2 * MAX_MEMBERS + 1];
+    int niov = 0, direct = r->size > DIRECT_READ;
+    if (!direct) {
+        if (need_scratch(self, r->size) < 0) return NULL;
+        iov[niov].iov_base = self->scratch;
+        iov[niov++].iov_len = r->size;
+    } else {
+        uint64_t pos = 0, gaps = 0;
+        for (Py_ssize_t k = 0; k < r->nm; k++) {
+            uint64_t mo = ld64(r->spans + 16 * k), ms = ld64(r->spans + 16 * k + 8);
+            gaps += mo - pos;
+            pos = mo + ms;
+            vals[k] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)ms);
+            if (!vals[k]) {
+                for (Py_ssize_t q = 0; q < k; q++) Py_DECREF(vals[q]);
+                return NULL;
+            }
+        }
+        if (need_scratch(self, gaps + (r->size - pos)) < 0) {
+            for (Py_ssize_t q = 0; q < r->nm; q++) Py_DECREF(vals[q]);
+            return NULL;
+        }
+        char *gap = self->scratch;
+        pos = 0;
+        for (Py_ssize_t k = 0; k < r->nm; k++) {
+            uint64_t mo = ld64(r->spans + 16 * k), ms = ld64(r->spans + 16 * k + 8);
+            if (mo > pos) {
+                iov[niov].iov_base = gap;
+                iov[niov++].iov_len = mo - pos;
+                gap += mo - pos;
+            }
+            if (ms) {
+                iov[niov].iov_base = PyBytes_AS_STRING(vals[k]);
+                iov[niov++].iov_len = ms;
+            }
+            pos = mo + ms;
+        }
+        if (r->size > pos) {
+            iov[niov].iov_base = gap;
+            iov[niov++].iov_len = r->size - pos;
+        }
+    }
+    int err;
+    ssize_t got = read_range(fd, iov, niov, r->offset, &err);
+    if (err || got < 0 || (uint64_t)got < r->size) {
+        if (direct)
+            for (Py_ssize_t q = 0; q < r->nm; q++) Py_DECREF(vals[q]);
+        if (err) {
+            errno = err;
+            return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PyTuple_GET_ITEM(self->urls, r->shard));
+        }
+        return PyObject_CallOneArg(self->fallback, index); /* a short read: the Python path reports it */
+    }
+    if (!direct && slice_members(r, self->scratch, vals) < 0) return NULL;
+    return new_sample(self, r, index, vals);
+}
+
+/* This process's handle of a shard: fds[shard] after asking the opener once; -4 on error. */
+static int shard_fd(Reader *self, uint32_t shard) {
+    int fd = self->fds[shard];
+    if (fd != -1) return fd;
+    PyObject *got = PyObject_CallFunction(self->opener, "I", shard);
+    if (!got) return -4;
+    if (got == Py_None) {
+        fd = -2;
+    } else if (!PyLong_Check(got)) { /* an object with read_at(offset, size) */
+        Py_INCREF(got);
+        Py_XSETREF(self->handles[shard], got);
+        fd = -3;
+    } else {
+        long v = PyLong_AsLong(got);
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(got);
+            return -4;
+        }
+        fd = (int)v;
+    }
+    Py_DECREF(got);
+    self->fds[shard] = fd;
+    return fd;
+}
+
+static PyObject *Reader_read(Reader *self, PyObject *arg) {
+    if (!self->fds || !self->handles) {
+        PyErr_SetString(PyExc_RuntimeError, "Reader is not initialised");
+        return NULL;
+    }
+    PyObject *now = PyList_GET_SIZE(self->fork) == 1 ? PyList_GET_ITEM(self->fork, 0) : NULL;
+    if (!now || !PyLong_Check(now) || PyLong_AsLong(now) != self->gen) return PyObject_CallOneArg(self->fallback, arg);
+    Py_ssize_t i = PyLong_AsSsize_t(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    int given = i >= 0 && PyLong_CheckExact(arg); /* then arg itself is __index__ */
+    if (i < 0) i += self->n;
+    if (i < 0 || i >= self->n) {
+        PyErr_Format(PyExc_IndexError, "sample %zd out of range for %zd samples", PyLong_AsSsize_t(arg), self->n);
+        return NULL;
+    }
+    Record r;
+    if (load(self, i, &r) < 0) return NULL;
+    int fd = shard_fd(self, r.shard);
+    if (fd == -4) return NULL;
+    PyObject *index = given ? (Py_INCREF(arg), arg) : PyLong_FromSsize_t(i), *out;
+    if (!index) return NULL;
+    if (fd == -2 || r.nm > MAX_MEMBERS)
+        out = PyObject_CallOneArg(self->fallback, index);
+    else if (fd == -3)
+        out = read_handle(self, &r, index);
+    else
+        out = read_fd(self, fd, &r, index);
+    Py_DECREF(index);
+    return out;
 }
 
 static PyObject *Reader_forget(Reader *self, PyObject *arg) {
@@ -349,7 +414,7 @@ static PyTypeObject ReaderType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)Reader_traverse,
     .tp_clear = (inquiry)Reader_clear,
-    .tp_doc = "Per-process sample reader over an index's columns.",
+    .tp_doc = "Per-process sample reader over an index's records.",
     .tp_methods = Reader_methods,
     .tp_init = (initproc)Reader_init,
     .tp_new = PyType_GenericNew,
@@ -655,6 +720,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     k_index = PyUnicode_InternFromString("__index__");
     k_read_at = PyUnicode_InternFromString("read_at");
     if (!k_key || !k_url || !k_index || !k_read_at) return NULL;
+    PyObject *errors = PyImport_ImportModule("tarindex.errors");
+    IndexFormatError = errors ? PyObject_GetAttrString(errors, "IndexFormatError") : NULL;
+    Py_XDECREF(errors);
+    if (!IndexFormatError) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&ReaderType);

@@ -6,20 +6,14 @@ from typing import Any
 class Reader:
     def __init__(
         self,
-        s_shard: memoryview,
-        s_off: memoryview,
-        s_size: memoryview,
-        s_mem: memoryview,
-        m_ext: memoryview,
-        m_off: memoryview,
-        m_size: memoryview,
-        k_off: memoryview,
-        k_blob: memoryview,
+        record_offset: memoryview,
+        records: memoryview,
         exts: tuple[str, ...],
         urls: tuple[str, ...],
         opener: Callable[[int], Any],  # an int fd, an object with read_at(offset, size), or None (fallback)
         fallback: Callable[[int], dict[str, Any]],
         error: Callable[[str, int, str], BaseException],
+        fork: list[int],  # tarindex._process.FORK: a reader made in another generation hands reads to fallback
     ) -> None: ...
     def read(self, i: int) -> dict[str, Any]: ...
     def forget(self, shard: int) -> None: ...

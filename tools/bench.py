@@ -141,7 +141,8 @@ def bench_access(ds: tarindex.TarDataset, name: str) -> list[Row]:
     order = list(range(n))
     random.Random(0).shuffle(order)
     ix = ds.index
-    s_shard, s_off, s_size = ix.column("sample_shard"), ix.column("sample_offset"), ix.column("sample_size")
+    rec = ix.decode()
+    s_shard, s_off, s_size = rec.shard.tolist(), rec.offset.tolist(), rec.size.tolist()
     fds = [os.open(u, os.O_RDONLY) for u in ds.urls]
     ranges = [(fds[s_shard[i]], s_size[i], s_off[i]) for i in order]
     pread = os.pread

@@ -20,25 +20,19 @@ _pack_members = SPEEDUPS.pack_members if SPEEDUPS is not None else None
 
 __all__ = ["COLUMNS", "FORMAT_VERSION", "MAGIC", "ShardInfo", "ShardTable"]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MAGIC = "tarindex"
 META_KEY = b"meta"
 KEY_PREFIX = b"key/"
 COL_PREFIX = b"col/"
 FRAMES_PREFIX = b"frames/"  # + shard number: a zstd shard's (n_frames, 4) uint64 frame table
 
-#: Column name -> dtype. Every column is one little-endian array.
+#: Column name -> dtype. Every column is one little-endian array; ``records`` holds one
+#: variable-length record per sample (layout in :mod:`tarindex.index.records`).
 COLUMNS: dict[str, str] = {
     "shard_start": "<u8",
-    "sample_shard": "<u4",
-    "sample_offset": "<u8",
-    "sample_size": "<u8",
-    "sample_member": "<u8",
-    "member_ext": "<u2",
-    "member_offset": "<u8",
-    "member_size": "<u8",
-    "key_offset": "<u8",
-    "key_blob": "u1",
+    "record_offset": "<u8",
+    "records": "u1",
 }
 
 
