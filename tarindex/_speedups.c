@@ -25,8 +25,9 @@ typedef struct {
     PyObject_HEAD
     Py_buffer cols[2];
     int ncols;
-    const char *rec_at;  /* u64 per sample + 1: record offsets */
+    const char *rec_at;  /* u64 per sample + 1: record offsets (empty with a stride) */
     const char *records; /* the record blob */
+    uint64_t stride;     /* record i at i * stride; 0: at rec_at[i] */
     Py_ssize_t n, rec_len, n_exts, n_shards;
     PyObject *exts;     /* tuple of str */
     PyObject *urls;     /* tuple of str */
@@ -117,13 +118,14 @@ static int take(Reader *self, PyObject *obj, const char **out, Py_ssize_t *len) 
 
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     PyObject *rec_at, *records, *exts, *urls, *opener, *fallback, *error, *fork;
-    Py_ssize_t at_len;
+    Py_ssize_t at_len, n;
+    unsigned long long stride;
     if (self->exts) {
         PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOO!O!OOOO!", &rec_at, &records, &PyTuple_Type, &exts, &PyTuple_Type, &urls, &opener,
-                          &fallback, &error, &PyList_Type, &fork))
+    if (!PyArg_ParseTuple(args, "OOKnO!O!OOOO!", &rec_at, &records, &stride, &n, &PyTuple_Type, &exts, &PyTuple_Type, &urls,
+                          &opener, &fallback, &error, &PyList_Type, &fork))
         return -1;
     if (PyList_GET_SIZE(fork) != 1 || !PyLong_Check(PyList_GET_ITEM(fork, 0))) {
         PyErr_SetString(PyExc_ValueError, "fork must be a list of one int");
@@ -143,11 +145,12 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     Py_INCREF(error);
     self->error = error;
     if (take(self, rec_at, &self->rec_at, &at_len) < 0 || take(self, records, &self->records, &self->rec_len) < 0) return -1;
-    if (at_len % 8 || at_len < 8) {
-        PyErr_SetString(PyExc_ValueError, "record_offset must hold n + 1 uint64 values");
+    if (n < 0 || (stride ? stride % 8 || (uint64_t)self->rec_len / stride < (uint64_t)n : at_len / 8 <= n)) {
+        PyErr_SetString(IndexFormatError, "index records are damaged (fewer than the index's samples)");
         return -1;
     }
-    self->n = at_len / 8 - 1;
+    self->n = n;
+    self->stride = stride;
     self->n_exts = PyTuple_GET_SIZE(self->exts);
     self->n_shards = PyTuple_GET_SIZE(self->urls);
     self->fds = PyMem_Malloc(sizeof(int) * (self->n_shards ? self->n_shards : 1));
@@ -172,7 +175,7 @@ static PyObject *corrupt(Reader *self, uint32_t shard, uint64_t offset, const ch
 
 /* Record i, checked: every member inside the sample's range, in order, with a known extension. */
 static int load(Reader *self, Py_ssize_t i, Record *r) {
-    uint64_t at = ld64(self->rec_at + 8 * i);
+    uint64_t at = self->stride ? (uint64_t)i * self->stride : ld64(self->rec_at + 8 * i);
     if (at > (uint64_t)self->rec_len || (uint64_t)self->rec_len - at < RECORD_HEAD) goto bad;
     const char *p = self->records + at;
     r->offset = ld64(p);

@@ -8,6 +8,8 @@ class Reader:
         self,
         record_offset: memoryview,
         records: memoryview,
+        stride: int,  # record i at i * stride; 0: at record_offset[i]
+        n: int,
         exts: tuple[str, ...],
         urls: tuple[str, ...],
         opener: Callable[[int], Any],  # an int fd, an object with read_at(offset, size), or None (fallback)

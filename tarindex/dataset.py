@@ -117,13 +117,23 @@ class TarDataset:
         ix = self.index
         self._rec_at = ix.column("record_offset")
         self._records = ix.column("records")
+        self._stride = ix.record_stride
         self._exts = ix.exts
         self._fds: OrderedDict[int, Any] = OrderedDict()  # shard -> int fd, or an object with read_at()
         self._lru = len(ix.shards) > self.max_open_files
         self._fast: Any = None
         if _speedups is not None:
             self._fast = _speedups.Reader(
-                self._rec_at, self._records, tuple(self._exts), tuple(self.urls), self._open_shard, self._read_py, CorruptArchiveError, FORK
+                self._rec_at,
+                self._records,
+                self._stride,
+                self._n,
+                tuple(self._exts),
+                tuple(self.urls),
+                self._open_shard,
+                self._read_py,
+                CorruptArchiveError,
+                FORK,
             )
         self._gen = FORK[0]
         # The hot path: this instance's `read` is the reader's own method, not the class's wrapper. Both
@@ -215,7 +225,8 @@ class TarDataset:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range for {n} samples")
-        records, at = self._records, self._rec_at[i]
+        records, stride = self._records, self._stride
+        at = i * stride if stride else self._rec_at[i]
         offset, size, shard, nm, klen = _unpack_head(records, at)
         handle = self._fds.get(shard)
         if handle is None:

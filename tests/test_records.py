@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarindex.errors import IndexFormatError
-from tarindex.index.records import HEAD, MAX_MEMBERS, decode, encode, unpack_head
+from tarindex.index.records import HEAD, MAX_MEMBERS, STRIDE_SLACK, decode, encode, unpack_head
 
 _sample = st.tuples(
     st.integers(0, 2**40),  # offset
@@ -19,7 +19,7 @@ _sample = st.tuples(
 )
 
 
-def _encode(samples: list) -> tuple[np.ndarray, np.ndarray]:
+def _encode(samples: list) -> tuple[np.ndarray, np.ndarray, int]:
     members = [m for s in samples for m in s[3]]
     return encode(
         np.array([s[2] for s in samples], np.uint32),
@@ -36,11 +36,17 @@ def _encode(samples: list) -> tuple[np.ndarray, np.ndarray]:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_sample, max_size=30), st.data())
 def test_encode_decode_round_trip(samples: list, data: st.DataObject) -> None:
-    starts, blob = _encode(samples)
-    assert len(starts) == len(samples) + 1 and len(blob) % 8 == 0 and int(starts[-1]) == len(blob)
-    lo = data.draw(st.integers(0, len(samples)))
-    hi = data.draw(st.integers(lo, len(samples)))
-    dec = decode(blob, starts, lo, hi)
+    table, blob, stride = _encode(samples)
+    n = len(samples)
+    starts = [i * stride for i in range(n + 1)] if stride else table.tolist()
+    assert len(blob) % 8 == 0 and starts[-1] == len(blob) and len(starts) == n + 1
+    assert len(table) == (0 if stride else n + 1)
+    lengths = [HEAD.size + 18 * len(s[3]) + len(s[4].encode("utf-8", "surrogatepass")) for s in samples]
+    if stride:  # a stride only where padding every record to the longest costs little
+        assert stride == -(-max(lengths) // 8) * 8 and stride * n <= STRIDE_SLACK * sum(-(-x // 8) * 8 for x in lengths)
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    dec = decode(blob, table, stride, lo, hi)
     part = samples[lo:hi]
     assert dec.offset.tolist() == [s[0] for s in part]
     assert dec.size.tolist() == [s[1] for s in part]
@@ -51,8 +57,17 @@ def test_encode_decode_round_trip(samples: list, data: st.DataObject) -> None:
     assert dec.member_ext.tolist() == [m[2] for s in part for m in s[3]]
     assert dec.keys(blob) == [s[4].encode("utf-8", "surrogatepass").decode("utf-8", "surrogateescape") for s in part]
     for i, s in enumerate(samples):  # the fixed head, as the read paths unpack it
-        assert unpack_head(blob, int(starts[i]))[:4] == (s[0], s[1], s[2], len(s[3]))
-        assert int(starts[i]) % 8 == 0
+        assert unpack_head(blob, starts[i])[:4] == (s[0], s[1], s[2], len(s[3]))
+        assert starts[i] % 8 == 0
+
+
+def test_uniform_records_sit_at_a_stride_uneven_ones_behind_a_table() -> None:
+    uniform = [(i, 10, 0, [(0, 5, 0), (5, 5, 1)], f"{i:06d}") for i in range(50)]
+    table, blob, stride = _encode(uniform)
+    assert stride == len(blob) // 50 and len(table) == 0
+    uneven = [*uniform, (0, 10, 0, [(0, 1, 0)] * 400, "big")]
+    table, blob, stride = _encode(uneven)
+    assert stride == 0 and len(table) == 52 and int(table[-1]) == len(blob)
 
 
 def test_limits_are_errors() -> None:
@@ -64,14 +79,15 @@ def test_limits_are_errors() -> None:
 
 
 def test_damaged_offsets_are_errors() -> None:
-    starts, blob = _encode([(0, 10, 0, [(0, 10, 0)], "a"), (10, 10, 0, [], "b")])
+    starts, blob, stride = _encode([(0, 10, 0, [(0, 10, 0)] * 20, "a"), (10, 10, 0, [], "b")])
+    assert stride == 0  # uneven: an offset table
     bad = starts.copy()
     bad[1] = len(blob) + 8
     with pytest.raises(IndexFormatError, match="damaged"):
-        decode(blob, bad, 0, 2)
+        decode(blob, bad, 0, 0, 2)
     bad[1] = 3  # not 8-aligned
     with pytest.raises(IndexFormatError, match="damaged"):
-        decode(blob, bad, 0, 2)
+        decode(blob, bad, 0, 0, 2)
     assert HEAD.size == 24
 
 
@@ -84,15 +100,17 @@ def test_c_reader_rejects_damaged_records() -> None:
     from tarindex.errors import CorruptArchiveError
 
     assert SPEEDUPS is not None
-    starts, blob = _encode([(0, 10, 0, [(0, 10, 0)], "a"), (10, 10, 0, [], "b")])
+    starts, blob, _ = _encode([(0, 10, 0, [(0, 10, 0)] * 20, "a"), (10, 10, 0, [], "b")])
     bad = starts.copy()
     bad[1] = len(blob) - 8  # the record's head runs past the blob
 
     def never(*_: object) -> None:
         raise AssertionError("the damaged record must be caught before any shard is opened")
 
-    reader = SPEEDUPS.Reader(memoryview(bad), memoryview(blob), ("jpg",), ("s.tar",), never, never, CorruptArchiveError, FORK)
+    reader = SPEEDUPS.Reader(memoryview(bad), memoryview(blob), 0, 2, ("jpg",), ("s.tar",), never, never, CorruptArchiveError, FORK)
     with pytest.raises(IndexFormatError, match="record of sample 1 is damaged"):
         reader.read(1)
     with pytest.raises(IndexError):
         reader.read(2)
+    with pytest.raises(IndexFormatError, match="fewer than the index's samples"):  # a stride that does not fit the blob
+        SPEEDUPS.Reader(memoryview(bad), memoryview(blob), len(blob), 2, ("jpg",), ("s.tar",), never, never, CorruptArchiveError, FORK)

@@ -218,13 +218,23 @@ class IndexReader:
         ``members`` is ``(extension, data offset relative to the sample, size)`` per member.
         """
         blob = self.column("records")
-        at = self.column("record_offset")[i]
+        at = self.record_start(i)
         offset, size, shard, nm, klen = unpack_head(blob, at)
         spans = struct.unpack_from(f"<{2 * nm}Q{nm}H", blob, at + HEAD.size)
         exts = self.exts
         members = [(exts[spans[2 * nm + j]], spans[2 * j], spans[2 * j + 1]) for j in range(nm)]
         key_at = at + HEAD.size + 18 * nm
         return shard, offset, size, members, str(blob[key_at : key_at + klen], "utf-8", "surrogateescape")
+
+    @property
+    def record_stride(self) -> int:
+        """Bytes from one sample record to the next, or 0 when ``col/record_offset`` says where each starts."""
+        return int(self.meta["record_stride"])
+
+    def record_start(self, i: int) -> int:
+        """Byte offset of sample ``i``'s record in ``col/records``."""
+        stride = self.record_stride
+        return i * stride if stride else int(self.column("record_offset")[i])
 
     def key(self, i: int) -> str:
         """Key of sample ``i``."""
@@ -256,7 +266,8 @@ class IndexReader:
             IndexFormatError: the records are damaged.
         """
         try:
-            return decode(self.array("records"), self.array("record_offset"), lo, self.n_samples if hi is None else hi)
+            records, starts, stride = self.array("records"), self.array("record_offset"), self.record_stride
+            return decode(records, starts, stride, lo, self.n_samples if hi is None else hi)
         except IndexFormatError as exc:
             raise IndexFormatError(f"{self.path}: {exc}") from exc
 

@@ -14,11 +14,14 @@ little-endian)::
     key_len bytes   the key
     zero padding to a multiple of 8
 
-One sample is one lookup in ``record_offset`` and one or two cache lines of
-``records``, however large the index: ``ds[i]`` touches the same few lines
-whether the index holds a thousand samples or a billion (columns per field
-would spread a sample over nine places). Encoding and decoding are vectorised
-over whole tables with numpy.
+When the records are about the same length (the usual case: every sample has
+the same extensions and keys of similar length), each is padded to the longest
+and they sit at a fixed stride (``record_stride`` in the index's meta; the
+offset table is then empty): record ``i`` starts at ``i * stride``. One sample
+is then one or two adjacent cache lines of ``records``, however large the
+index, with no dependent lookup before it (columns per field would spread a
+sample over nine places). Encoding and decoding are vectorised over whole
+tables with numpy.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 
 from ..errors import IndexFormatError
 
-__all__ = ["HEAD", "MAX_KEY_BYTES", "MAX_MEMBERS", "Decoded", "decode", "encode", "unpack_head"]
+__all__ = ["HEAD", "MAX_KEY_BYTES", "MAX_MEMBERS", "STRIDE_SLACK", "Decoded", "decode", "encode", "unpack_head"]
 
 HEAD = struct.Struct("<QQIHH")
 """The fixed head of a record: offset, size, shard, n_members, key_len."""
@@ -37,6 +40,9 @@ MAX_MEMBERS = 0xFFFF
 """Members one sample may have."""
 MAX_KEY_BYTES = 0xFFFF
 """Bytes one key may have (utf-8)."""
+
+STRIDE_SLACK = 1.25
+"""Records sit at a fixed stride when padding them all to the longest costs at most this factor in bytes."""
 
 unpack_head = HEAD.unpack_from
 
@@ -50,11 +56,12 @@ def encode(
     member_offset: np.ndarray,
     member_size: np.ndarray,
     keys: list[bytes],
-) -> tuple[np.ndarray, np.ndarray]:
-    """Encode samples as records: ``(record_offset uint64[n + 1], records uint8[...])``.
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Encode samples as records: ``(record_offset uint64[n + 1], records uint8[...], stride)``.
 
     Arguments are per sample (``shard`` .. ``nmembers``, ``keys``) and per
-    member, in sample order.
+    member, in sample order. With a ``stride`` (> 0), record ``i`` starts at
+    ``i * stride`` and ``record_offset`` is empty.
 
     Raises:
         IndexFormatError: a sample has more than 65,535 members or a key longer than 65,535 bytes.
@@ -69,6 +76,11 @@ def encode(
             f"{int(klen[worst])} bytes; an index record holds at most {MAX_MEMBERS} and {MAX_KEY_BYTES}"
         )
     length = (HEAD.size + 18 * nm + klen + 7) & ~7
+    stride = int(length.max()) if n else 0
+    if stride * n <= STRIDE_SLACK * int(length.sum()):
+        length[:] = stride
+    else:
+        stride = 0
     start = np.zeros(n + 1, np.int64)
     np.cumsum(length, out=start[1:])
     out = np.zeros(int(start[-1]), np.uint8)
@@ -88,7 +100,7 @@ def encode(
     src = np.frombuffer(b"".join(keys), np.uint8)
     src_at = np.cumsum(klen) - klen
     out[np.repeat(key_at - src_at, klen) + np.arange(len(src))] = src
-    return start.astype(np.uint64), out
+    return (np.zeros(0, np.uint64) if stride else start.astype(np.uint64)), out, stride
 
 
 class Decoded:
@@ -133,13 +145,13 @@ class Decoded:
         ]
 
 
-def decode(blob: np.ndarray, record_offset: np.ndarray, lo: int, hi: int) -> Decoded:
-    """Decode records ``lo..hi`` of ``blob`` (uint8, length a multiple of 8).
+def decode(blob: np.ndarray, record_offset: np.ndarray, stride: int, lo: int, hi: int) -> Decoded:
+    """Decode records ``lo..hi`` of ``blob`` (uint8, length a multiple of 8), at ``stride`` or ``record_offset``.
 
     Raises:
         IndexFormatError: a record offset points outside the blob or is not 8-aligned.
     """
-    starts = record_offset[lo:hi]
+    starts = np.arange(lo, hi, dtype=np.int64) * stride if stride else record_offset[lo:hi]
     if len(starts) and (int(starts.max()) + HEAD.size > len(blob) or bool((starts % 8).any())):
         raise IndexFormatError("index records are damaged (a record offset is out of range)")
     return Decoded(blob, starts)

@@ -51,8 +51,8 @@ class IndexWriter:
         if exc_type is None:
             self.write()
 
-    def _columns(self) -> tuple[dict[str, np.ndarray], list[str], list[bytes], int]:
-        """The columns, the extension table, every sample's encoded key and the member count."""
+    def _columns(self) -> tuple[dict[str, np.ndarray], list[str], list[bytes], int, int]:
+        """The columns, the extension table, every sample's encoded key, the member count and the record stride."""
         exts: dict[str, int] = {}
         tables = [table for _, table in self._shards]
         counts = np.zeros(len(tables) + 1, np.uint64)
@@ -66,7 +66,7 @@ class IndexWriter:
             np.array([exts.setdefault(e, len(exts)) for e in t.exts] or [0], np.uint16)[t.member_ext] for t in tables
         ]
         encoded = [key.encode("utf-8", "surrogateescape") for t in tables for key in t.keys]
-        record_offset, records = encode(
+        record_offset, records, stride = encode(
             np.repeat(np.arange(len(tables), dtype=np.uint32), [t.n_samples for t in tables]),
             joined("sample_offset", "<u8"),
             joined("sample_size", "<u8"),
@@ -77,9 +77,9 @@ class IndexWriter:
             encoded,
         )
         cols = {"shard_start": counts, "record_offset": record_offset, "records": records}
-        return cols, list(exts), encoded, sum(t.n_members for t in tables)
+        return cols, list(exts), encoded, sum(t.n_members for t in tables), stride
 
-    def _meta(self, exts: list[str], n_samples: int, n_members: int, duplicates: int) -> bytes:
+    def _meta(self, exts: list[str], n_samples: int, n_members: int, duplicates: int, stride: int) -> bytes:
         meta = {
             "magic": MAGIC,
             "format_version": FORMAT_VERSION,
@@ -88,13 +88,14 @@ class IndexWriter:
             "n_samples": n_samples,
             "n_members": n_members,
             "duplicate_keys": duplicates,
+            "record_stride": stride,
             "shards": [info.to_json() for info, _ in self._shards],
         }
         return json.dumps(meta, separators=(",", ":")).encode()
 
     def write(self) -> Path:
         """Write the index atomically and return its path."""
-        cols, exts, encoded, n_members = self._columns()
+        cols, exts, encoded, n_members, stride = self._columns()
         n_samples = len(encoded)
         keys = self._key_entries(encoded)
         data_bytes = sum(c.nbytes for c in cols.values()) + sum(len(k) + 16 for k, _ in keys)
@@ -122,7 +123,7 @@ class IndexWriter:
                     if added != len(keys):
                         raise RuntimeError(f"{self.path}: wrote {added} of {len(keys)} key entries")
                     duplicates = n_samples - len(keys)
-                    txn.put(META_KEY, self._meta(exts, n_samples, n_members, duplicates))
+                    txn.put(META_KEY, self._meta(exts, n_samples, n_members, duplicates, stride))
             finally:
                 env.close()
             os.replace(tmp, self.path)
