@@ -1,4 +1,4 @@
-"""Types of the optional C read path (tarindex/_speedups.c)."""
+"""Types of the optional C extension (tarindex/_speedups.c)."""
 
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +27,14 @@ class Reader:
 def scan_headers(
     buf: Any, pos: int, base: int, with_data: bool, limit: int
 ) -> tuple[list[tuple[str, int, int, int, bytes | None]], int, int, int]: ...
-def pack_members(
-    entries: list[tuple[str, int, int, int, bytes | None]],
-) -> tuple[bytearray, bytearray, bytearray, bytearray, bytearray, bytearray, list[str], list[str]] | None: ...
+class Packer:
+    def __init__(
+        self,
+        sample_key: Callable[[str], tuple[str, str] | None],
+        duplicate: Callable[[int, str, str, str], BaseException],
+    ) -> None: ...
+    def scan(self, buf: Any, pos: int, base: int, /) -> tuple[int, int, int]: ...
+    def add(self, name: str, header_offset: int, offset: int, size: int, /) -> None: ...
+    def finish(
+        self,
+    ) -> tuple[bytearray, bytearray, bytearray, bytearray, bytearray, bytearray, list[str], list[str]]: ...

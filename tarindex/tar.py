@@ -26,7 +26,19 @@ import numpy as np
 from ._native import SPEEDUPS
 from .errors import CorruptArchiveError
 
-__all__ = ["BLOCK", "Buffer", "Entry", "Member", "iter_members", "iter_tar", "iter_tar_file", "scan_tar"]
+__all__ = [
+    "BLOCK",
+    "Buffer",
+    "Entry",
+    "Member",
+    "Sink",
+    "index_tar",
+    "index_tar_file",
+    "iter_members",
+    "iter_tar",
+    "iter_tar_file",
+    "scan_tar",
+]
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
@@ -57,6 +69,17 @@ class Buffer(Protocol):
 
     def __len__(self) -> int: ...
     def __getitem__(self, key: slice) -> bytes: ...
+
+
+class Sink(Protocol):
+    """Where :func:`index_tar` puts each regular member (:class:`tarindex.samples.Packer`).
+
+    A sink may also have ``scan(buf, pos, base) -> (pos, last_header, last_size)``
+    (the C packer): it then walks runs of plain headers itself, as the C walk
+    ``scan_headers`` does, and takes their members without Python objects.
+    """
+
+    def add(self, name: str, header_offset: int, offset: int, size: int, /) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +330,28 @@ def iter_tar_file(fd: int, path: str) -> Iterator[Entry]:
     return _walk(_FileCursor(fd), str(path), False)
 
 
-def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[Entry]:
+def index_tar(chunks: Iterable[Buffer], path: str, sink: Sink) -> None:
+    """Walk an archive like :func:`iter_tar` (without data), handing each regular member to ``sink`` in order.
+
+    Raises:
+        CorruptArchiveError: see :func:`iter_tar`.
+    """
+    for _ in _walk(_Cursor(chunks), str(path), False, sink):
+        pass
+
+
+def index_tar_file(fd: int, path: str, sink: Sink) -> None:
+    """:func:`index_tar` over an open file, like :func:`iter_tar_file`.
+
+    Raises:
+        CorruptArchiveError: see :func:`iter_tar`.
+    """
+    for _ in _walk(_FileCursor(fd), str(path), False, sink):
+        pass
+
+
+def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | None = None) -> Iterator[Entry]:
+    """The walk; with a ``sink``, members go to it (nothing is yielded) and its ``scan`` takes plain headers."""
     pending: list[Entry] = []
     blocks: list[bytes] = []
     block_offsets: list[int] = []
@@ -319,6 +363,7 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[En
     global_pax: dict[str, str] = {}
 
     scan = _scan_headers
+    sink_scan = getattr(sink, "scan", None) if _scan_headers is not None else None
 
     def fail(at: int, what: str) -> CorruptArchiveError:
         _verify(blocks, block_offsets, path)  # an earlier bad checksum explains more
@@ -339,7 +384,11 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[En
                     raise fail(here, "truncated archive: no end-of-archive marker")
                 raise fail(here, f"truncated header ({len(buf)} of {BLOCK} bytes)")
         if scan is not None and start < 0 and not pax and not global_pax and long_name is None:
-            got, after, last_at, last_size = scan(buf, pos, cur.base, with_data, _BATCH_HEADERS)
+            if sink_scan is not None:  # the sink packs the members itself
+                got = []
+                after, last_at, last_size = sink_scan(buf, pos, cur.base)
+            else:
+                got, after, last_at, last_size = scan(buf, pos, cur.base, with_data, _BATCH_HEADERS)
             if after != pos:  # the C walk vouched for these headers (checksums included)
                 pending += got
                 if with_data:
@@ -423,6 +472,8 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[En
                     name = _decode_name(hdr[345:500].split(b"\x00", 1)[0]) + "/" + name
             if merged and any(k.startswith("GNU.sparse.") for k in merged):
                 log.warning("%s: skipping GNU sparse member %r at offset %d", path, name, start)
+            elif sink is not None:  # in order with the members the sink's scan took
+                sink.add(name, start, data_offset, size)
             else:
                 pending.append((name, start, data_offset, size, data))
         elif typ == _SPARSE:
