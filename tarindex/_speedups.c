@@ -473,7 +473,7 @@ fail:
 }
 
 
-/* ---- members -> offset tables, while the walk goes --------------------------------------
+/* ---- members -> offset tables or sample dicts, while the walk goes -----------------------
  *
  * Packer(sample_key, duplicate): a shard's offset tables, fed member by member.
  *   scan(buf, pos, base) -> (pos, last_header, last_size): walks plain headers like scan_headers
@@ -481,6 +481,15 @@ fail:
  *   add(name, header_offset, data_offset, size): one member the Python walker found.
  *   finish() -> (sample_offset, sample_size, sample_nmembers, member_ext, member_offset,
  *                member_size, keys, exts): bytearrays of little-endian u64/u64/u32/u16/u64/u64.
+ *
+ * Packer(sample_key, duplicate, url, index): sample dicts instead (TarStream), members with data:
+ *   {"__key__": key, "__url__": url, "__index__": index (when not None, counting up), ext: bytes}.
+ *   scan(buf, pos, base, limit), add(name, header_offset, data_offset, size, data) as above, and
+ *   scan_file(fd, offset, limit) -> (offset, last_header, last_size): the walk over a file, read
+ *       with pread: headers through a small window, each large member's data straight into its
+ *       own bytes object (one copy, as cat makes). Both stop once `limit` data bytes are done.
+ *   take() -> [(sample_offset, dict), ...] completed so far; raises the recorded duplicate once
+ *       the samples before it are taken. finish() completes the last sample (take() it after).
  *
  * tarindex.samples.TablePacker is the reference. Names in the common case (a dot in the base
  * name after its first character, no leading "__") are split here, on bytes (the same split as
@@ -535,6 +544,13 @@ typedef struct {
     PyObject *ext_ids;    /* lower-cased ext -> id */
     PyObject *spell_ids;  /* raw ext bytes -> id, past MAX_SPELLINGS */
     PyObject *error;      /* the first duplicate's exception, for finish() */
+    PyObject *url;        /* sample dicts: their __url__; NULL: tables */
+    int counting;         /* sample dicts: with __index__ ... */
+    long long index;      /* ... the next one */
+    PyObject *completed;  /* sample dicts: (offset, dict) tuples for take() */
+    PyObject *sample;     /* sample dicts: the one being filled */
+    uint64_t held;        /* sample dicts: data bytes added since the last take() */
+    unsigned char *win;   /* scan_file's window */
     Grow s_off, s_size, s_n, m_ext, m_off, m_size, key;
     int has_key, done;
     uint64_t start, end, samples;
@@ -549,6 +565,8 @@ static int Packer_traverse(Packer *self, visitproc visit, void *arg) {
     Py_VISIT(self->sample_key);
     Py_VISIT(self->duplicate);
     Py_VISIT(self->error);
+    Py_VISIT(self->completed);
+    Py_VISIT(self->sample);
     return 0;
 }
 
@@ -560,6 +578,9 @@ static int Packer_clear(Packer *self) {
     Py_CLEAR(self->ext_ids);
     Py_CLEAR(self->spell_ids);
     Py_CLEAR(self->error);
+    Py_CLEAR(self->url);
+    Py_CLEAR(self->completed);
+    Py_CLEAR(self->sample);
     return 0;
 }
 
@@ -570,16 +591,27 @@ static void Packer_dealloc(Packer *self) {
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) PyMem_Free(g[i]->p);
     for (int i = 0; i < self->n_spell; i++) PyMem_Free(self->spell[i].raw);
     PyMem_Free(self->seen);
+    PyMem_Free(self->win);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static int Packer_init(Packer *self, PyObject *args, PyObject *kw) {
-    PyObject *sample_key, *duplicate;
+    PyObject *sample_key, *duplicate, *url = NULL, *index = Py_None;
     if (self->keys) {
         PyErr_SetString(PyExc_RuntimeError, "Packer is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OO", &sample_key, &duplicate)) return -1;
+    if (!PyArg_ParseTuple(args, "OO|UO", &sample_key, &duplicate, &url, &index)) return -1;
+    if (url) {
+        if (index != Py_None) {
+            self->index = PyLong_AsLongLong(index);
+            if (self->index == -1 && PyErr_Occurred()) return -1;
+            self->counting = 1;
+        }
+        Py_INCREF(url);
+        self->url = url;
+        if (!(self->completed = PyList_New(0))) return -1;
+    }
     Py_INCREF(sample_key);
     self->sample_key = sample_key;
     Py_INCREF(duplicate);
@@ -670,6 +702,13 @@ static long spelling_id(Packer *self, const char *raw, Py_ssize_t len) {
 }
 
 static int close_sample(Packer *self) {
+    if (self->url) { /* the sample dict is complete */
+        PyObject *item = Py_BuildValue("(KN)", (unsigned long long)self->start, self->sample);
+        self->sample = NULL;
+        int bad = !item || PyList_Append(self->completed, item) < 0;
+        Py_XDECREF(item);
+        return bad ? -1 : 0;
+    }
     uint64_t size = self->end - self->start;
     return grow_put(&self->s_off, &self->start, 8) < 0 || grow_put(&self->s_size, &size, 8) < 0 ||
                    grow_put(&self->s_n, &self->count, 4) < 0
@@ -680,8 +719,9 @@ static int close_sample(Packer *self) {
 /* Record the first repeated extension (finish() raises it) and stop packing. */
 static int duplicate(Packer *self, uint64_t header_offset, long id, const char *name, Py_ssize_t len, PyObject *name_obj) {
     PyObject *text = name_obj ? (Py_INCREF(name_obj), name_obj) : PyUnicode_DecodeUTF8(name, len, "surrogateescape");
-    PyObject *key = PyList_GET_ITEM(self->keys, PyList_GET_SIZE(self->keys) - 1);
-    PyObject *exc = text ? PyObject_CallFunction(self->duplicate, "KOOO", (unsigned long long)header_offset,
+    PyObject *key = self->url ? PyDict_GetItemWithError(self->sample, k_key)
+                              : PyList_GET_ITEM(self->keys, PyList_GET_SIZE(self->keys) - 1);
+    PyObject *exc = text && key ? PyObject_CallFunction(self->duplicate, "KOOO", (unsigned long long)header_offset,
                                                  PyList_GET_ITEM(self->exts, id), key, text)
                          : NULL;
     Py_XDECREF(text);
@@ -691,7 +731,30 @@ static int duplicate(Packer *self, uint64_t header_offset, long id, const char *
 }
 
 /* Pack one regular member; name is its UTF-8 (surrogateescape) bytes, name_obj its str or NULL. */
-static int pack(Packer *self, const char *name, Py_ssize_t len, PyObject *name_obj, uint64_t h, uint64_t d, uint64_t size) {
+/* A new sample dict: __key__, __url__ and, when counting, __index__. */
+static int new_sample_dict(Packer *self, PyObject *key) {
+    PyObject *d = PyDict_New();
+    if (!d || PyDict_SetItem(d, k_key, key) < 0 || PyDict_SetItem(d, k_url, self->url) < 0) {
+        Py_XDECREF(d);
+        return -1;
+    }
+    if (self->counting) {
+        PyObject *index = PyLong_FromLongLong(self->index++);
+        int bad = !index || PyDict_SetItem(d, k_index, index) < 0;
+        Py_XDECREF(index);
+        if (bad) {
+            Py_DECREF(d);
+            return -1;
+        }
+    }
+    self->sample = d;
+    return 0;
+}
+
+/* Pack one regular member (with its bytes in data, sample-dict mode), name its UTF-8
+ * (surrogateescape) bytes, name_obj its str or NULL. */
+static int pack(Packer *self, const char *name, Py_ssize_t len, PyObject *name_obj, uint64_t h, uint64_t d, uint64_t size,
+                PyObject *data) {
     if (self->error) return 0; /* a repeated extension stopped the packing; the walk goes on */
     Py_ssize_t base = len;
     while (base > 0 && name[base - 1] != '/') base--;
@@ -730,7 +793,7 @@ static int pack(Packer *self, const char *name, Py_ssize_t len, PyObject *name_o
     if (!self->has_key || (size_t)key_len != self->key.len || memcmp(self->key.p, key, (size_t)key_len) != 0) {
         if (self->has_key && close_sample(self) < 0) goto out;
         PyObject *k = key_obj ? (Py_INCREF(key_obj), key_obj) : PyUnicode_DecodeUTF8(key, key_len, "surrogateescape");
-        int bad = !k || PyList_Append(self->keys, k) < 0;
+        int bad = !k || (self->url ? new_sample_dict(self, k) : PyList_Append(self->keys, k)) < 0;
         Py_XDECREF(k);
         self->key.len = 0;
         if (bad || grow_put(&self->key, key, (size_t)key_len) < 0) goto out;
@@ -743,6 +806,13 @@ static int pack(Packer *self, const char *name, Py_ssize_t len, PyObject *name_o
         goto out;
     }
     self->seen[id] = self->samples;
+    if (self->url) {
+        if (PyDict_SetItem(self->sample, PyList_GET_ITEM(self->exts, id), data) < 0) goto out;
+        self->count++;
+        self->held += size;
+        rc = 0;
+        goto out;
+    }
     uint16_t id16 = (uint16_t)id;
     uint64_t rel = d - self->start;
     if (grow_put(&self->m_ext, &id16, 2) < 0 || grow_put(&self->m_off, &rel, 8) < 0 || grow_put(&self->m_size, &size, 8) < 0)
@@ -756,15 +826,21 @@ out:
     return rc;
 }
 
+/* The data of a member at buf[data:], or NULL with no error set when it does not fit (end). */
+static PyObject *member_data(const unsigned char *buf, Py_ssize_t end, Py_ssize_t data, uint64_t size) {
+    if ((uint64_t)(end - data) < size) return NULL;
+    return PyBytes_FromStringAndSize((const char *)buf + data, (Py_ssize_t)size);
+}
+
 static PyObject *Packer_scan(Packer *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos;
-    long long base;
-    if (!ready(self) || !PyArg_ParseTuple(args, "y*nL", &view, &pos, &base)) return NULL;
+    long long base, limit = -1;
+    if (!ready(self) || !PyArg_ParseTuple(args, "y*nL|L", &view, &pos, &base, &limit)) return NULL;
     const unsigned char *buf = view.buf;
     Py_ssize_t end = view.len, last_at = pos;
     uint64_t last_size = 0;
-    while (pos >= 0 && pos + 512 <= end) {
+    while (pos >= 0 && pos + 512 <= end && (limit < 0 || self->held < (uint64_t)limit)) {
         const unsigned char *h = buf + pos;
         uint64_t size;
         int regular;
@@ -772,9 +848,15 @@ static PyObject *Packer_scan(Packer *self, PyObject *args) {
         uint64_t padded = (size + 511) & ~(uint64_t)511;
         Py_ssize_t data = pos + 512;
         if (padded > (uint64_t)PY_SSIZE_T_MAX - (uint64_t)data) break;
-        if (regular && pack(self, (const char *)h, name_len(h), NULL, (uint64_t)(base + pos), (uint64_t)(base + data), size) < 0) {
-            PyBuffer_Release(&view);
-            return NULL;
+        if (regular) {
+            PyObject *bytes = NULL;
+            if (self->url && !(bytes = member_data(buf, end, data, size))) {
+                if (PyErr_Occurred()) goto fail;
+                break; /* the data runs past the buffer: the Python walker joins it */
+            }
+            int rc = pack(self, (const char *)h, name_len(h), NULL, (uint64_t)(base + pos), (uint64_t)(base + data), size, bytes);
+            Py_XDECREF(bytes);
+            if (rc < 0) goto fail;
         }
         last_at = pos;
         last_size = size;
@@ -782,35 +864,130 @@ static PyObject *Packer_scan(Packer *self, PyObject *args) {
     }
     PyBuffer_Release(&view);
     return Py_BuildValue("(nnK)", pos, last_at, (unsigned long long)last_size);
+fail:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+#define WINDOW_LARGE (64 << 10) /* headers of small members: several per read */
+#define WINDOW_SMALL (4 << 10)  /* after a member outgrew the window: little data read twice */
+
+/* pread all of it unless the file ends (GIL released); the bytes read, or -1 with errno. */
+static Py_ssize_t pread_full(int fd, void *buf, size_t n, uint64_t offset) {
+    size_t got = 0;
+    ssize_t r = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (got < n) {
+        r = pread(fd, (char *)buf + got, n - got, (off_t)(offset + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    Py_END_ALLOW_THREADS
+    return r < 0 ? -1 : (Py_ssize_t)got;
+}
+
+static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
+    int fd;
+    unsigned long long offset;
+    long long limit;
+    if (!ready(self) || !PyArg_ParseTuple(args, "iKL", &fd, &offset, &limit)) return NULL;
+    if (!self->url) {
+        PyErr_SetString(PyExc_RuntimeError, "scan_file makes sample dicts: Packer(..., url, index)");
+        return NULL;
+    }
+    if (!self->win && !(self->win = PyMem_Malloc(WINDOW_LARGE))) return PyErr_NoMemory();
+    unsigned long long wbase = offset, last_at = offset, last_size = 0;
+    Py_ssize_t wlen = 0, want = WINDOW_LARGE;
+    while (self->held < (uint64_t)limit) {
+        if (offset < wbase || offset + 512 > wbase + (unsigned long long)wlen) { /* the next header: a new window */
+            wbase = offset;
+            wlen = pread_full(fd, self->win, (size_t)want, offset);
+            if (wlen < 0) return PyErr_SetFromErrno(PyExc_OSError);
+            if (wlen < 512) break; /* the end of the file: the Python walker says what is missing */
+        }
+        const unsigned char *h = self->win + (offset - wbase);
+        uint64_t size;
+        int regular;
+        if (!plain_header(h, &size, &regular)) break;
+        uint64_t padded = (size + 511) & ~(uint64_t)511, data = offset + 512;
+        if (size > (uint64_t)PY_SSIZE_T_MAX || padded > UINT64_MAX - data) break;
+        Py_ssize_t in_window = (Py_ssize_t)(wbase + (unsigned long long)wlen - data); /* >= 0: the header fits */
+        want = (uint64_t)in_window < padded ? WINDOW_SMALL : WINDOW_LARGE;
+        if (regular) {
+            PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+            if (!bytes) return NULL;
+            Py_ssize_t head = (uint64_t)in_window < size ? in_window : (Py_ssize_t)size;
+            memcpy(PyBytes_AS_STRING(bytes), self->win + (data - wbase), (size_t)head);
+            if ((uint64_t)head < size) { /* the rest straight from the file into the member's bytes */
+                Py_ssize_t got = pread_full(fd, PyBytes_AS_STRING(bytes) + head, (size_t)(size - (uint64_t)head), data + (uint64_t)head);
+                if (got < 0 || (uint64_t)got < size - (uint64_t)head) {
+                    Py_DECREF(bytes);
+                    if (got < 0) return PyErr_SetFromErrno(PyExc_OSError);
+                    break; /* truncated: the Python walker says so */
+                }
+            }
+            int rc = pack(self, (const char *)h, name_len(h), NULL, offset, data, size, bytes);
+            Py_DECREF(bytes);
+            if (rc < 0) return NULL;
+        }
+        last_at = offset;
+        last_size = size;
+        offset = data + padded;
+    }
+    return Py_BuildValue("(KKK)", offset, last_at, last_size);
 }
 
 static PyObject *Packer_add(Packer *self, PyObject *args) {
-    PyObject *name;
+    PyObject *name, *data = Py_None;
     unsigned long long h, d, size;
-    if (!ready(self) || !PyArg_ParseTuple(args, "UKKK", &name, &h, &d, &size)) return NULL;
+    if (!ready(self) || !PyArg_ParseTuple(args, "UKKK|O", &name, &h, &d, &size, &data)) return NULL;
+    if (self->url && !PyBytes_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "sample dicts need each member's bytes");
+        return NULL;
+    }
     PyObject *raw = PyUnicode_AsEncodedString(name, "utf-8", "surrogateescape");
     if (!raw) return NULL;
-    int rc = pack(self, PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), name, h, d, size);
+    int rc = pack(self, PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), name, h, d, size, self->url ? data : NULL);
     Py_DECREF(raw);
     if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
 
-static PyObject *Packer_finish(Packer *self, PyObject *unused) {
-    if (!ready(self)) return NULL;
-    self->done = 1;
-    if (self->error) {
+static PyObject *Packer_take(Packer *self, PyObject *unused) {
+    if (!self->completed) {
+        PyErr_SetString(PyExc_RuntimeError, "take() is for sample dicts: Packer(..., url, index)");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(self->completed) == 0 && self->error) {
         PyErr_SetObject((PyObject *)Py_TYPE(self->error), self->error);
         return NULL;
     }
-    if (self->has_key && close_sample(self) < 0) return NULL;
+    PyObject *out = self->completed, *fresh = PyList_New(0);
+    if (!fresh) return NULL;
+    self->completed = fresh;
+    self->held = 0;
+    return out;
+}
+
+static PyObject *Packer_finish(Packer *self, PyObject *unused) {
+    if (!ready(self)) return NULL;
+    self->done = 1;
+    if (self->error && !self->url) {
+        PyErr_SetObject((PyObject *)Py_TYPE(self->error), self->error);
+        return NULL;
+    }
+    if (self->has_key && !self->error && close_sample(self) < 0) return NULL;
+    if (self->url) Py_RETURN_NONE;
     return Py_BuildValue("(NNNNNNOO)", grow_take(&self->s_off), grow_take(&self->s_size), grow_take(&self->s_n),
                          grow_take(&self->m_ext), grow_take(&self->m_off), grow_take(&self->m_size), self->keys, self->exts);
 }
 
 static PyMethodDef Packer_methods[] = {
-    {"scan", (PyCFunction)Packer_scan, METH_VARARGS, "scan(buf, pos, base) -> (pos, last_header, last_size)"},
-    {"add", (PyCFunction)Packer_add, METH_VARARGS, "add(name, header_offset, data_offset, size)"},
+    {"scan", (PyCFunction)Packer_scan, METH_VARARGS, "scan(buf, pos, base[, limit]) -> (pos, last_header, last_size)"},
+    {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS, "scan_file(fd, offset, limit) -> (offset, last_header, last_size)"},
+    {"add", (PyCFunction)Packer_add, METH_VARARGS, "add(name, header_offset, data_offset, size[, data])"},
+    {"take", (PyCFunction)Packer_take, METH_NOARGS, "take() -> [(sample_offset, sample dict), ...]"},
     {"finish", (PyCFunction)Packer_finish, METH_NOARGS, "finish() -> the offset tables; raises a recorded duplicate"},
     {NULL, NULL, 0, NULL},
 };
@@ -822,7 +999,7 @@ static PyTypeObject PackerType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)Packer_traverse,
     .tp_clear = (inquiry)Packer_clear,
-    .tp_doc = "A shard's offset tables, packed while the tar walk goes.",
+    .tp_doc = "A shard's offset tables, or its sample dicts, packed while the tar walk goes.",
     .tp_methods = Packer_methods,
     .tp_init = (initproc)Packer_init,
     .tp_new = PyType_GenericNew,

@@ -16,11 +16,23 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple, Protocol
 
+from . import tar
 from ._native import SPEEDUPS
 from .errors import DuplicateMemberError
-from .tar import BLOCK, Entry
+from .tar import BLOCK, Buffer, Entry
 
-__all__ = ["Columns", "Packer", "SampleRecord", "TablePacker", "group_members", "new_packer", "pack_samples", "sample_key", "split_key"]
+__all__ = [
+    "Columns",
+    "Packer",
+    "SampleRecord",
+    "TablePacker",
+    "group_members",
+    "iter_samples",
+    "new_packer",
+    "pack_samples",
+    "sample_key",
+    "split_key",
+]
 
 # the packer in C (names in the common case split on bytes, the rest by sample_key); TablePacker is the reference
 _CPacker = SPEEDUPS.Packer if SPEEDUPS is not None else None
@@ -181,3 +193,32 @@ def new_packer(path: str) -> Packer:
         return TablePacker(path)
     packer: Packer = _CPacker(sample_key, lambda offset, ext, key, name: _duplicate(path, offset, ext, key, name))
     return packer
+
+
+def iter_samples(
+    source: Iterable[Buffer] | int, url: str, *, index: int | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(sample offset, sample)`` for each sample of an archive: chunks, or an open file's descriptor.
+
+    A sample is ``{"__key__": key, "__url__": url, "__index__": index, ext: bytes, ...}``
+    (``__index__`` counting up from ``index``, only when it is given). With the C
+    extension the walk and the grouping are one pass in C (a local file is read with
+    ``pread``, each large member straight into its own bytes); the reference is
+    :func:`tarindex.tar.iter_tar` and :func:`group_members`, with the same samples and errors.
+
+    Raises:
+        CorruptArchiveError: see :func:`tarindex.tar.iter_tar`.
+        DuplicateMemberError: two members of one sample have the same extension.
+    """
+    if _CPacker is not None and tar._scan_headers is not None:
+        packer = _CPacker(sample_key, lambda offset, ext, key, name: _duplicate(url, offset, ext, key, name), url, index)
+        yield from tar.group_tar(source, url, packer)
+        return
+    entries = tar.iter_tar_file(source, url, with_data=True) if isinstance(source, int) else tar.iter_tar(source, url, with_data=True)
+    for rec in group_members(entries, url):
+        sample: dict[str, Any] = {"__key__": rec.key, "__url__": url}
+        if index is not None:
+            sample["__index__"] = index
+            index += 1
+        sample.update(zip([m[0] for m in rec.members], rec.data or ()))
+        yield rec.offset, sample
