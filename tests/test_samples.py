@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import io
+import re
 import tarfile
 import warnings
 from pathlib import Path
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tarindex
-from conftest import PY_FORMATS, py_tar, require_c_extension, wds_write
+from conftest import PY_FORMATS, py_tar, require_c_extension, tarfile_members, wds_write
 from tarindex.samples import group_members, split_key
 from tarindex.tar import iter_tar
 
@@ -304,3 +305,123 @@ def test_c_packer_api(tmp_path: Path) -> None:
     q.add("k.TXT", 1024, 1536, 1)
     with pytest.raises(tarindex.DuplicateMemberError, match=r"x\.tar: dup \('txt', 'k', 'k.TXT'\) at offset 1024"):
         q.finish()
+
+
+# -- samples with data (TarStream): the fused C walk against the reference ---------------------
+
+SAMPLE_WAYS = ["c-file", "c-chunks", "c-add", "python"]
+"""The C packer reading the file with pread, over 700-byte chunks, fed by the Python walker alone; the reference."""
+
+
+def _samples_outcome(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list, object]:
+    """The samples (offset, dict) yielded, and the error after them (type and message) or None."""
+    import os
+
+    import tarindex.samples
+    import tarindex.tar
+    from tarindex.samples import iter_samples
+
+    buf = path.read_bytes()
+    got: list = []
+    with monkeypatch.context() as m:
+        if way in ("c-add", "python"):
+            m.setattr(tarindex.tar, "_scan_headers", None)
+        if way == "python":
+            m.setattr(tarindex.samples, "_CPacker", None)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            source = fd if way in ("c-file", "python") else (buf[i : i + 700] for i in range(0, len(buf), 700))
+            for item in iter_samples(source, str(path), index=7):
+                got.append(item)
+        except tarindex.TarIndexError as exc:
+            return got, (type(exc).__name__, str(exc))
+        finally:
+            os.close(fd)
+    return got, None
+
+
+def _samples_agree(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list, object]:
+    """Every way gives the reference's samples and error. Before an error, samples come out in
+    verified batches: the reference holds back a batch of up to 1,024 members, the C walk
+    releases each run it checked, so there a way may give more of the samples before it."""
+    require_c_extension()
+    reference = _samples_outcome(path, "python", monkeypatch)
+    for way in SAMPLE_WAYS[:-1]:
+        samples, error = _samples_outcome(path, way, monkeypatch)
+        assert error == reference[1], (path, way)
+        if error is None:
+            assert samples == reference[0], (path, way)
+        else:
+            assert samples[: len(reference[0])] == reference[0], (path, way)
+    return reference
+
+
+def test_c_samples_equal_the_reference(
+    gnu_tar_shard: Path, py_tar_shard: Path, wds_shard: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    odd = py_tar(tmp_path / "odd.tar", ODD_NAMES, tarfile.PAX_FORMAT)
+    for path in (gnu_tar_shard, py_tar_shard, wds_shard, odd):
+        samples, error = _samples_agree(path, monkeypatch)
+        assert error is None and samples, path
+        assert [s["__index__"] for _, s in samples] == list(range(7, 7 + len(samples)))
+        assert all(list(s)[:3] == ["__key__", "__url__", "__index__"] for _, s in samples)
+    expected = _wds_samples(wds_shard)
+    assert [{k: v for k, v in s.items() if k not in ("__url__", "__index__")} for _, s in _samples_agree(wds_shard, monkeypatch)[0]] == expected
+
+
+def test_c_samples_large_members_and_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members larger than the reader's windows (4 and 64 KiB), straddling them, and small ones between."""
+    import os
+
+    rng = np.random.default_rng(3)
+    specs = []
+    for i in range(30):
+        big = int(rng.integers(0, 200_000)) if i % 3 else int(rng.integers(60_000, 70_000))
+        specs += [(f"k{i:03d}.jpg", os.urandom(big)), (f"k{i:03d}.cls", str(i).encode()), (f"k{i:03d}.json", b"{}" * int(rng.integers(0, 3000)))]
+    path = py_tar(tmp_path / "big.tar", specs, tarfile.GNU_FORMAT, dirs=False)
+    samples, error = _samples_agree(path, monkeypatch)
+    assert error is None and len(samples) == 30
+    members = dict(tarfile_members(path))
+    for _, s in samples:
+        for ext in ("jpg", "cls", "json"):
+            assert s[ext] == members[f"{s['__key__']}.{ext}"]
+
+
+def test_c_samples_errors_equal_the_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    specs = [(f"k{i}.{ext}", bytes(700 * i)) for i in range(6) for ext in ("bin", "cls")]
+    good = py_tar(tmp_path / "good.tar", specs, tarfile.GNU_FORMAT, dirs=False).read_bytes()
+    dup = py_tar(tmp_path / "dup.tar", [("a.txt", b"1"), ("b.txt", b"2"), ("b.TXT", b"3"), ("c.txt", b"4")], tarfile.GNU_FORMAT, dirs=False)
+    samples, error = _samples_agree(dup, monkeypatch)
+    assert [s["__key__"] for _, s in samples] == ["a"]  # the samples before the duplicate come out first
+    assert error == ("DuplicateMemberError", f"{dup}: duplicate extension 'txt' in sample 'b' (member 'b.TXT') at offset 2048")
+    with tarfile.open(tmp_path / "good.tar") as tf:
+        at = tf.getmembers()[6].offset  # k3.bin's header
+    cases = {
+        "truncated-data": good[: len(good) // 2 + 100],
+        "truncated-header": good[:5 * 1024 + 100],
+        "no-end": good[: good.rindex(b"k5.cls") + 1024],
+        "bad-checksum": good[:4096] + good[4096:4244] + b"1234567\0" + good[4252:],
+        "garbage": good[:at] + bytes(range(256)) * 2 + good[at + 512 :],
+    }
+    whole = [{k: v for k, v in s.items() if k != "__url__"} for _, s in _samples_outcome(tmp_path / "good.tar", "python", monkeypatch)[0]]
+    for name, data in cases.items():
+        path = tmp_path / f"{name}.tar"
+        path.write_bytes(data)
+        _, error = _samples_agree(path, monkeypatch)
+        assert isinstance(error, tuple) and error[0] == "CorruptArchiveError" and f"{name}.tar" in error[1], (name, error)
+        assert re.search(r"at offset \d+", error[1]), error
+        for way in SAMPLE_WAYS:  # what comes out before the error is the shard's own samples, complete
+            before = [{k: v for k, v in s.items() if k != "__url__"} for _, s in _samples_outcome(path, way, monkeypatch)[0]]
+            assert before == whole[: len(before)] and len(before) < len(whole), (name, way)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    names=st.lists(st.tuples(_NAME, st.integers(0, 9000)), min_size=1, max_size=20),
+    fmt=st.sampled_from(["gnu", "pax"]),
+)
+def test_c_samples_equal_the_reference_property(names: list[tuple[str, int]], fmt: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    specs = [(n.strip("/") or "x", bytes(size)) for n, size in names]
+    path = py_tar(tmp_path_factory.mktemp("sprop") / "p.tar", specs, PY_FORMATS[fmt], dirs=False)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _samples_agree(path, monkeypatch)
