@@ -485,9 +485,11 @@ fail:
  * Packer(sample_key, duplicate, url, index): sample dicts instead (TarStream), members with data:
  *   {"__key__": key, "__url__": url, "__index__": index (when not None, counting up), ext: bytes}.
  *   scan(buf, pos, base, limit), add(name, header_offset, data_offset, size, data) as above, and
- *   scan_file(fd, offset, limit) -> (offset, last_header, last_size): the walk over a file, read
- *       with pread: headers through a small window, each large member's data straight into its
- *       own bytes object (one copy, as cat makes). Both stop once `limit` data bytes are done.
+ *   scan_file(fd, offset, limit, buf, pos) -> (offset, last_header, last_size): the walk over a
+ *       file from `offset` (whose header the caller has at buf[pos]: nothing is read when the
+ *       Python walker must take it), read with pread: headers through a small window, each large
+ *       member's data straight into its own bytes object (one copy, as cat makes). Both stop
+ *       once `limit` data bytes are done, or at a repeated extension.
  *   take() -> [(sample_offset, dict), ...] completed so far; raises the recorded duplicate once
  *       the samples before it are taken. finish() completes the last sample (take() it after).
  *
@@ -840,7 +842,7 @@ static PyObject *Packer_scan(Packer *self, PyObject *args) {
     const unsigned char *buf = view.buf;
     Py_ssize_t end = view.len, last_at = pos;
     uint64_t last_size = 0;
-    while (pos >= 0 && pos + 512 <= end && (limit < 0 || self->held < (uint64_t)limit)) {
+    while (pos >= 0 && pos + 512 <= end) {
         const unsigned char *h = buf + pos;
         uint64_t size;
         int regular;
@@ -861,6 +863,7 @@ static PyObject *Packer_scan(Packer *self, PyObject *args) {
         last_at = pos;
         last_size = size;
         pos = data + (Py_ssize_t)padded;
+        if (limit >= 0 && (self->held >= (uint64_t)limit || self->error)) break; /* the caller takes the samples */
     }
     PyBuffer_Release(&view);
     return Py_BuildValue("(nnK)", pos, last_at, (unsigned long long)last_size);
@@ -891,7 +894,14 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
     int fd;
     unsigned long long offset;
     long long limit;
-    if (!ready(self) || !PyArg_ParseTuple(args, "iKL", &fd, &offset, &limit)) return NULL;
+    Py_buffer view;
+    Py_ssize_t pos;
+    if (!ready(self) || !PyArg_ParseTuple(args, "iKLy*n", &fd, &offset, &limit, &view, &pos)) return NULL;
+    uint64_t first_size;
+    int first_regular;
+    int plain = pos >= 0 && pos + 512 <= view.len && plain_header((const unsigned char *)view.buf + pos, &first_size, &first_regular);
+    PyBuffer_Release(&view);
+    if (!plain) return Py_BuildValue("(KKK)", offset, offset, 0ULL); /* the caller's header is the Python walker's */
     if (!self->url) {
         PyErr_SetString(PyExc_RuntimeError, "scan_file makes sample dicts: Packer(..., url, index)");
         return NULL;
@@ -899,7 +909,7 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
     if (!self->win && !(self->win = PyMem_Malloc(WINDOW_LARGE))) return PyErr_NoMemory();
     unsigned long long wbase = offset, last_at = offset, last_size = 0;
     Py_ssize_t wlen = 0, want = WINDOW_LARGE;
-    while (self->held < (uint64_t)limit) {
+    while (self->held < (uint64_t)limit && !self->error) {
         if (offset < wbase || offset + 512 > wbase + (unsigned long long)wlen) { /* the next header: a new window */
             wbase = offset;
             wlen = pread_full(fd, self->win, (size_t)want, offset);
@@ -985,7 +995,7 @@ static PyObject *Packer_finish(Packer *self, PyObject *unused) {
 
 static PyMethodDef Packer_methods[] = {
     {"scan", (PyCFunction)Packer_scan, METH_VARARGS, "scan(buf, pos, base[, limit]) -> (pos, last_header, last_size)"},
-    {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS, "scan_file(fd, offset, limit) -> (offset, last_header, last_size)"},
+    {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS, "scan_file(fd, offset, limit, buf, pos) -> (offset, last_header, last_size)"},
     {"add", (PyCFunction)Packer_add, METH_VARARGS, "add(name, header_offset, data_offset, size[, data])"},
     {"take", (PyCFunction)Packer_take, METH_NOARGS, "take() -> [(sample_offset, sample dict), ...]"},
     {"finish", (PyCFunction)Packer_finish, METH_NOARGS, "finish() -> the offset tables; raises a recorded duplicate"},

@@ -309,8 +309,9 @@ def test_c_packer_api(tmp_path: Path) -> None:
 
 # -- samples with data (TarStream): the fused C walk against the reference ---------------------
 
-SAMPLE_WAYS = ["c-file", "c-chunks", "c-add", "python"]
-"""The C packer reading the file with pread, over 700-byte chunks, fed by the Python walker alone; the reference."""
+SAMPLE_WAYS = ["c-file", "c-chunks", "c-add", "c-file-batches", "c-chunks-batches", "python"]
+"""The C packer reading the file with pread, over 700-byte chunks, fed by the Python walker alone,
+the first two again with tiny batches (3,000 bytes, 5 headers); the reference."""
 
 
 def _samples_outcome(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list, object]:
@@ -328,9 +329,12 @@ def _samples_outcome(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> t
             m.setattr(tarindex.tar, "_scan_headers", None)
         if way == "python":
             m.setattr(tarindex.samples, "_CPacker", None)
+        if way.endswith("-batches"):
+            m.setattr(tarindex.tar, "_BATCH_BYTES", 3000)
+            m.setattr(tarindex.tar, "_BATCH_HEADERS", 5)
         fd = os.open(path, os.O_RDONLY)
         try:
-            source = fd if way in ("c-file", "python") else (buf[i : i + 700] for i in range(0, len(buf), 700))
+            source = fd if way.startswith(("c-file", "python")) else (buf[i : i + 700] for i in range(0, len(buf), 700))
             for item in iter_samples(source, str(path), index=7):
                 got.append(item)
         except tarindex.TarIndexError as exc:
