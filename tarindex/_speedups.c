@@ -485,8 +485,8 @@ fail:
  * Packer(sample_key, duplicate, url, index): sample dicts instead (TarStream), members with data:
  *   {"__key__": key, "__url__": url, "__index__": index (when not None, counting up), ext: bytes}.
  *   scan(buf, pos, base, limit), add(name, header_offset, data_offset, size, data) as above, and
- *   scan_file(fd, offset, limit, buf, pos) -> (offset, last_header, last_size): the walk over a
- *       file from `offset` (whose header the caller has at buf[pos]: nothing is read when the
+ *   scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size): the walk over
+ *       a file of `size` bytes from `offset` (whose header the caller has at buf[pos]: nothing is read when the
  *       Python walker must take it), read with pread: headers through a small window, each large
  *       member's data straight into its own bytes object (one copy, as cat makes). Both stop
  *       once `limit` data bytes are done, or at a repeated extension.
@@ -892,11 +892,11 @@ static Py_ssize_t pread_full(int fd, void *buf, size_t n, uint64_t offset) {
 
 static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
     int fd;
-    unsigned long long offset;
+    unsigned long long offset, file_size;
     long long limit;
     Py_buffer view;
     Py_ssize_t pos;
-    if (!ready(self) || !PyArg_ParseTuple(args, "iKLy*n", &fd, &offset, &limit, &view, &pos)) return NULL;
+    if (!ready(self) || !PyArg_ParseTuple(args, "iKKLy*n", &fd, &offset, &file_size, &limit, &view, &pos)) return NULL;
     uint64_t first_size;
     int first_regular;
     int plain = pos >= 0 && pos + 512 <= view.len && plain_header((const unsigned char *)view.buf + pos, &first_size, &first_regular);
@@ -921,7 +921,7 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
         int regular;
         if (!plain_header(h, &size, &regular)) break;
         uint64_t padded = (size + 511) & ~(uint64_t)511, data = offset + 512;
-        if (size > (uint64_t)PY_SSIZE_T_MAX || padded > UINT64_MAX - data) break;
+        if (size > (uint64_t)PY_SSIZE_T_MAX || padded > file_size || data > file_size - padded) break; /* truncated: Python says so */
         Py_ssize_t in_window = (Py_ssize_t)(wbase + (unsigned long long)wlen - data); /* >= 0: the header fits */
         want = (uint64_t)in_window < padded ? WINDOW_SMALL : WINDOW_LARGE;
         if (regular) {
@@ -995,7 +995,7 @@ static PyObject *Packer_finish(Packer *self, PyObject *unused) {
 
 static PyMethodDef Packer_methods[] = {
     {"scan", (PyCFunction)Packer_scan, METH_VARARGS, "scan(buf, pos, base[, limit]) -> (pos, last_header, last_size)"},
-    {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS, "scan_file(fd, offset, limit, buf, pos) -> (offset, last_header, last_size)"},
+    {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS, "scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size)"},
     {"add", (PyCFunction)Packer_add, METH_VARARGS, "add(name, header_offset, data_offset, size[, data])"},
     {"take", (PyCFunction)Packer_take, METH_NOARGS, "take() -> [(sample_offset, sample dict), ...]"},
     {"finish", (PyCFunction)Packer_finish, METH_NOARGS, "finish() -> the offset tables; raises a recorded duplicate"},

@@ -80,7 +80,7 @@ class Sink(Protocol):
     ``scan_headers`` does, and takes their members without Python objects.
     A sink for :func:`group_tar` takes each member's bytes too (a fifth argument
     to ``add``), has ``take()`` for the samples it completed, ``finish()``,
-    and ``scan_file(fd, offset, limit, buf, pos) -> (offset, last_header, last_size)``.
+    and ``scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size)``.
     """
 
     def add(self, name: str, header_offset: int, offset: int, size: int, /) -> None: ...
@@ -425,7 +425,7 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | N
         if scan is not None and start < 0 and not pax and not global_pax and long_name is None:
             if sink_file is not None:  # the sink reads the file itself, member data straight into its bytes
                 here = cur.base + pos
-                after, _, _ = sink_file(cur.fd, here, _BATCH_BYTES, buf, pos)  # type: ignore[union-attr]  # a _FileCursor
+                after, _, _ = sink_file(cur.fd, here, cur.size, _BATCH_BYTES, buf, pos)  # type: ignore[union-attr]  # a _FileCursor
                 if after != here:
                     pos = cur.seek(after)  # type: ignore[union-attr]
                     _verify(blocks, block_offsets, path)

@@ -403,6 +403,7 @@ def test_c_samples_errors_equal_the_reference(tmp_path: Path, monkeypatch: pytes
     cases = {
         "truncated-data": good[: len(good) // 2 + 100],
         "truncated-header": good[:5 * 1024 + 100],
+        "truncated-padding": good[: at + 512 + 2100 + 100],  # k3.bin: 2,100 bytes of data, cut in its padding
         "no-end": good[: good.rindex(b"k5.cls") + 1024],
         "bad-checksum": good[:4096] + good[4096:4244] + b"1234567\0" + good[4252:],
         "garbage": good[:at] + bytes(range(256)) * 2 + good[at + 512 :],
