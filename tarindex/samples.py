@@ -26,6 +26,7 @@ __all__ = [
     "Packer",
     "SampleRecord",
     "TablePacker",
+    "fused",
     "group_members",
     "iter_samples",
     "new_packer",
@@ -195,6 +196,12 @@ def new_packer(path: str) -> Packer:
     return packer
 
 
+def fused() -> bool:
+    """Whether :func:`iter_samples` runs the fused C walk (then a local file is best given as its
+    descriptor: large members are read straight into their bytes; the Python walker is faster over blocks)."""
+    return _CPacker is not None and tar._scan_headers is not None
+
+
 def iter_samples(
     source: Iterable[Buffer] | int, url: str, *, index: int | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -210,7 +217,7 @@ def iter_samples(
         CorruptArchiveError: see :func:`tarindex.tar.iter_tar`.
         DuplicateMemberError: two members of one sample have the same extension.
     """
-    if _CPacker is not None and tar._scan_headers is not None:
+    if fused() and _CPacker is not None:
         packer = _CPacker(sample_key, lambda offset, ext, key, name: _duplicate(url, offset, ext, key, name), url, index)
         yield from tar.group_tar(source, url, packer)
         return

@@ -23,7 +23,7 @@ from ._split import Slot, buffer_shuffle, shard_order, shards_for_slot, worker_s
 from .decode import DecodeMode, Decoder
 from .errors import DecodeError, StreamWarning, TarIndexError
 from .index.reader import IndexReader
-from .samples import iter_samples
+from .samples import fused, iter_samples
 from .shards import INDEX_SUFFIX, expand_shards
 from .sources import DEFAULT_BLOCK_SIZE, FileSource, is_url, open_source
 from .zstd import is_zstd
@@ -233,8 +233,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         index = self._starts[shard] if self._starts is not None else None
         source = open_source(url, **self._source_options, read_ahead=read_ahead_for(url, self.read_ahead))
         try:
-            fd = source.fileno() if isinstance(source, FileSource) and source.size is not None else -1
-            if fd >= 0 and not is_zstd(os.pread(fd, 4, 0)):  # a local tar: read with pread, no thread, one copy
+            fd = source.fileno() if isinstance(source, FileSource) and source.size is not None and fused() else -1
+            if fd >= 0 and not is_zstd(os.pread(fd, 4, 0)):  # a local tar: the C walk reads it, one copy, no thread
                 yield from iter_samples(fd, url, index=index)
                 return
             raw = source.archive()
