@@ -863,7 +863,7 @@ static PyObject *Packer_scan(Packer *self, PyObject *args) {
         last_at = pos;
         last_size = size;
         pos = data + (Py_ssize_t)padded;
-        if (limit >= 0 && (self->held >= (uint64_t)limit || self->error)) break; /* the caller takes the samples */
+        if (self->url && limit >= 0 && (self->held >= (uint64_t)limit || self->error)) break; /* the caller takes the samples */
     }
     PyBuffer_Release(&view);
     return Py_BuildValue("(nnK)", pos, last_at, (unsigned long long)last_size);
