@@ -732,7 +732,6 @@ static int duplicate(Packer *self, uint64_t header_offset, long id, const char *
     return 0;
 }
 
-/* Pack one regular member; name is its UTF-8 (surrogateescape) bytes, name_obj its str or NULL. */
 /* A new sample dict: __key__, __url__ and, when counting, __index__. */
 static int new_sample_dict(Packer *self, PyObject *key) {
     PyObject *d = PyDict_New();
