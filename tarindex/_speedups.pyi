@@ -1,4 +1,4 @@
-"""Types of the optional C read path (tarindex/_speedups.c)."""
+"""Types of the optional C extension (tarindex/_speedups.c)."""
 
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +23,20 @@ class Reader:
 def scan_headers(
     buf: Any, pos: int, base: int, with_data: bool, limit: int
 ) -> tuple[list[tuple[str, int, int, int, bytes | None]], int, int, int]: ...
-def pack_members(
-    entries: list[tuple[str, int, int, int, bytes | None]],
-) -> tuple[bytearray, bytearray, bytearray, bytearray, bytearray, bytearray, list[str], list[str]] | None: ...
+class Packer:
+    """Tables mode: ``Packer(sample_key, duplicate)``; sample-dict mode: ``Packer(sample_key, duplicate, url, index)``."""
+
+    def __init__(
+        self,
+        sample_key: Callable[[str], tuple[str, str] | None],
+        duplicate: Callable[[int, str, str, str], BaseException],
+        url: str = ...,
+        index: int | None = ...,
+    ) -> None: ...
+    def scan(self, buf: Any, pos: int, base: int, limit: int = ..., /) -> tuple[int, int, int]: ...
+    def scan_file(self, fd: int, offset: int, size: int, limit: int, buf: Any, pos: int, /) -> tuple[int, int, int]: ...
+    def add(self, name: str, header_offset: int, offset: int, size: int, data: bytes = ..., /) -> None: ...
+    def take(self) -> list[tuple[int, dict[str, Any]]]: ...
+    def finish(
+        self,
+    ) -> tuple[bytearray, bytearray, bytearray, bytearray, bytearray, bytearray, list[str], list[str]] | None: ...
