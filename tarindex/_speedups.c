@@ -1,12 +1,13 @@
 /* The per-sample read path of TarDataset, in C.
  *
  * Same behaviour as TarDataset._read_py (the reference implementation, used
- * when this module is not built): one pread of the sample's byte range into
- * a new bytes object (the GIL released), members sliced out of it, a dict
- * with __key__, __url__, __index__ and one entry per extension. Plain tar
- * shards (an int fd) are read here with preadv; a shard whose handle is an
- * object with read_at(offset, size) (zstd frames) has that called and the
- * members sliced here; a None handle goes back to Python through `fallback`.
+ * when this module is not built): sample i's record (tarindex/index/records.py)
+ * gives its shard, byte range, members and key; one positional read of the
+ * range (the GIL released); a dict with __key__, __url__, __index__ and one
+ * bytes entry per extension. Plain tar shards (an int fd) are read here; a
+ * shard whose handle is an object with read_at(offset, size) (zstd frames,
+ * HTTP ranges) has that called and the members sliced here; a None handle
+ * goes back to Python through `fallback`.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -18,29 +19,61 @@
 
 #include "_zstdread.h"
 
-#define MAX_MEMBERS 256 /* more members than this in one sample: the Python path reads it */
+#define MAX_MEMBERS 256           /* more members than this in one sample: the Python path reads it */
+#define DIRECT_READ (64 << 10)    /* samples larger than this are read straight into their members' bytes */
+#define RECORD_HEAD 24            /* u64 offset, u64 size, u32 shard, u16 n_members, u16 key_len */
 
 typedef struct {
     PyObject_HEAD
-    Py_buffer cols[9];
+    Py_buffer cols[2];
     int ncols;
-    const uint32_t *s_shard;
-    const uint64_t *s_off, *s_size, *s_mem, *m_off, *m_size, *k_off;
-    const uint16_t *m_ext;
-    const char *k_blob;
-    Py_ssize_t n, n_members, n_exts, n_shards, blob_len;
+    const char *rec_at;  /* u64 per sample + 1: record offsets (empty with a stride) */
+    const char *records; /* the record blob */
+    uint64_t stride;     /* record i at i * stride; 0: at rec_at[i] */
+    Py_ssize_t n, rec_len, n_exts, n_shards;
     PyObject *exts;     /* tuple of str */
     PyObject *urls;     /* tuple of str */
     PyObject *opener;   /* opener(shard) -> int fd, an object with read_at, or None (read by fallback) */
     PyObject *fallback; /* fallback(i) -> dict, for shards that are not plain tar */
     PyObject *error;    /* error(url, offset, what) -> exception instance */
+    PyObject *fork;     /* tarindex._process.FORK: [generation], changed in every forked child */
+    long gen;           /* FORK[0] when this reader was made: a reader inherited through fork hands reads to fallback */
     int *fds;           /* per shard: fd, -1 not open here, -2 not plain tar, -3 handle with read_at */
     PyObject **handles; /* per shard: the read_at handle when fds[shard] == -3, else NULL */
-    char *scratch;      /* headers and padding land here */
+    char *scratch;      /* small samples land here whole; large ones' headers and padding */
     size_t scratch_len;
 } Reader;
 
+/* One sample's record, checked against the blob's bounds. */
+typedef struct {
+    uint64_t offset, size;
+    uint32_t shard;
+    Py_ssize_t nm, klen;
+    const char *spans; /* nm x (u64 data offset relative to offset, u64 size) */
+    const char *ext;   /* nm x u16 */
+    const char *key;
+} Record;
+
 static PyObject *k_key, *k_url, *k_index, *k_read_at;
+static PyObject *IndexFormatError; /* tarindex.errors.IndexFormatError */
+
+static inline uint64_t ld64(const char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline uint32_t ld32(const char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint16_t ld16(const char *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
 
 static int Reader_traverse(Reader *self, visitproc visit, void *arg) {
     Py_VISIT(self->exts);
@@ -48,6 +81,7 @@ static int Reader_traverse(Reader *self, visitproc visit, void *arg) {
     Py_VISIT(self->opener); /* bound methods of the dataset: a cycle the collector must see */
     Py_VISIT(self->fallback);
     Py_VISIT(self->error);
+    Py_VISIT(self->fork);
     if (self->handles)
         for (Py_ssize_t s = 0; s < self->n_shards; s++) Py_VISIT(self->handles[s]);
     return 0;
@@ -59,6 +93,7 @@ static int Reader_clear(Reader *self) {
     Py_CLEAR(self->opener);
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->error);
+    Py_CLEAR(self->fork);
     if (self->handles)
         for (Py_ssize_t s = 0; s < self->n_shards; s++) Py_CLEAR(self->handles[s]);
     return 0;
@@ -74,30 +109,33 @@ static void Reader_dealloc(Reader *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int take(Reader *self, PyObject *obj, Py_ssize_t itemsize, const void **out, Py_ssize_t *count) {
+static int take(Reader *self, PyObject *obj, const char **out, Py_ssize_t *len) {
     Py_buffer *view = &self->cols[self->ncols];
     if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) return -1;
     self->ncols++;
-    if (view->len % itemsize) {
-        PyErr_SetString(PyExc_ValueError, "column length is not a multiple of its item size");
-        return -1;
-    }
     *out = view->buf;
-    *count = view->len / itemsize;
+    *len = view->len;
     return 0;
 }
 
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
-    PyObject *c[9];
-    Py_ssize_t n_shard, n_off, n_size, n_mem, n_ext, n_moff, n_msize, n_koff;
-    PyObject *exts, *urls, *opener, *fallback, *error;
+    PyObject *rec_at, *records, *exts, *urls, *opener, *fallback, *error, *fork;
+    Py_ssize_t at_len, n;
+    unsigned long long stride;
     if (self->exts) {
         PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!O!OOO", &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6], &c[7], &c[8],
-                          &PyTuple_Type, &exts, &PyTuple_Type, &urls, &opener, &fallback, &error))
+    if (!PyArg_ParseTuple(args, "OOKnO!O!OOOO!", &rec_at, &records, &stride, &n, &PyTuple_Type, &exts, &PyTuple_Type, &urls,
+                          &opener, &fallback, &error, &PyList_Type, &fork))
         return -1;
+    if (PyList_GET_SIZE(fork) != 1 || !PyLong_Check(PyList_GET_ITEM(fork, 0))) {
+        PyErr_SetString(PyExc_ValueError, "fork must be a list of one int");
+        return -1;
+    }
+    self->gen = PyLong_AsLong(PyList_GET_ITEM(fork, 0));
+    Py_INCREF(fork);
+    self->fork = fork;
     Py_INCREF(exts);
     self->exts = exts;
     Py_INCREF(urls);
@@ -108,25 +146,15 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     self->fallback = fallback;
     Py_INCREF(error);
     self->error = error;
-    if (take(self, c[0], 4, (const void **)&self->s_shard, &n_shard) < 0 ||
-        take(self, c[1], 8, (const void **)&self->s_off, &n_off) < 0 ||
-        take(self, c[2], 8, (const void **)&self->s_size, &n_size) < 0 ||
-        take(self, c[3], 8, (const void **)&self->s_mem, &n_mem) < 0 ||
-        take(self, c[4], 2, (const void **)&self->m_ext, &n_ext) < 0 ||
-        take(self, c[5], 8, (const void **)&self->m_off, &n_moff) < 0 ||
-        take(self, c[6], 8, (const void **)&self->m_size, &n_msize) < 0 ||
-        take(self, c[7], 8, (const void **)&self->k_off, &n_koff) < 0 ||
-        take(self, c[8], 1, (const void **)&self->k_blob, &self->blob_len) < 0)
-        return -1;
-    self->n = n_shard;
-    self->n_members = n_ext;
-    self->n_exts = PyTuple_GET_SIZE(self->exts);
-    self->n_shards = PyTuple_GET_SIZE(self->urls);
-    if (n_off != self->n || n_size != self->n || n_mem != self->n + 1 || n_koff != self->n + 1 ||
-        n_moff != n_ext || n_msize != n_ext) {
-        PyErr_SetString(PyExc_ValueError, "index columns disagree in length");
+    if (take(self, rec_at, &self->rec_at, &at_len) < 0 || take(self, records, &self->records, &self->rec_len) < 0) return -1;
+    if (n < 0 || (stride ? stride % 8 || (uint64_t)self->rec_len / stride < (uint64_t)n : at_len / 8 <= n)) {
+        PyErr_SetString(IndexFormatError, "index records are damaged (fewer than the index's samples)");
         return -1;
     }
+    self->n = n;
+    self->stride = stride;
+    self->n_exts = PyTuple_GET_SIZE(self->exts);
+    self->n_shards = PyTuple_GET_SIZE(self->urls);
     self->fds = PyMem_Malloc(sizeof(int) * (self->n_shards ? self->n_shards : 1));
     self->handles = PyMem_Calloc(self->n_shards ? self->n_shards : 1, sizeof(PyObject *));
     if (!self->fds || !self->handles) {
@@ -147,15 +175,48 @@ static PyObject *corrupt(Reader *self, uint32_t shard, uint64_t offset, const ch
     return NULL;
 }
 
-/* A new sample dict with __key__, __url__ and __index__ (room for nm members); NULL on error. */
-static PyObject *new_sample(Reader *self, uint32_t shard, Py_ssize_t i, uint64_t k0, uint64_t k1, Py_ssize_t nm) {
-    PyObject *d = _PyDict_NewPresized(3 + nm);
-    PyObject *key = PyUnicode_DecodeUTF8(self->k_blob + k0, (Py_ssize_t)(k1 - k0), "surrogateescape");
-    PyObject *index = PyLong_FromSsize_t(i);
-    int bad = !d || !key || !index || PyDict_SetItem(d, k_key, key) < 0 ||
-              PyDict_SetItem(d, k_url, PyTuple_GET_ITEM(self->urls, shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
+/* Record i, checked: every member inside the sample's range, in order, with a known extension. */
+static int load(Reader *self, Py_ssize_t i, Record *r) {
+    uint64_t at = self->stride ? (uint64_t)i * self->stride : ld64(self->rec_at + 8 * i);
+    if (at > (uint64_t)self->rec_len || (uint64_t)self->rec_len - at < RECORD_HEAD) goto bad;
+    const char *p = self->records + at;
+    r->offset = ld64(p);
+    r->size = ld64(p + 8);
+    r->shard = ld32(p + 16);
+    r->nm = ld16(p + 20);
+    r->klen = ld16(p + 22);
+    if ((uint64_t)self->rec_len - at < RECORD_HEAD + 18 * (uint64_t)r->nm + (uint64_t)r->klen) goto bad;
+    if (r->shard >= self->n_shards || r->size > PY_SSIZE_T_MAX) goto bad;
+    r->spans = p + RECORD_HEAD;
+    r->ext = r->spans + 16 * r->nm;
+    r->key = r->ext + 2 * r->nm;
+    uint64_t pos = 0;
+    for (Py_ssize_t k = 0; k < r->nm; k++) {
+        uint64_t mo = ld64(r->spans + 16 * k), ms = ld64(r->spans + 16 * k + 8);
+        if (ld16(r->ext + 2 * k) >= self->n_exts || mo < pos || mo > r->size || ms > r->size - mo) {
+            corrupt(self, r->shard, r->offset, "index entry out of bounds");
+            return -1;
+        }
+        pos = mo + ms;
+    }
+    return 0;
+bad:
+    PyErr_Format(IndexFormatError, "the index record of sample %zd is damaged; rebuild the index", i);
+    return -1;
+}
+
+/* A new sample dict with __key__, __url__ and __index__ and member k's bytes from vals[k]
+ * (references stolen, all of them, also on error); NULL on error. */
+static PyObject *new_sample(Reader *self, const Record *r, PyObject *index, PyObject **vals) {
+    PyObject *d = _PyDict_NewPresized(3 + r->nm);
+    PyObject *key = PyUnicode_DecodeUTF8(r->key, r->klen, "surrogateescape");
+    int bad = !d || !key || PyDict_SetItem(d, k_key, key) < 0 ||
+              PyDict_SetItem(d, k_url, PyTuple_GET_ITEM(self->urls, r->shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
     Py_XDECREF(key);
-    Py_XDECREF(index);
+    for (Py_ssize_t k = 0; k < r->nm; k++) {
+        if (!bad && PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, ld16(r->ext + 2 * k)), vals[k]) < 0) bad = 1;
+        Py_DECREF(vals[k]);
+    }
     if (bad) {
         Py_XDECREF(d);
         return NULL;
@@ -163,29 +224,35 @@ static PyObject *new_sample(Reader *self, uint32_t shard, Py_ssize_t i, uint64_t
     return d;
 }
 
-/* Sample i of a shard read through its handle's read_at(offset, size): members sliced from the bytes it returns. */
-static PyObject *read_handle(Reader *self, uint32_t shard, Py_ssize_t i) {
-    uint64_t off = self->s_off[i], size = self->s_size[i];
-    uint64_t m0 = self->s_mem[i], m1 = self->s_mem[i + 1];
-    uint64_t k0 = self->k_off[i], k1 = self->k_off[i + 1];
-    if (m1 < m0 || m1 > (uint64_t)self->n_members || k1 < k0 || k1 > (uint64_t)self->blob_len || size > PY_SSIZE_T_MAX)
-        return corrupt(self, shard, off, "index entry out of bounds");
-    PyObject *buf = NULL, *d = NULL;
+/* Each member's bytes, copied out of the sample's bytes at base (vals[k] new references); -1 on error. */
+static int slice_members(const Record *r, const char *base, PyObject **vals) {
+    for (Py_ssize_t k = 0; k < r->nm; k++) {
+        vals[k] = PyBytes_FromStringAndSize(base + ld64(r->spans + 16 * k), (Py_ssize_t)ld64(r->spans + 16 * k + 8));
+        if (!vals[k]) {
+            for (Py_ssize_t q = 0; q < k; q++) Py_DECREF(vals[q]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A sample of a shard read through its handle's read_at(offset, size): members sliced from the bytes it returns.
+ * A ZstdReader (_zstdread.c) is called directly and its members are sliced straight from the decompressed frame. */
+static PyObject *read_handle(Reader *self, const Record *r, PyObject *index) {
+    PyObject *buf = NULL, *handle = self->handles[r->shard];
     const char *base = NULL;
     size_t got = 0;
-    if (zstdread_is_reader(self->handles[shard])) { /* zstd frames: members sliced straight from the frame */
-        d = new_sample(self, shard, i, k0, k1, (Py_ssize_t)(m1 - m0)); /* first: nothing may run between view and slicing */
-        PyObject *handle = Py_NewRef(self->handles[shard]); /* alive even if another thread forgets it meanwhile */
-        if (!d || zstdread_view(handle, off, size, &base, &got, &buf) < 0) {
+    if (zstdread_is_reader(handle)) {
+        Py_INCREF(handle); /* alive even if another thread forgets it meanwhile */
+        if (zstdread_view(handle, r->offset, r->size, &base, &got, &buf) < 0) {
             Py_DECREF(handle);
-            Py_XDECREF(d);
             return NULL;
         }
         if (!buf) buf = handle; /* the view lies in the frame cache the reader holds: keep the reader */
         else Py_DECREF(handle);
     } else {
-        PyObject *off_o = PyLong_FromUnsignedLongLong(off), *size_o = PyLong_FromUnsignedLongLong(size);
-        buf = off_o && size_o ? PyObject_CallMethodObjArgs(self->handles[shard], k_read_at, off_o, size_o, NULL) : NULL;
+        PyObject *off_o = PyLong_FromUnsignedLongLong(r->offset), *size_o = PyLong_FromUnsignedLongLong(r->size);
+        buf = off_o && size_o ? PyObject_CallMethodObjArgs(handle, k_read_at, off_o, size_o, NULL) : NULL;
         Py_XDECREF(off_o);
         Py_XDECREF(size_o);
         if (!buf) return NULL;
@@ -194,30 +261,126 @@ static PyObject *read_handle(Reader *self, uint32_t shard, Py_ssize_t i) {
             got = (size_t)PyBytes_GET_SIZE(buf);
         }
     }
-    if (!base || got != size) {
-        Py_XDECREF(buf); /* a short read: the Python path reports it */
-        Py_XDECREF(d);
-        return PyObject_CallFunction(self->fallback, "n", i);
+    if (!base || got != r->size) {
+        Py_DECREF(buf); /* a short read: the Python path reports it */
+        return PyObject_CallOneArg(self->fallback, index);
     }
-    if (!d) d = new_sample(self, shard, i, k0, k1, (Py_ssize_t)(m1 - m0));
-    int bad = !d;
-    for (uint64_t j = m0; j < m1 && !bad; j++) {
-        uint64_t mo = self->m_off[j], ms = self->m_size[j];
-        if (self->m_ext[j] >= self->n_exts || mo > size || ms > size - mo) {
-            Py_XDECREF(buf);
-            Py_XDECREF(d);
-            return corrupt(self, shard, off, "index entry out of bounds");
+    PyObject *vals[MAX_MEMBERS];
+    int rc = slice_members(r, base, vals); /* at once: a view in the frame cache lasts until the next zstd read */
+    Py_DECREF(buf);
+    return rc < 0 ? NULL : new_sample(self, r, index, vals);
+}
+
+/* Grow the scratch buffer to at least n bytes; -1 (MemoryError set) on failure. */
+static int need_scratch(Reader *self, size_t n) {
+    if (n <= self->scratch_len) return 0;
+    char *grown = PyMem_Realloc(self->scratch, n);
+    if (!grown) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->scratch = grown;
+    self->scratch_len = n;
+    return 0;
+}
+
+/* pread/preadv until done or error, the GIL released; returns bytes read or -1 (errno in *err). */
+static ssize_t read_range(int fd, struct iovec *iov, int niov, uint64_t off, int *err) {
+    ssize_t got = 0;
+    *err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    do {
+        got = niov == 1 ? pread(fd, iov[0].iov_base, iov[0].iov_len, (off_t)off) : niov ? preadv(fd, iov, niov, (off_t)off) : 0;
+    } while (got < 0 && errno == EINTR);
+    if (got < 0) *err = errno;
+    Py_END_ALLOW_THREADS
+    return got;
+}
+
+/* A plain tar sample: small ones with one pread into scratch and a copy per member; large ones with one
+ * preadv straight into each member's bytes (headers and padding into scratch). */
+static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index) {
+    PyObject *vals[MAX_MEMBERS];
+    struct iovec iov[2 * MAX_MEMBERS + 1];
+    int niov = 0, direct = r->size > DIRECT_READ;
+    if (!direct) {
+        if (need_scratch(self, r->size) < 0) return NULL;
+        iov[niov].iov_base = self->scratch;
+        iov[niov++].iov_len = r->size;
+    } else {
+        uint64_t pos = 0, gaps = 0;
+        for (Py_ssize_t k = 0; k < r->nm; k++) {
+            uint64_t mo = ld64(r->spans + 16 * k), ms = ld64(r->spans + 16 * k + 8);
+            gaps += mo - pos;
+            pos = mo + ms;
+            vals[k] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)ms);
+            if (!vals[k]) {
+                for (Py_ssize_t q = 0; q < k; q++) Py_DECREF(vals[q]);
+                return NULL;
+            }
         }
-        PyObject *v = PyBytes_FromStringAndSize(base + mo, (Py_ssize_t)ms);
-        if (!v || PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, self->m_ext[j]), v) < 0) bad = 1;
-        Py_XDECREF(v);
+        if (need_scratch(self, gaps + (r->size - pos)) < 0) {
+            for (Py_ssize_t q = 0; q < r->nm; q++) Py_DECREF(vals[q]);
+            return NULL;
+        }
+        char *gap = self->scratch;
+        pos = 0;
+        for (Py_ssize_t k = 0; k < r->nm; k++) {
+            uint64_t mo = ld64(r->spans + 16 * k), ms = ld64(r->spans + 16 * k + 8);
+            if (mo > pos) {
+                iov[niov].iov_base = gap;
+                iov[niov++].iov_len = mo - pos;
+                gap += mo - pos;
+            }
+            if (ms) {
+                iov[niov].iov_base = PyBytes_AS_STRING(vals[k]);
+                iov[niov++].iov_len = ms;
+            }
+            pos = mo + ms;
+        }
+        if (r->size > pos) {
+            iov[niov].iov_base = gap;
+            iov[niov++].iov_len = r->size - pos;
+        }
     }
-    Py_XDECREF(buf);
-    if (bad) {
-        Py_XDECREF(d);
-        return NULL;
+    int err;
+    ssize_t got = read_range(fd, iov, niov, r->offset, &err);
+    if (err || got < 0 || (uint64_t)got < r->size) {
+        if (direct)
+            for (Py_ssize_t q = 0; q < r->nm; q++) Py_DECREF(vals[q]);
+        if (err) {
+            errno = err;
+            return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PyTuple_GET_ITEM(self->urls, r->shard));
+        }
+        return PyObject_CallOneArg(self->fallback, index); /* a short read: the Python path reports it */
     }
-    return d;
+    if (!direct && slice_members(r, self->scratch, vals) < 0) return NULL;
+    return new_sample(self, r, index, vals);
+}
+
+/* This process's handle of a shard: fds[shard] after asking the opener once; -4 on error. */
+static int shard_fd(Reader *self, uint32_t shard) {
+    int fd = self->fds[shard];
+    if (fd != -1) return fd;
+    PyObject *got = PyObject_CallFunction(self->opener, "I", shard);
+    if (!got) return -4;
+    if (got == Py_None) {
+        fd = -2;
+    } else if (!PyLong_Check(got)) { /* an object with read_at(offset, size) */
+        Py_INCREF(got);
+        Py_XSETREF(self->handles[shard], got);
+        fd = -3;
+    } else {
+        long v = PyLong_AsLong(got);
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(got);
+            return -4;
+        }
+        fd = (int)v;
+    }
+    Py_DECREF(got);
+    self->fds[shard] = fd;
+    return fd;
 }
 
 static PyObject *Reader_read(Reader *self, PyObject *arg) {
@@ -225,126 +388,30 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
         PyErr_SetString(PyExc_RuntimeError, "Reader is not initialised");
         return NULL;
     }
+    PyObject *now = PyList_GET_SIZE(self->fork) == 1 ? PyList_GET_ITEM(self->fork, 0) : NULL;
+    if (!now || !PyLong_Check(now) || PyLong_AsLong(now) != self->gen) return PyObject_CallOneArg(self->fallback, arg);
     Py_ssize_t i = PyLong_AsSsize_t(arg);
     if (i == -1 && PyErr_Occurred()) return NULL;
+    int given = i >= 0 && PyLong_CheckExact(arg); /* then arg itself is __index__ */
     if (i < 0) i += self->n;
     if (i < 0 || i >= self->n) {
         PyErr_Format(PyExc_IndexError, "sample %zd out of range for %zd samples", PyLong_AsSsize_t(arg), self->n);
         return NULL;
     }
-    uint32_t shard = self->s_shard[i];
-    if (shard >= self->n_shards) return corrupt(self, 0, 0, "index names a shard it does not list");
-    int fd = self->fds[shard];
-    if (fd == -1) {
-        PyObject *got = PyObject_CallFunction(self->opener, "I", shard);
-        if (!got) return NULL;
-        if (got == Py_None) {
-            fd = -2;
-        } else if (!PyLong_Check(got)) { /* an object with read_at(offset, size) */
-            Py_INCREF(got);
-            Py_XSETREF(self->handles[shard], got);
-            fd = -3;
-        } else {
-            long v = PyLong_AsLong(got);
-            if (v == -1 && PyErr_Occurred()) {
-                Py_DECREF(got);
-                return NULL;
-            }
-            fd = (int)v;
-        }
-        Py_DECREF(got);
-        self->fds[shard] = fd;
-    }
-    if (fd == -2) return PyObject_CallFunction(self->fallback, "n", i);
-    if (fd == -3) return read_handle(self, shard, i);
-
-    uint64_t off = self->s_off[i], size = self->s_size[i];
-    uint64_t m0 = self->s_mem[i], m1 = self->s_mem[i + 1];
-    uint64_t k0 = self->k_off[i], k1 = self->k_off[i + 1];
-    if (m1 < m0 || m1 > (uint64_t)self->n_members || k1 < k0 || k1 > (uint64_t)self->blob_len || size > PY_SSIZE_T_MAX)
-        return corrupt(self, shard, off, "index entry out of bounds");
-    Py_ssize_t nm = (Py_ssize_t)(m1 - m0);
-    if (nm > MAX_MEMBERS) return PyObject_CallFunction(self->fallback, "n", i);
-    /* One preadv: each member's data lands in its own bytes object, headers and padding in scratch. */
-    PyObject *vals[MAX_MEMBERS];
-    struct iovec iov[2 * MAX_MEMBERS + 1];
-    int niov = 0;
-    uint64_t pos = 0, gap_total = 0;
-    for (Py_ssize_t k = 0; k < nm; k++) {
-        uint64_t j = m0 + (uint64_t)k, mo = self->m_off[j], ms = self->m_size[j];
-        if (self->m_ext[j] >= self->n_exts || mo < pos || mo > size || ms > size - mo) {
-            for (Py_ssize_t q = 0; q < k; q++) Py_DECREF(vals[q]);
-            return corrupt(self, shard, off, "index entry out of bounds");
-        }
-        vals[k] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)ms);
-        if (!vals[k]) {
-            for (Py_ssize_t q = 0; q < k; q++) Py_DECREF(vals[q]);
-            return NULL;
-        }
-        if (mo > pos) gap_total += mo - pos;
-        pos = mo + ms;
-    }
-    gap_total += size - pos;
-    if (gap_total > self->scratch_len) {
-        char *grown = PyMem_Realloc(self->scratch, gap_total);
-        if (!grown) {
-            for (Py_ssize_t q = 0; q < nm; q++) Py_DECREF(vals[q]);
-            return PyErr_NoMemory();
-        }
-        self->scratch = grown;
-        self->scratch_len = gap_total;
-    }
-    char *gap = self->scratch;
-    pos = 0;
-    for (Py_ssize_t k = 0; k < nm; k++) {
-        uint64_t j = m0 + (uint64_t)k, mo = self->m_off[j], ms = self->m_size[j];
-        if (mo > pos) {
-            iov[niov].iov_base = gap;
-            iov[niov++].iov_len = mo - pos;
-            gap += mo - pos;
-        }
-        if (ms) {
-            iov[niov].iov_base = PyBytes_AS_STRING(vals[k]);
-            iov[niov++].iov_len = ms;
-        }
-        pos = mo + ms;
-    }
-    if (size > pos) {
-        iov[niov].iov_base = gap;
-        iov[niov++].iov_len = size - pos;
-    }
-    ssize_t got = 0;
-    int err = 0;
-    Py_BEGIN_ALLOW_THREADS
-    do {
-        got = niov ? preadv(fd, iov, niov, (off_t)off) : 0;
-    } while (got < 0 && errno == EINTR);
-    if (got < 0) err = errno;
-    Py_END_ALLOW_THREADS
-    if (got >= 0 && (uint64_t)got < size && !err) {
-        /* a short read: finish it member by member is not worth it; read the rest plainly */
-        got = -1;
-        err = 0;
-    }
-    if (err || got < 0) {
-        for (Py_ssize_t q = 0; q < nm; q++) Py_DECREF(vals[q]);
-        if (err) {
-            errno = err;
-            return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PyTuple_GET_ITEM(self->urls, shard));
-        }
-        return PyObject_CallFunction(self->fallback, "n", i);
-    }
-    PyObject *d = new_sample(self, shard, i, k0, k1, nm);
-    int bad = !d;
-    for (Py_ssize_t k = 0; k < nm; k++) {
-        if (!bad && PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, self->m_ext[m0 + (uint64_t)k]), vals[k]) < 0) bad = 1;
-        Py_DECREF(vals[k]);
-    }
-    if (bad) {
-        Py_XDECREF(d);
-        return NULL;
-    }
-    return d;
+    Record r;
+    if (load(self, i, &r) < 0) return NULL;
+    int fd = shard_fd(self, r.shard);
+    if (fd == -4) return NULL;
+    PyObject *index = given ? (Py_INCREF(arg), arg) : PyLong_FromSsize_t(i), *out;
+    if (!index) return NULL;
+    if (fd == -2 || r.nm > MAX_MEMBERS)
+        out = PyObject_CallOneArg(self->fallback, index);
+    else if (fd == -3)
+        out = read_handle(self, &r, index);
+    else
+        out = read_fd(self, fd, &r, index);
+    Py_DECREF(index);
+    return out;
 }
 
 static PyObject *Reader_forget(Reader *self, PyObject *arg) {
@@ -370,7 +437,7 @@ static PyTypeObject ReaderType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)Reader_traverse,
     .tp_clear = (inquiry)Reader_clear,
-    .tp_doc = "Per-process sample reader over an index's columns.",
+    .tp_doc = "Per-process sample reader over an index's records.",
     .tp_methods = Reader_methods,
     .tp_init = (initproc)Reader_init,
     .tp_new = PyType_GenericNew,
@@ -385,10 +452,10 @@ static PyTypeObject ReaderType = {
  * (name, header_offset, data_offset, size, data-or-None) with absolute offsets (base + position),
  * the position after the last header walked (its padded data may end past the buffer), and that
  * header's position and size (for the caller's truncation error).
- * It stops, without consuming it, at the first header it does not fully vouch for: a zero
- * block, an extension header (PAX, GNU long name or link, sparse, anything unknown), a
- * checksum that does not match the unsigned sum, a size that is not plain octal, a ustar
- * prefix, a header that does not fit in the buffer, or (with_data) member data that does not.
+ * It stops, without consuming it, at the first header it does not fully vouch for (see
+ * plain_header): a zero block, an extension header (PAX, GNU long name or link, sparse, anything
+ * unknown), a checksum that does not match the unsigned sum, a size that is not plain octal, a
+ * ustar prefix, a header that does not fit in the buffer, or (with_data) member data that does not.
  * tarindex.tar._walk handles those, so it stays the one authority on everything unusual.
  */
 static int octal_field(const unsigned char *f, int len, uint64_t *out) {
@@ -408,10 +475,38 @@ static int octal_field(const unsigned char *f, int len, uint64_t *out) {
     return 0;
 }
 
-static int all_zero(const unsigned char *h) {
-    for (int i = 0; i < 512; i++)
-        if (h[i]) return 0;
+/* The header checksum: the unsigned sum of the block, the checksum field counted as spaces.
+ * Eight bytes at a time in 16-bit lanes (64 words x 2 x 255 fits in a lane). */
+static uint64_t header_sum(const unsigned char *h) {
+    const uint64_t lanes = 0x00FF00FF00FF00FFULL;
+    uint64_t acc = 0, w;
+    for (int i = 0; i < 512; i += 8) {
+        memcpy(&w, h + i, 8);
+        acc += (w & lanes) + ((w >> 8) & lanes);
+    }
+    uint64_t sum = (acc & 0xFFFF) + ((acc >> 16) & 0xFFFF) + ((acc >> 32) & 0xFFFF) + (acc >> 48);
+    for (int i = 148; i < 156; i++) sum -= h[i];
+    return sum + 8 * 32;
+}
+
+/* 1 if the C walk vouches for the header at h (its data size and whether it is a regular file
+ * come back), 0 if tarindex.tar._walk must look at it. A zero block has no checksum digits. */
+static int plain_header(const unsigned char *h, uint64_t *size, int *regular) {
+    unsigned char typ = h[156];
+    int reg = typ == '0' || typ == 0 || typ == '7';
+    uint64_t stored;
+    if (!reg && !(typ >= '1' && typ <= '6')) return 0; /* links, devices, dirs, FIFOs: skipped */
+    if (octal_field(h + 148, 8, &stored) < 0 || header_sum(h) != stored) return 0;
+    if (h[124] & 0x80 || octal_field(h + 124, 12, size) < 0) return 0;
+    if (memcmp(h + 257, "ustar\0", 6) == 0 && h[345]) return 0;
+    *regular = reg;
     return 1;
+}
+
+static Py_ssize_t name_len(const unsigned char *h) {
+    Py_ssize_t n = 0;
+    while (n < 100 && h[n]) n++;
+    return n;
 }
 
 static PyObject *scan_headers(PyObject *self, PyObject *args) {
@@ -428,28 +523,15 @@ static PyObject *scan_headers(PyObject *self, PyObject *args) {
     if (!entries) goto fail;
     while (pos >= 0 && pos + 512 <= end && PyList_GET_SIZE(entries) < limit) {
         const unsigned char *h = buf + pos;
-        unsigned char typ = h[156];
-        int regular = typ == '0' || typ == 0 || typ == '7';
-        int skipped = typ == '1' || typ == '2' || typ == '3' || typ == '4' || typ == '5' || typ == '6';
-        if (!regular && !skipped) break;
-        if (all_zero(h)) break;
-        uint64_t stored, size;
-        if (octal_field(h + 148, 8, &stored) < 0) break;
-        uint64_t sum = 8 * 32;
-        for (int i = 0; i < 512; i++)
-            if (i < 148 || i >= 156) sum += h[i];
-        if (sum != stored) break;
-        if (h[124] & 0x80) break;
-        if (octal_field(h + 124, 12, &size) < 0) break;
-        if (memcmp(h + 257, "ustar\0", 6) == 0 && h[345]) break;
+        uint64_t size;
+        int regular;
+        if (!plain_header(h, &size, &regular)) break;
         uint64_t padded = (size + 511) & ~(uint64_t)511;
         Py_ssize_t data = pos + 512;
         if (padded > (uint64_t)PY_SSIZE_T_MAX - (uint64_t)data) break;
         if (regular) {
             if (with_data && (uint64_t)(end - data) < size) break;
-            Py_ssize_t nlen = 0;
-            while (nlen < 100 && h[nlen]) nlen++;
-            PyObject *name = PyUnicode_DecodeUTF8((const char *)h, nlen, "surrogateescape");
+            PyObject *name = PyUnicode_DecodeUTF8((const char *)h, name_len(h), "surrogateescape");
             PyObject *payload = with_data ? PyBytes_FromStringAndSize((const char *)buf + data, (Py_ssize_t)size)
                                           : (Py_INCREF(Py_None), Py_None);
             PyObject *entry = (name && payload)
@@ -479,16 +561,32 @@ fail:
 }
 
 
-/* ---- members -> offset tables, webdataset's key rule in its common case ------------------
+/* ---- members -> offset tables or sample dicts, while the walk goes -----------------------
  *
- * pack_members(entries) -> (sample_offset, sample_size, sample_nmembers, member_ext,
- *                           member_offset, member_size, keys, exts) or None
+ * Packer(sample_key, duplicate): a shard's offset tables, fed member by member.
+ *   scan(buf, pos, base) -> (pos, last_header, last_size): walks plain headers like scan_headers
+ *       (without data) and packs each regular member at once: no Python object per member.
+ *   add(name, header_offset, data_offset, size): one member the Python walker found.
+ *   finish() -> (sample_offset, sample_size, sample_nmembers, member_ext, member_offset,
+ *                member_size, keys, exts): bytearrays of little-endian u64/u64/u32/u16/u64/u64.
  *
- * entries: the list of (name, header_offset, data_offset, size, data) that tarindex.tar yields.
- * Arrays come back as bytearrays of little-endian u64/u64/u32/u16/u64/u64. None when any name is
- * outside the common case (no dot after the last '/' but the first character, or a leading '_'),
- * or when a sample repeats an extension: tarindex.samples.group_members then does the whole
- * shard, with the full rules and the error.
+ * Packer(sample_key, duplicate, url, index): sample dicts instead (TarStream), members with data:
+ *   {"__key__": key, "__url__": url, "__index__": index (when not None, counting up), ext: bytes}.
+ *   scan(buf, pos, base, limit), add(name, header_offset, data_offset, size, data) as above, and
+ *   scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size): the walk over
+ *       a file of `size` bytes from `offset` (whose header the caller has at buf[pos]: nothing is read when the
+ *       Python walker must take it), read with pread: headers through a small window, each large
+ *       member's data straight into its own bytes object (one copy, as cat makes). Both stop
+ *       once `limit` data bytes are done, or at a repeated extension.
+ *   take() -> [(sample_offset, dict), ...] completed so far; raises the recorded duplicate once
+ *       the samples before it are taken. finish() completes the last sample (take() it after).
+ *
+ * tarindex.samples.TablePacker is the reference. Names in the common case (a dot in the base
+ * name after its first character, no leading "__") are split here, on bytes (the same split as
+ * on the decoded str: '.' and '/' are ASCII); any other name goes to sample_key(name) (the exact
+ * Python rules, metadata files included). A repeated extension in a sample stops the packing;
+ * duplicate(header_offset, ext, key, name) makes the error, which finish() raises, so a walk
+ * error later in the shard still wins, as it does for the reference (which groups at the end).
  */
 typedef struct {
     char *p;
@@ -516,171 +614,523 @@ static PyObject *grow_take(Grow *g) {
     PyObject *out = PyByteArray_FromStringAndSize(g->p ? g->p : "", (Py_ssize_t)g->len);
     PyMem_Free(g->p);
     g->p = NULL;
+    g->len = g->cap = 0;
     return out;
 }
 
-static PyObject *pack_members(PyObject *self, PyObject *entries) {
-    if (!PyList_Check(entries)) {
-        PyErr_SetString(PyExc_TypeError, "entries must be a list");
-        return NULL;
-    }
-    Grow s_off = {0}, s_size = {0}, s_n = {0}, m_ext = {0}, m_off = {0}, m_size = {0};
-    PyObject *keys = PyList_New(0), *exts = PyList_New(0), *ext_ids = PyDict_New(), *result = NULL;
-    PyObject *key = NULL; /* the current sample's key */
-    uint64_t start = 0, end = 0;
-    uint32_t count = 0;
-    uint16_t seen[64];
-    int bail = 0;
-    if (!keys || !exts || !ext_ids) goto done;
-    Py_ssize_t n = PyList_GET_SIZE(entries);
-    for (Py_ssize_t i = 0; i < n && !bail; i++) {
-        PyObject *e = PyList_GET_ITEM(entries, i);
-        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 4) {
-            PyErr_SetString(PyExc_TypeError, "entries must be (name, header_offset, data_offset, size, ...)");
-            goto done;
-        }
-        PyObject *name = PyTuple_GET_ITEM(e, 0);
-        unsigned long long h = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(e, 1));
-        unsigned long long d = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(e, 2));
-        unsigned long long z = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(e, 3));
-        if (PyErr_Occurred() || !PyUnicode_Check(name)) goto done;
-        Py_ssize_t len = PyUnicode_GET_LENGTH(name);
-        if (len == 0 || PyUnicode_READ_CHAR(name, 0) == '_') {
-            bail = 1;
-            break;
-        }
-        Py_ssize_t slash = PyUnicode_FindChar(name, '/', 0, len, -1);
-        Py_ssize_t dot = PyUnicode_FindChar(name, '.', slash + 1, len, 1);
-        if (dot == -2 || slash == -2) goto done;
-        if (dot <= slash + 1) {
-            bail = 1;
-            break;
-        }
-        PyObject *k = PyUnicode_Substring(name, 0, dot);
-        PyObject *raw_ext = PyUnicode_Substring(name, dot + 1, len);
-        if (!k || !raw_ext) {
-            Py_XDECREF(k);
-            Py_XDECREF(raw_ext);
-            goto done;
-        }
-        PyObject *id_obj = PyDict_GetItemWithError(ext_ids, raw_ext);
-        long id;
-        if (id_obj) {
-            id = PyLong_AsLong(id_obj);
-        } else if (PyErr_Occurred()) {
-            Py_DECREF(k);
-            Py_DECREF(raw_ext);
-            goto done;
-        } else {
-            PyObject *lower = PyObject_CallMethod(raw_ext, "lower", NULL);
-            Py_ssize_t found = -1;
-            if (lower) { /* two spellings (JPG, jpg) share one lower-cased extension */
-                for (Py_ssize_t q = 0; q < PyList_GET_SIZE(exts); q++) {
-                    int eq = PyUnicode_Compare(PyList_GET_ITEM(exts, q), lower);
-                    if (eq == 0) {
-                        found = q;
-                        break;
-                    }
-                }
-            }
-            if (!lower || (found < 0 && PyList_Append(exts, lower) < 0)) {
-                Py_XDECREF(lower);
-                Py_DECREF(k);
-                Py_DECREF(raw_ext);
-                goto done;
-            }
-            Py_DECREF(lower);
-            id = found >= 0 ? (long)found : (long)PyList_GET_SIZE(exts) - 1;
-            PyObject *v = PyLong_FromLong(id);
-            if (!v || PyDict_SetItem(ext_ids, raw_ext, v) < 0) {
-                Py_XDECREF(v);
-                Py_DECREF(k);
-                Py_DECREF(raw_ext);
-                goto done;
-            }
-            Py_DECREF(v);
-        }
-        Py_DECREF(raw_ext);
-        if (id > 65535) {
-            Py_DECREF(k);
-            bail = 1;
-            break;
-        }
-        int same = key ? PyUnicode_Compare(key, k) == 0 : 0;
-        if (!same) {
-            if (key) {
-                uint64_t size = end - start;
-                if (grow_put(&s_off, &start, 8) < 0 || grow_put(&s_size, &size, 8) < 0 || grow_put(&s_n, &count, 4) < 0 ||
-                    PyList_Append(keys, key) < 0) {
-                    Py_DECREF(k);
-                    goto done;
-                }
-                Py_DECREF(key);
-            }
-            key = k;
-            start = h;
-            count = 0;
-        } else {
-            Py_DECREF(k);
-            for (uint32_t q = 0; q < count && q < 64; q++)
-                if (seen[q] == (uint16_t)id) bail = 1; /* a repeated extension: the Python path names it */
-            if (count >= 64) bail = 1;
-            if (bail) break;
-        }
-        uint16_t id16 = (uint16_t)id;
-        uint64_t rel = d - start;
-        if (count < 64) seen[count] = id16;
-        if (grow_put(&m_ext, &id16, 2) < 0 || grow_put(&m_off, &rel, 8) < 0 || grow_put(&m_size, &z, 8) < 0) goto done;
-        count++;
-        end = d + ((z + 511) & ~(uint64_t)511);
-    }
-    if (bail) {
-        result = Py_None;
-        Py_INCREF(result);
-        goto done;
-    }
-    if (key) {
-        uint64_t size = end - start;
-        if (grow_put(&s_off, &start, 8) < 0 || grow_put(&s_size, &size, 8) < 0 || grow_put(&s_n, &count, 4) < 0 ||
-            PyList_Append(keys, key) < 0)
-            goto done;
-    }
-    result = Py_BuildValue("(NNNNNNOO)", grow_take(&s_off), grow_take(&s_size), grow_take(&s_n), grow_take(&m_ext),
-                           grow_take(&m_off), grow_take(&m_size), keys, exts);
-done:
-    Py_XDECREF(key);
-    Py_XDECREF(keys);
-    Py_XDECREF(exts);
-    Py_XDECREF(ext_ids);
-    PyMem_Free(s_off.p);
-    PyMem_Free(s_size.p);
-    PyMem_Free(s_n.p);
-    PyMem_Free(m_ext.p);
-    PyMem_Free(m_off.p);
-    PyMem_Free(m_size.p);
-    return result;
+#define MAX_SPELLINGS 64 /* extension spellings looked up by memcmp; more go through a dict */
+
+typedef struct {
+    char *raw;
+    Py_ssize_t len;
+    long id;
+} Spelling;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *sample_key; /* sample_key(name) -> (key, ext) | None */
+    PyObject *duplicate;  /* duplicate(header_offset, ext, key, name) -> exception */
+    PyObject *keys, *exts;
+    PyObject *ext_ids;    /* lower-cased ext -> id */
+    PyObject *spell_ids;  /* raw ext bytes -> id, past MAX_SPELLINGS */
+    PyObject *error;      /* the first duplicate's exception, for finish() */
+    PyObject *url;        /* sample dicts: their __url__; NULL: tables */
+    int counting;         /* sample dicts: with __index__ ... */
+    long long index;      /* ... the next one */
+    PyObject *completed;  /* sample dicts: (offset, dict) tuples for take() */
+    PyObject *sample;     /* sample dicts: the one being filled */
+    uint64_t held;        /* sample dicts: data bytes added since the last take() */
+    unsigned char *win;   /* scan_file's window */
+    Grow s_off, s_size, s_n, m_ext, m_off, m_size, key;
+    int has_key, done;
+    uint64_t start, end, samples;
+    uint32_t count;
+    uint64_t *seen; /* per ext id: the (1-based) sample it last appeared in */
+    Py_ssize_t seen_cap;
+    Spelling spell[MAX_SPELLINGS];
+    int n_spell, hint;
+} Packer;
+
+static int Packer_traverse(Packer *self, visitproc visit, void *arg) {
+    Py_VISIT(self->sample_key);
+    Py_VISIT(self->duplicate);
+    Py_VISIT(self->error);
+    Py_VISIT(self->completed);
+    Py_VISIT(self->sample);
+    return 0;
 }
 
+static int Packer_clear(Packer *self) {
+    Py_CLEAR(self->sample_key);
+    Py_CLEAR(self->duplicate);
+    Py_CLEAR(self->keys);
+    Py_CLEAR(self->exts);
+    Py_CLEAR(self->ext_ids);
+    Py_CLEAR(self->spell_ids);
+    Py_CLEAR(self->error);
+    Py_CLEAR(self->url);
+    Py_CLEAR(self->completed);
+    Py_CLEAR(self->sample);
+    return 0;
+}
+
+static void Packer_dealloc(Packer *self) {
+    PyObject_GC_UnTrack(self);
+    Packer_clear(self);
+    Grow *g[] = {&self->s_off, &self->s_size, &self->s_n, &self->m_ext, &self->m_off, &self->m_size, &self->key};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) PyMem_Free(g[i]->p);
+    for (int i = 0; i < self->n_spell; i++) PyMem_Free(self->spell[i].raw);
+    PyMem_Free(self->seen);
+    PyMem_Free(self->win);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Packer_init(Packer *self, PyObject *args, PyObject *kw) {
+    PyObject *sample_key, *duplicate, *url = NULL, *index = Py_None;
+    if (self->keys) {
+        PyErr_SetString(PyExc_RuntimeError, "Packer is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OO|UO", &sample_key, &duplicate, &url, &index)) return -1;
+    if (url) {
+        if (index != Py_None) {
+            self->index = PyLong_AsLongLong(index);
+            if (self->index == -1 && PyErr_Occurred()) return -1;
+            self->counting = 1;
+        }
+        Py_INCREF(url);
+        self->url = url;
+        if (!(self->completed = PyList_New(0))) return -1;
+    }
+    Py_INCREF(sample_key);
+    self->sample_key = sample_key;
+    Py_INCREF(duplicate);
+    self->duplicate = duplicate;
+    self->keys = PyList_New(0);
+    self->exts = PyList_New(0);
+    self->ext_ids = PyDict_New();
+    self->spell_ids = PyDict_New();
+    return self->keys && self->exts && self->ext_ids && self->spell_ids ? 0 : -1;
+}
+
+static int ready(Packer *self) {
+    if (!self->keys) {
+        PyErr_SetString(PyExc_RuntimeError, "Packer is not initialised");
+        return 0;
+    }
+    if (self->done) {
+        PyErr_SetString(PyExc_RuntimeError, "Packer is finished");
+        return 0;
+    }
+    return 1;
+}
+
+/* The id of a lower-cased extension (a new one is appended); -1 on error. */
+static long ext_id(Packer *self, PyObject *ext) {
+    PyObject *got = PyDict_GetItemWithError(self->ext_ids, ext);
+    if (got) return PyLong_AsLong(got);
+    if (PyErr_Occurred()) return -1;
+    Py_ssize_t id = PyList_GET_SIZE(self->exts);
+    if (id > 65535) {
+        PyErr_SetString(PyExc_OverflowError, "more than 65536 distinct extensions in one shard");
+        return -1;
+    }
+    if (id >= self->seen_cap) {
+        Py_ssize_t cap = self->seen_cap ? self->seen_cap * 2 : 64;
+        uint64_t *q = PyMem_Realloc(self->seen, (size_t)cap * sizeof(uint64_t));
+        if (!q) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(q + self->seen_cap, 0, (size_t)(cap - self->seen_cap) * sizeof(uint64_t));
+        self->seen = q;
+        self->seen_cap = cap;
+    }
+    PyObject *v = PyLong_FromSsize_t(id);
+    int bad = !v || PyDict_SetItem(self->ext_ids, ext, v) < 0 || PyList_Append(self->exts, ext) < 0;
+    Py_XDECREF(v);
+    return bad ? -1 : (long)id;
+}
+
+/* The id of an extension as spelled in a name (bytes after the dot); -1 on error. */
+static long spelling_id(Packer *self, const char *raw, Py_ssize_t len) {
+    for (int i = 0; i < self->n_spell; i++) {
+        int j = (self->hint + i) % self->n_spell; /* samples repeat their extensions in order */
+        if (self->spell[j].len == len && memcmp(self->spell[j].raw, raw, (size_t)len) == 0) {
+            self->hint = j + 1 == self->n_spell ? 0 : j + 1;
+            return self->spell[j].id;
+        }
+    }
+    PyObject *bytes = PyBytes_FromStringAndSize(raw, len);
+    if (!bytes) return -1;
+    PyObject *got = PyDict_GetItemWithError(self->spell_ids, bytes);
+    if (got || PyErr_Occurred()) {
+        Py_DECREF(bytes);
+        return got ? PyLong_AsLong(got) : -1;
+    }
+    PyObject *text = PyUnicode_DecodeUTF8(raw, len, "surrogateescape");
+    PyObject *lower = text ? PyObject_CallMethod(text, "lower", NULL) : NULL; /* str.lower(), as split_key */
+    long id = lower ? ext_id(self, lower) : -1;
+    Py_XDECREF(text);
+    Py_XDECREF(lower);
+    if (id >= 0 && self->n_spell < MAX_SPELLINGS) {
+        char *copy = PyMem_Malloc(len ? (size_t)len : 1);
+        if (!copy) {
+            Py_DECREF(bytes);
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(copy, raw, (size_t)len);
+        self->spell[self->n_spell++] = (Spelling){copy, len, id};
+    } else if (id >= 0) {
+        PyObject *v = PyLong_FromLong(id);
+        if (!v || PyDict_SetItem(self->spell_ids, bytes, v) < 0) id = -1;
+        Py_XDECREF(v);
+    }
+    Py_DECREF(bytes);
+    return id;
+}
+
+static int close_sample(Packer *self) {
+    if (self->url) { /* the sample dict is complete */
+        PyObject *item = Py_BuildValue("(KN)", (unsigned long long)self->start, self->sample);
+        self->sample = NULL;
+        int bad = !item || PyList_Append(self->completed, item) < 0;
+        Py_XDECREF(item);
+        return bad ? -1 : 0;
+    }
+    uint64_t size = self->end - self->start;
+    return grow_put(&self->s_off, &self->start, 8) < 0 || grow_put(&self->s_size, &size, 8) < 0 ||
+                   grow_put(&self->s_n, &self->count, 4) < 0
+               ? -1
+               : 0;
+}
+
+/* Record the first repeated extension (finish() raises it) and stop packing. */
+static int duplicate(Packer *self, uint64_t header_offset, long id, const char *name, Py_ssize_t len, PyObject *name_obj) {
+    PyObject *text = name_obj ? (Py_INCREF(name_obj), name_obj) : PyUnicode_DecodeUTF8(name, len, "surrogateescape");
+    PyObject *key = self->url ? PyDict_GetItemWithError(self->sample, k_key)
+                              : PyList_GET_ITEM(self->keys, PyList_GET_SIZE(self->keys) - 1);
+    PyObject *exc = text && key ? PyObject_CallFunction(self->duplicate, "KOOO", (unsigned long long)header_offset,
+                                                 PyList_GET_ITEM(self->exts, id), key, text)
+                         : NULL;
+    Py_XDECREF(text);
+    if (!exc) return -1;
+    self->error = exc;
+    return 0;
+}
+
+/* A new sample dict: __key__, __url__ and, when counting, __index__. */
+static int new_sample_dict(Packer *self, PyObject *key) {
+    PyObject *d = PyDict_New();
+    if (!d || PyDict_SetItem(d, k_key, key) < 0 || PyDict_SetItem(d, k_url, self->url) < 0) {
+        Py_XDECREF(d);
+        return -1;
+    }
+    if (self->counting) {
+        PyObject *index = PyLong_FromLongLong(self->index++);
+        int bad = !index || PyDict_SetItem(d, k_index, index) < 0;
+        Py_XDECREF(index);
+        if (bad) {
+            Py_DECREF(d);
+            return -1;
+        }
+    }
+    self->sample = d;
+    return 0;
+}
+
+/* Pack one regular member (with its bytes in data, sample-dict mode), name its UTF-8
+ * (surrogateescape) bytes, name_obj its str or NULL. */
+static int pack(Packer *self, const char *name, Py_ssize_t len, PyObject *name_obj, uint64_t h, uint64_t d, uint64_t size,
+                PyObject *data) {
+    if (self->error) return 0; /* a repeated extension stopped the packing; the walk goes on */
+    Py_ssize_t base = len;
+    while (base > 0 && name[base - 1] != '/') base--;
+    const char *dot = memchr(name + base, '.', (size_t)(len - base));
+    const char *key = name;
+    Py_ssize_t key_len = 0;
+    long id;
+    PyObject *split = NULL, *key_bytes = NULL, *key_obj = NULL;
+    if (dot && dot > name + base && !(len >= 2 && name[0] == '_' && name[1] == '_')) {
+        key_len = dot - name;
+        id = spelling_id(self, dot + 1, len - key_len - 1);
+    } else { /* the full rules: webdataset's pattern, metadata files */
+        PyObject *text = name_obj ? (Py_INCREF(name_obj), name_obj) : PyUnicode_DecodeUTF8(name, len, "surrogateescape");
+        split = text ? PyObject_CallOneArg(self->sample_key, text) : NULL;
+        Py_XDECREF(text);
+        if (!split) return -1;
+        if (split == Py_None) {
+            Py_DECREF(split);
+            return 0;
+        }
+        if (!PyTuple_Check(split) || PyTuple_GET_SIZE(split) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(split, 0))) {
+            Py_DECREF(split);
+            PyErr_SetString(PyExc_TypeError, "sample_key must return (key, ext) or None");
+            return -1;
+        }
+        key_obj = PyTuple_GET_ITEM(split, 0);
+        key_bytes = PyUnicode_AsEncodedString(key_obj, "utf-8", "surrogateescape");
+        id = key_bytes ? ext_id(self, PyTuple_GET_ITEM(split, 1)) : -1;
+        if (key_bytes) {
+            key = PyBytes_AS_STRING(key_bytes);
+            key_len = PyBytes_GET_SIZE(key_bytes);
+        }
+    }
+    int rc = -1;
+    if (id < 0) goto out;
+    if (!self->has_key || (size_t)key_len != self->key.len || memcmp(self->key.p, key, (size_t)key_len) != 0) {
+        if (self->has_key && close_sample(self) < 0) goto out;
+        PyObject *k = key_obj ? (Py_INCREF(key_obj), key_obj) : PyUnicode_DecodeUTF8(key, key_len, "surrogateescape");
+        int bad = !k || (self->url ? new_sample_dict(self, k) : PyList_Append(self->keys, k)) < 0;
+        Py_XDECREF(k);
+        self->key.len = 0;
+        if (bad || grow_put(&self->key, key, (size_t)key_len) < 0) goto out;
+        self->has_key = 1;
+        self->samples++;
+        self->start = h;
+        self->count = 0;
+    } else if (self->seen[id] == self->samples) {
+        rc = duplicate(self, h, id, name, len, name_obj);
+        goto out;
+    }
+    self->seen[id] = self->samples;
+    if (self->url) {
+        if (PyDict_SetItem(self->sample, PyList_GET_ITEM(self->exts, id), data) < 0) goto out;
+        self->count++;
+        self->held += size;
+        rc = 0;
+        goto out;
+    }
+    uint16_t id16 = (uint16_t)id;
+    uint64_t rel = d - self->start;
+    if (grow_put(&self->m_ext, &id16, 2) < 0 || grow_put(&self->m_off, &rel, 8) < 0 || grow_put(&self->m_size, &size, 8) < 0)
+        goto out;
+    self->count++;
+    self->end = d + ((size + 511) & ~(uint64_t)511);
+    rc = 0;
+out:
+    Py_XDECREF(split);
+    Py_XDECREF(key_bytes);
+    return rc;
+}
+
+/* The data of a member at buf[data:], or NULL with no error set when it does not fit (end). */
+static PyObject *member_data(const unsigned char *buf, Py_ssize_t end, Py_ssize_t data, uint64_t size) {
+    if ((uint64_t)(end - data) < size) return NULL;
+    return PyBytes_FromStringAndSize((const char *)buf + data, (Py_ssize_t)size);
+}
+
+static PyObject *Packer_scan(Packer *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos;
+    long long base, limit = -1;
+    if (!ready(self) || !PyArg_ParseTuple(args, "y*nL|L", &view, &pos, &base, &limit)) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t end = view.len, last_at = pos;
+    uint64_t last_size = 0;
+    while (pos >= 0 && pos + 512 <= end) {
+        const unsigned char *h = buf + pos;
+        uint64_t size;
+        int regular;
+        if (!plain_header(h, &size, &regular)) break;
+        uint64_t padded = (size + 511) & ~(uint64_t)511;
+        Py_ssize_t data = pos + 512;
+        if (padded > (uint64_t)PY_SSIZE_T_MAX - (uint64_t)data) break;
+        if (regular) {
+            PyObject *bytes = NULL;
+            if (self->url && !(bytes = member_data(buf, end, data, size))) {
+                if (PyErr_Occurred()) goto fail;
+                break; /* the data runs past the buffer: the Python walker joins it */
+            }
+            int rc = pack(self, (const char *)h, name_len(h), NULL, (uint64_t)(base + pos), (uint64_t)(base + data), size, bytes);
+            Py_XDECREF(bytes);
+            if (rc < 0) goto fail;
+        }
+        last_at = pos;
+        last_size = size;
+        pos = data + (Py_ssize_t)padded;
+        if (self->url && limit >= 0 && (self->held >= (uint64_t)limit || self->error)) break; /* the caller takes the samples */
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nnK)", pos, last_at, (unsigned long long)last_size);
+fail:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+#define WINDOW_LARGE (64 << 10) /* headers of small members: several per read */
+#define WINDOW_SMALL (4 << 10)  /* after a member outgrew the window: little data read twice */
+
+/* pread all of it unless the file ends (GIL released); the bytes read, or -1 with errno. */
+static Py_ssize_t pread_full(int fd, void *buf, size_t n, uint64_t offset) {
+    size_t got = 0;
+    ssize_t r = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (got < n) {
+        r = pread(fd, (char *)buf + got, n - got, (off_t)(offset + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    Py_END_ALLOW_THREADS
+    return r < 0 ? -1 : (Py_ssize_t)got;
+}
+
+static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
+    int fd;
+    unsigned long long offset, file_size;
+    long long limit;
+    Py_buffer view;
+    Py_ssize_t pos;
+    if (!ready(self) || !PyArg_ParseTuple(args, "iKKLy*n", &fd, &offset, &file_size, &limit, &view, &pos)) return NULL;
+    uint64_t first_size;
+    int first_regular;
+    int plain = pos >= 0 && pos + 512 <= view.len && plain_header((const unsigned char *)view.buf + pos, &first_size, &first_regular);
+    PyBuffer_Release(&view);
+    if (!plain) return Py_BuildValue("(KKK)", offset, offset, 0ULL); /* the caller's header is the Python walker's */
+    if (!self->url) {
+        PyErr_SetString(PyExc_RuntimeError, "scan_file makes sample dicts: Packer(..., url, index)");
+        return NULL;
+    }
+    if (!self->win && !(self->win = PyMem_Malloc(WINDOW_LARGE))) return PyErr_NoMemory();
+    unsigned long long wbase = offset, last_at = offset, last_size = 0;
+    Py_ssize_t wlen = 0, want = WINDOW_LARGE;
+    while (self->held < (uint64_t)limit && !self->error) {
+        if (offset < wbase || offset + 512 > wbase + (unsigned long long)wlen) { /* the next header: a new window */
+            wbase = offset;
+            wlen = pread_full(fd, self->win, (size_t)want, offset);
+            if (wlen < 0) return PyErr_SetFromErrno(PyExc_OSError);
+            if (wlen < 512) break; /* the end of the file: the Python walker says what is missing */
+        }
+        const unsigned char *h = self->win + (offset - wbase);
+        uint64_t size;
+        int regular;
+        if (!plain_header(h, &size, &regular)) break;
+        uint64_t padded = (size + 511) & ~(uint64_t)511, data = offset + 512;
+        if (size > (uint64_t)PY_SSIZE_T_MAX || padded > file_size || data > file_size - padded) break; /* truncated: Python says so */
+        Py_ssize_t in_window = (Py_ssize_t)(wbase + (unsigned long long)wlen - data); /* >= 0: the header fits */
+        want = (uint64_t)in_window < padded ? WINDOW_SMALL : WINDOW_LARGE;
+        if (regular) {
+            PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+            if (!bytes) return NULL;
+            Py_ssize_t head = (uint64_t)in_window < size ? in_window : (Py_ssize_t)size;
+            memcpy(PyBytes_AS_STRING(bytes), self->win + (data - wbase), (size_t)head);
+            if ((uint64_t)head < size) { /* the rest straight from the file into the member's bytes */
+                Py_ssize_t got = pread_full(fd, PyBytes_AS_STRING(bytes) + head, (size_t)(size - (uint64_t)head), data + (uint64_t)head);
+                if (got < 0 || (uint64_t)got < size - (uint64_t)head) {
+                    Py_DECREF(bytes);
+                    if (got < 0) return PyErr_SetFromErrno(PyExc_OSError);
+                    break; /* truncated: the Python walker says so */
+                }
+            }
+            int rc = pack(self, (const char *)h, name_len(h), NULL, offset, data, size, bytes);
+            Py_DECREF(bytes);
+            if (rc < 0) return NULL;
+        }
+        last_at = offset;
+        last_size = size;
+        offset = data + padded;
+    }
+    return Py_BuildValue("(KKK)", offset, last_at, last_size);
+}
+
+static PyObject *Packer_add(Packer *self, PyObject *args) {
+    PyObject *name, *data = Py_None;
+    unsigned long long h, d, size;
+    if (!ready(self) || !PyArg_ParseTuple(args, "UKKK|O", &name, &h, &d, &size, &data)) return NULL;
+    if (self->url && !PyBytes_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "sample dicts need each member's bytes");
+        return NULL;
+    }
+    PyObject *raw = PyUnicode_AsEncodedString(name, "utf-8", "surrogateescape");
+    if (!raw) return NULL;
+    int rc = pack(self, PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), name, h, d, size, self->url ? data : NULL);
+    Py_DECREF(raw);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Packer_take(Packer *self, PyObject *unused) {
+    if (!self->completed) {
+        PyErr_SetString(PyExc_RuntimeError, "take() is for sample dicts: Packer(..., url, index)");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(self->completed) == 0 && self->error) {
+        PyErr_SetObject((PyObject *)Py_TYPE(self->error), self->error);
+        return NULL;
+    }
+    PyObject *out = self->completed, *fresh = PyList_New(0);
+    if (!fresh) return NULL;
+    self->completed = fresh;
+    self->held = 0;
+    return out;
+}
+
+static PyObject *Packer_finish(Packer *self, PyObject *unused) {
+    if (!ready(self)) return NULL;
+    self->done = 1;
+    if (self->error && !self->url) {
+        PyErr_SetObject((PyObject *)Py_TYPE(self->error), self->error);
+        return NULL;
+    }
+    if (self->has_key && !self->error && close_sample(self) < 0) return NULL;
+    if (self->url) Py_RETURN_NONE;
+    return Py_BuildValue("(NNNNNNOO)", grow_take(&self->s_off), grow_take(&self->s_size), grow_take(&self->s_n),
+                         grow_take(&self->m_ext), grow_take(&self->m_off), grow_take(&self->m_size), self->keys, self->exts);
+}
+
+static PyMethodDef Packer_methods[] = {
+    {"scan", (PyCFunction)Packer_scan, METH_VARARGS, "scan(buf, pos, base[, limit]) -> (pos, last_header, last_size)"},
+    {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS, "scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size)"},
+    {"add", (PyCFunction)Packer_add, METH_VARARGS, "add(name, header_offset, data_offset, size[, data])"},
+    {"take", (PyCFunction)Packer_take, METH_NOARGS, "take() -> [(sample_offset, sample dict), ...]"},
+    {"finish", (PyCFunction)Packer_finish, METH_NOARGS, "finish() -> the offset tables; raises a recorded duplicate"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PackerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex._speedups.Packer",
+    .tp_basicsize = sizeof(Packer),
+    .tp_dealloc = (destructor)Packer_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Packer_traverse,
+    .tp_clear = (inquiry)Packer_clear,
+    .tp_doc = "A shard's offset tables, or its sample dicts, packed while the tar walk goes.",
+    .tp_methods = Packer_methods,
+    .tp_init = (initproc)Packer_init,
+    .tp_new = PyType_GenericNew,
+};
+
 static PyMethodDef module_methods[] = {
-    {"pack_members", pack_members, METH_O, "pack_members(entries) -> offset tables, or None outside the common case"},
     {"scan_headers", scan_headers, METH_VARARGS, "scan_headers(buf, pos, base, with_data, limit) -> (entries, pos, last_header, last_size)"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", "TarDataset's read path and the tar header walk's common case, in C.", -1, module_methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", "TarDataset's read path, the tar header walk's common case and the offset-table packer, in C.", -1, module_methods};
 
 PyMODINIT_FUNC PyInit__speedups(void) {
-    if (PyType_Ready(&ReaderType) < 0) return NULL;
+    if (PyType_Ready(&ReaderType) < 0 || PyType_Ready(&PackerType) < 0) return NULL;
     k_key = PyUnicode_InternFromString("__key__");
     k_url = PyUnicode_InternFromString("__url__");
     k_index = PyUnicode_InternFromString("__index__");
     k_read_at = PyUnicode_InternFromString("read_at");
     if (!k_key || !k_url || !k_index || !k_read_at) return NULL;
+    PyObject *errors = PyImport_ImportModule("tarindex.errors");
+    IndexFormatError = errors ? PyObject_GetAttrString(errors, "IndexFormatError") : NULL;
+    Py_XDECREF(errors);
+    if (!IndexFormatError) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&ReaderType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
         Py_DECREF(&ReaderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&PackerType);
+    if (PyModule_AddObject(m, "Packer", (PyObject *)&PackerType) < 0) {
+        Py_DECREF(&PackerType);
         Py_DECREF(m);
         return NULL;
     }

@@ -15,7 +15,6 @@ from .index.reader import IndexReader
 from .index.writer import IndexWriter
 from .shards import FINGERPRINT_SPAN, INDEX_SUFFIX, default_index_path, expand_shards, fingerprint, fingerprint_stream
 from .sources import is_url, open_source
-from .tar import iter_tar, iter_tar_file
 from .zstd import frame_array, is_zstd, random_access, scan_zstd
 
 __all__ = ["BuildReport", "build_index", "merge_indexes", "scan_shard", "scan_stream"]
@@ -56,10 +55,7 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
         st = os.fstat(fd)
         if st.st_size == 0:
             raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
-        if is_zstd(os.pread(fd, 4, 0)):
-            table = scan_zstd(fd, path)
-        else:
-            table = ShardTable.from_entries(iter_tar_file(fd, path), path)
+        table = scan_zstd(fd, path) if is_zstd(os.pread(fd, 4, 0)) else ShardTable.from_tar_file(fd, path)
         return _shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table), table
     finally:
         os.close(fd)
@@ -92,7 +88,7 @@ def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
     rows: list[tuple[int, int, int, int]] = []
     with open_source(url) as source:
         raw = source.archive(tapped, frames=rows)
-        table = ShardTable.from_entries(iter_tar(raw, url), url)
+        table = ShardTable.from_tar(raw, url)
         for _ in raw:  # the rest (end-of-archive padding): the size and fingerprint cover the whole stream
             pass
         size = source.position

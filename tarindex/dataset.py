@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -13,6 +14,7 @@ from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, ShardNotFoundError, StaleIndexError
 from .index.format import ShardInfo
 from .index.reader import IndexReader
+from .index.records import HEAD
 from .shards import resolve_index
 from .sources import RangeReader, is_url
 from .zstd import open_zstd_shard
@@ -22,6 +24,9 @@ _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the r
 __all__ = ["TarDataset"]
 
 _pread = os.pread
+_unpack_from = struct.unpack_from
+_unpack_head = HEAD.unpack_from
+_HEAD_SIZE = HEAD.size
 
 Sample = dict[str, Any]
 
@@ -110,25 +115,30 @@ class TarDataset:
     def _attach(self) -> None:
         """Open this process's view: columns, no file handles yet."""
         ix = self.index
-        self._s_shard = ix.column("sample_shard")
-        self._s_off = ix.column("sample_offset")
-        self._s_size = ix.column("sample_size")
-        self._s_mem = ix.column("sample_member")
-        self._m_ext = ix.column("member_ext")
-        self._m_off = ix.column("member_offset")
-        self._m_size = ix.column("member_size")
-        self._k_off = ix.column("key_offset")
-        self._k_blob = ix.column("key_blob")
+        self._rec_at = ix.column("record_offset")
+        self._records = ix.column("records")
+        self._stride = ix.record_stride
         self._exts = ix.exts
         self._fds: OrderedDict[int, Any] = OrderedDict()  # shard -> int fd, or an object with read_at()
         self._lru = len(ix.shards) > self.max_open_files
-        self._read: Callable[[int], Sample] = self._read_py
         self._fast: Any = None
         if _speedups is not None:
-            cols = (self._s_shard, self._s_off, self._s_size, self._s_mem, self._m_ext, self._m_off, self._m_size, self._k_off, self._k_blob)
-            self._fast = _speedups.Reader(*cols, tuple(self._exts), tuple(self.urls), self._open_shard, self._read_py, CorruptArchiveError)
-            self._read = self._fast.read
+            self._fast = _speedups.Reader(
+                self._rec_at,
+                self._records,
+                self._stride,
+                self._n,
+                tuple(self._exts),
+                tuple(self.urls),
+                self._open_shard,
+                self._read_py,
+                CorruptArchiveError,
+                FORK,
+            )
         self._gen = FORK[0]
+        # The hot path: this instance's `read` is the reader's own method, not the class's wrapper. Both
+        # readers check the fork generation themselves (the C one hands a stale call to _read_py).
+        self.read = self._fast.read if self._fast is not None else self._read_py  # type: ignore[method-assign]
 
     def _open_shard(self, shard: int) -> Any:
         """Open a shard in this process (stale check on the open handle): an int fd, or a handle with ``read_at``."""
@@ -180,7 +190,9 @@ class TarDataset:
             pass
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k in ("_n", "_samples_per_frame")}
+        state = {
+            k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame")
+        }
         state["_gen"] = -1
         return state
 
@@ -200,37 +212,44 @@ class TarDataset:
             ShardNotFoundError: the shard is missing.
             CorruptArchiveError: the shard is shorter than the index says.
         """
-        if self._gen != FORK[0]:
+        if self._gen != FORK[0]:  # the first read in this process: from now on `read` is the attached reader's
             self._attach()
-        return self._read(i)
+        return self.read(i)  # the instance's reader (see _attach)
 
     def _read_py(self, i: int) -> Sample:
+        if self._gen != FORK[0]:  # inherited through fork: attach anew in this process
+            self._attach()
+            return self.read(i)
         n = self._n
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range for {n} samples")
-        shard = self._s_shard[i]
+        records, stride = self._records, self._stride
+        at = i * stride if stride else self._rec_at[i]
+        offset, size, shard, nm, klen = _unpack_head(records, at)
         handle = self._fds.get(shard)
         if handle is None:
             handle = self._open_shard(shard)
         elif self._lru:
             self._fds.move_to_end(shard)
-        size = self._s_size[i]
-        offset = self._s_off[i]
         buf = _pread(handle, size, offset) if type(handle) is int else handle.read_at(offset, size)
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
-        k = self._k_off
+        at += _HEAD_SIZE
+        spans = _unpack_from(f"<{2 * nm}Q{nm}H", records, at)
+        key_at = at + 18 * nm
         sample: Sample = {
-            "__key__": str(self._k_blob[k[i] : k[i + 1]], "utf-8", "surrogateescape"),
+            "__key__": str(records[key_at : key_at + klen], "utf-8", "surrogateescape"),
             "__url__": self.urls[shard],
             "__index__": i,
         }
-        exts, m_ext, m_off, m_size = self._exts, self._m_ext, self._m_off, self._m_size
-        for j in range(self._s_mem[i], self._s_mem[i + 1]):
-            o = m_off[j]
-            sample[exts[m_ext[j]]] = buf[o : o + m_size[j]]
+        exts = self._exts
+        for j in range(nm):
+            o, end = spans[2 * j], spans[2 * j] + spans[2 * j + 1]
+            if end > size:
+                raise CorruptArchiveError(self.urls[shard], offset, "index entry out of bounds")
+            sample[exts[spans[2 * nm + j]]] = buf[o:end]
         return sample
 
     def __getitem__(self, i: int) -> Any:

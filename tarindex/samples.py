@@ -14,12 +14,29 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
+from . import tar
+from ._native import SPEEDUPS
 from .errors import DuplicateMemberError
-from .tar import BLOCK, Entry
+from .tar import BLOCK, Buffer, Entry
 
-__all__ = ["SampleRecord", "group_members", "split_key"]
+__all__ = [
+    "Columns",
+    "Packer",
+    "SampleRecord",
+    "TablePacker",
+    "fused",
+    "group_members",
+    "iter_samples",
+    "new_packer",
+    "pack_samples",
+    "sample_key",
+    "split_key",
+]
+
+# the packer in C (names in the common case split on bytes, the rest by sample_key); TablePacker is the reference
+_CPacker = SPEEDUPS.Packer if SPEEDUPS is not None else None
 
 _META = re.compile(r"__[^/]*__($|/)")
 
@@ -43,6 +60,18 @@ def _is_meta(name: str) -> bool:
     if "/" not in name and name.startswith("__") and name.endswith("__"):
         return True
     return _META.match(name) is not None
+
+
+def sample_key(name: str) -> tuple[str, str] | None:
+    """Like :func:`split_key`, and ``None`` for WebDataset metadata files too: the rule for whether a member joins a sample."""
+    split = split_key(name)
+    if split is None or (name[:2] == "__" and _is_meta(name)):
+        return None
+    return split
+
+
+def _duplicate(path: str, header_offset: int, ext: str, key: str, name: str) -> DuplicateMemberError:
+    return DuplicateMemberError(path, header_offset, f"duplicate extension {ext!r} in sample {key!r} (member {name!r})")
 
 
 class SampleRecord(NamedTuple):
@@ -73,8 +102,8 @@ def group_members(entries: Iterable[Entry], path: str) -> Iterator[SampleRecord]
     payloads: list[bytes] = []
     with_data = False
     for name, header_offset, offset, size, data in entries:
-        split = split_key(name)
-        if split is None or (name[:2] == "__" and _is_meta(name)):
+        split = sample_key(name)
+        if split is None:
             continue
         k, ext = split
         if k != key:
@@ -82,9 +111,7 @@ def group_members(entries: Iterable[Entry], path: str) -> Iterator[SampleRecord]
                 yield SampleRecord(key, start, end - start, tuple(current), tuple(payloads) if with_data else None)
             key, start, current, exts, payloads = k, header_offset, [], [], []
         elif ext in exts:
-            raise DuplicateMemberError(
-                path, header_offset, f"duplicate extension {ext!r} in sample {k!r} (member {name!r})"
-            )
+            raise _duplicate(path, header_offset, ext, k, name)
         current.append((ext, offset, size))
         exts.append(ext)
         if data is not None:
@@ -93,3 +120,112 @@ def group_members(entries: Iterable[Entry], path: str) -> Iterator[SampleRecord]
         end = offset + ((size + BLOCK - 1) & ~(BLOCK - 1))
     if key is not None:
         yield SampleRecord(key, start, end - start, tuple(current), tuple(payloads) if with_data else None)
+
+
+Columns = tuple[Any, Any, Any, Any, Any, Any, list[str], list[str]]
+"""``(sample_offset, sample_size, sample_nmembers, member_ext, member_offset, member_size, keys, exts)``:
+the first six as sequences of ints or little-endian buffers of u64/u64/u32/u16/u64/u64 (see
+:class:`tarindex.index.format.ShardTable`)."""
+
+
+class Packer(Protocol):
+    """Members in archive order -> a shard's offset tables (see :func:`new_packer`)."""
+
+    def add(self, name: str, header_offset: int, offset: int, size: int, /) -> None: ...
+    def finish(self) -> Columns: ...
+
+
+def pack_samples(samples: Iterable[SampleRecord]) -> Columns:
+    """Samples -> offset-table columns (extensions numbered in order of first appearance)."""
+    s_off: list[int] = []
+    s_size: list[int] = []
+    s_n: list[int] = []
+    keys: list[str] = []
+    m_ext: list[int] = []
+    m_off: list[int] = []
+    m_size: list[int] = []
+    ext_ids: dict[str, int] = {}
+    for rec in samples:
+        keys.append(rec.key)
+        s_off.append(rec.offset)
+        s_size.append(rec.size)
+        s_n.append(len(rec.members))
+        base = rec.offset
+        for ext, off, size in rec.members:
+            eid = ext_ids.get(ext)
+            if eid is None:
+                eid = ext_ids[ext] = len(ext_ids)
+            m_ext.append(eid)
+            m_off.append(off - base)
+            m_size.append(size)
+    return s_off, s_size, s_n, m_ext, m_off, m_size, keys, list(ext_ids)
+
+
+class TablePacker:
+    """The reference :class:`Packer`: keeps the members, groups them with :func:`group_members` at the end."""
+
+    __slots__ = ("entries", "path")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.entries: list[Entry] = []
+
+    def add(self, name: str, header_offset: int, offset: int, size: int, /) -> None:
+        """Add one regular member, in archive order."""
+        self.entries.append((name, header_offset, offset, size, None))
+
+    def finish(self) -> Columns:
+        """The offset tables of the members added.
+
+        Raises:
+            DuplicateMemberError: two members of one sample have the same extension.
+        """
+        return pack_samples(group_members(self.entries, self.path))
+
+
+def new_packer(path: str) -> Packer:
+    """A packer for one shard: the C one (which also walks plain headers itself, see
+    :func:`tarindex.tar.index_tar`) when the extension is built, else :class:`TablePacker`.
+
+    Both give the same tables and raise the same :class:`DuplicateMemberError`
+    from ``finish()`` (a walk error anywhere in the shard comes first).
+    """
+    if _CPacker is None:
+        return TablePacker(path)
+    packer: Packer = _CPacker(sample_key, lambda offset, ext, key, name: _duplicate(path, offset, ext, key, name))
+    return packer
+
+
+def fused() -> bool:
+    """Whether :func:`iter_samples` runs the fused C walk (then a local file is best given as its
+    descriptor: large members are read straight into their bytes; the Python walker is faster over blocks)."""
+    return _CPacker is not None and tar._scan_headers is not None
+
+
+def iter_samples(
+    source: Iterable[Buffer] | int, url: str, *, index: int | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(sample offset, sample)`` for each sample of an archive: chunks, or an open file's descriptor.
+
+    A sample is ``{"__key__": key, "__url__": url, "__index__": index, ext: bytes, ...}``
+    (``__index__`` counting up from ``index``, only when it is given). With the C
+    extension the walk and the grouping are one pass in C (a local file is read with
+    ``pread``, each large member straight into its own bytes); the reference is
+    :func:`tarindex.tar.iter_tar` and :func:`group_members`, with the same samples and errors.
+
+    Raises:
+        CorruptArchiveError: see :func:`tarindex.tar.iter_tar`.
+        DuplicateMemberError: two members of one sample have the same extension.
+    """
+    if fused() and _CPacker is not None:
+        packer = _CPacker(sample_key, lambda offset, ext, key, name: _duplicate(url, offset, ext, key, name), url, index)
+        yield from tar.group_tar(source, url, packer)
+        return
+    entries = tar.iter_tar_file(source, url, with_data=True) if isinstance(source, int) else tar.iter_tar(source, url, with_data=True)
+    for rec in group_members(entries, url):
+        sample: dict[str, Any] = {"__key__": rec.key, "__url__": url}
+        if index is not None:
+            sample["__index__"] = index
+            index += 1
+        sample.update(zip([m[0] for m in rec.members], rec.data or ()))
+        yield rec.offset, sample

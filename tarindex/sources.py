@@ -209,6 +209,10 @@ class FileSource(Source):
         with open(self._fd, "rb", closefd=False) as f:
             yield from self._blocks(f.read)
 
+    def fileno(self) -> int:
+        """The open file's descriptor (for ``os.pread``; it stays ours, closed by :meth:`close`)."""
+        return self._fd
+
     def close(self) -> None:
         super().close()  # the reader thread first: the descriptor is closed after its last read
         if self._fd >= 0:

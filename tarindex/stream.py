@@ -1,9 +1,10 @@
 """TarStream: an iterable dataset over unindexed shards (local, ``-``, ``pipe:``, HTTP, fsspec).
 
 The same parser as the index builder (:func:`tarindex.tar.iter_tar` over the
-chunks of a :mod:`tarindex.sources` source, zstd decompressed on the way),
-the same grouping (:func:`tarindex.samples.group_members`) and the same
-decoders as :class:`tarindex.TarDataset`. Importing this module imports torch.
+chunks of a :mod:`tarindex.sources` source, zstd decompressed on the way; a
+local plain tar is read with ``pread``), the same grouping
+(:func:`tarindex.samples.iter_samples`) and the same decoders as
+:class:`tarindex.TarDataset`. Importing this module imports torch.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from ._split import Slot, buffer_shuffle, shard_order, shards_for_slot, worker_s
 from .decode import DecodeMode, Decoder
 from .errors import DecodeError, StreamWarning, TarIndexError
 from .index.reader import IndexReader
-from .samples import group_members
+from .samples import fused, iter_samples
 from .shards import INDEX_SUFFIX, expand_shards
-from .sources import DEFAULT_BLOCK_SIZE, is_url, open_source
-from .tar import iter_tar
+from .sources import DEFAULT_BLOCK_SIZE, FileSource, is_url, open_source
+from .zstd import is_zstd
 
 __all__ = ["Handler", "TarStream", "read_ahead_for"]
 
@@ -232,14 +233,12 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         index = self._starts[shard] if self._starts is not None else None
         source = open_source(url, **self._source_options, read_ahead=read_ahead_for(url, self.read_ahead))
         try:
+            fd = source.fileno() if isinstance(source, FileSource) and source.size is not None and fused() else -1
+            if fd >= 0 and not is_zstd(os.pread(fd, 4, 0)):  # a local tar: the C walk reads it, one copy, no thread
+                yield from iter_samples(fd, url, index=index)
+                return
             raw = source.archive()
-            for rec in group_members(iter_tar(raw, url, with_data=True), url):
-                sample: Sample = {"__key__": rec.key, "__url__": url}
-                if index is not None:
-                    sample["__index__"] = index
-                    index += 1
-                sample.update(zip([m[0] for m in rec.members], rec.data or ()))
-                yield rec.offset, sample
+            yield from iter_samples(raw, url, index=index)
             for _ in raw:  # to the end: a pipe's exit status and an HTTP body's length are checked there
                 pass
         finally:

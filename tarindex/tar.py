@@ -19,14 +19,27 @@ import logging
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ._native import SPEEDUPS
 from .errors import CorruptArchiveError
 
-__all__ = ["BLOCK", "Buffer", "Entry", "Member", "iter_members", "iter_tar", "iter_tar_file", "scan_tar"]
+__all__ = [
+    "BLOCK",
+    "Buffer",
+    "Entry",
+    "Member",
+    "Sink",
+    "group_tar",
+    "index_tar",
+    "index_tar_file",
+    "iter_members",
+    "iter_tar",
+    "iter_tar_file",
+    "scan_tar",
+]
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
@@ -57,6 +70,20 @@ class Buffer(Protocol):
 
     def __len__(self) -> int: ...
     def __getitem__(self, key: slice) -> bytes: ...
+
+
+class Sink(Protocol):
+    """Where :func:`index_tar` puts each regular member (:class:`tarindex.samples.Packer`).
+
+    A sink may also have ``scan(buf, pos, base[, limit]) -> (pos, last_header, last_size)``
+    (the C packer): it then walks runs of plain headers itself, as the C walk
+    ``scan_headers`` does, and takes their members without Python objects.
+    A sink for :func:`group_tar` takes each member's bytes too (a fifth argument
+    to ``add``), has ``take()`` for the samples it completed, ``finish()``,
+    and ``scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size)``.
+    """
+
+    def add(self, name: str, header_offset: int, offset: int, size: int, /) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +295,11 @@ class _FileCursor:
         self.large = False
         return 0 if len(self.buf) >= need else -1
 
+    def seek(self, offset: int) -> int:
+        """Go to ``offset`` in the file (read nothing yet); return the new ``pos``."""
+        self.base, self.buf, self.large = offset, b"", False
+        return 0
+
     def skip(self, pos: int, count: int) -> int:
         pos += count
         if pos <= len(self.buf):
@@ -298,16 +330,65 @@ def iter_tar(chunks: Iterable[Buffer], path: str, *, with_data: bool = False) ->
     return _walk(_Cursor(chunks), str(path), with_data)
 
 
-def iter_tar_file(fd: int, path: str) -> Iterator[Entry]:
-    """Like :func:`iter_tar` over an open file, reading headers with ``os.pread`` and never member data.
+def iter_tar_file(fd: int, path: str, *, with_data: bool = False) -> Iterator[Entry]:
+    """Like :func:`iter_tar` over an open file, reading headers with ``os.pread``; member data only
+    ``with_data`` (a member larger than the 4 KiB window after a large one is one read of its own).
 
     Raises:
         CorruptArchiveError: see :func:`iter_tar`.
     """
-    return _walk(_FileCursor(fd), str(path), False)
+    return _walk(_FileCursor(fd), str(path), with_data)
 
 
-def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[Entry]:
+def index_tar(chunks: Iterable[Buffer], path: str, sink: Sink) -> None:
+    """Walk an archive like :func:`iter_tar` (without data), handing each regular member to ``sink`` in order.
+
+    Raises:
+        CorruptArchiveError: see :func:`iter_tar`.
+    """
+    for _ in _walk(_Cursor(chunks), str(path), False, sink):
+        pass
+
+
+def index_tar_file(fd: int, path: str, sink: Sink) -> None:
+    """:func:`index_tar` over an open file, like :func:`iter_tar_file`.
+
+    Raises:
+        CorruptArchiveError: see :func:`iter_tar`.
+    """
+    for _ in _walk(_FileCursor(fd), str(path), False, sink):
+        pass
+
+
+def group_tar(source: Iterable[Buffer] | int, path: str, sink: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Walk an archive (chunks, or an open file's descriptor) with data, each member to ``sink`` (the C
+    packer making sample dicts, see :class:`Sink`); yield the ``(sample offset, sample)`` it completes.
+
+    Samples come out in batches, as :func:`iter_tar`'s members do: only once every
+    header they depend on passed its checksum.
+
+    Raises:
+        CorruptArchiveError: see :func:`iter_tar`.
+        DuplicateMemberError: two members of one sample have the same extension
+            (after the samples before it).
+    """
+    cur = _FileCursor(source) if isinstance(source, int) else _Cursor(source)
+    return _walk(cur, str(path), True, sink)  # type: ignore[return-value]  # a sample sink: samples come out
+
+
+def _taken(sink: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The samples a sample sink completed (its recorded error once they are out)."""
+    got = sink.take()
+    while got:
+        yield from got
+        got = sink.take()
+
+
+def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | None = None) -> Iterator[Entry]:
+    """The walk; with a ``sink``, members go to it and its ``scan`` takes plain headers (see :class:`Sink`).
+
+    A table sink makes this yield nothing; a sample sink (``with_data``) makes it yield samples.
+    """
     pending: list[Entry] = []
     blocks: list[bytes] = []
     block_offsets: list[int] = []
@@ -319,6 +400,9 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[En
     global_pax: dict[str, str] = {}
 
     scan = _scan_headers
+    sink_scan = getattr(sink, "scan", None) if _scan_headers is not None else None
+    taking = with_data and sink is not None  # a sample sink: it completes samples, which this yields
+    sink_file = getattr(sink, "scan_file", None) if sink_scan is not None and taking and isinstance(cur, _FileCursor) else None
 
     def fail(at: int, what: str) -> CorruptArchiveError:
         _verify(blocks, block_offsets, path)  # an earlier bad checksum explains more
@@ -339,7 +423,22 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[En
                     raise fail(here, "truncated archive: no end-of-archive marker")
                 raise fail(here, f"truncated header ({len(buf)} of {BLOCK} bytes)")
         if scan is not None and start < 0 and not pax and not global_pax and long_name is None:
-            got, after, last_at, last_size = scan(buf, pos, cur.base, with_data, _BATCH_HEADERS)
+            if sink_file is not None:  # the sink reads the file itself, member data straight into its bytes
+                here = cur.base + pos
+                after, _, _ = sink_file(cur.fd, here, cur.size, _BATCH_BYTES, buf, pos)  # type: ignore[union-attr]  # a _FileCursor
+                if after != here:
+                    pos = cur.seek(after)  # type: ignore[union-attr]
+                    _verify(blocks, block_offsets, path)
+                    blocks, block_offsets = [], []
+                    yield from _taken(sink)  # type: ignore[misc]  # samples, from a sample sink
+                    continue
+                got: list[Entry] = []
+                after = pos
+            elif sink_scan is not None:  # the sink packs the members itself
+                got = []
+                after, last_at, last_size = sink_scan(buf, pos, cur.base, _BATCH_BYTES)
+            else:
+                got, after, last_at, last_size = scan(buf, pos, cur.base, with_data, _BATCH_HEADERS)
             if after != pos:  # the C walk vouched for these headers (checksums included)
                 pending += got
                 if with_data:
@@ -350,10 +449,12 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[En
                     pos = cur.skip(pos, 0)
                     if pos < 0:
                         raise fail(here, f"truncated archive: member data needs {last_size} bytes, input ends at {cur.base}")
-                if len(pending) >= _BATCH_HEADERS or held >= _BATCH_BYTES:
+                if len(pending) >= _BATCH_HEADERS or held >= _BATCH_BYTES or taking:
                     _verify(blocks, block_offsets, path)
                     yield from pending
                     pending, blocks, block_offsets, held = [], [], [], 0
+                    if taking:
+                        yield from _taken(sink)  # type: ignore[misc]  # samples, from a sample sink
                 continue
         hdr = buf[pos : pos + BLOCK]
         here = cur.base + pos
@@ -423,6 +524,8 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[En
                     name = _decode_name(hdr[345:500].split(b"\x00", 1)[0]) + "/" + name
             if merged and any(k.startswith("GNU.sparse.") for k in merged):
                 log.warning("%s: skipping GNU sparse member %r at offset %d", path, name, start)
+            elif sink is not None:  # in order with the members the sink's scan took
+                sink.add(name, start, data_offset, size, *((data,) if taking else ()))  # a sample sink takes the data too
             else:
                 pending.append((name, start, data_offset, size, data))
         elif typ == _SPARSE:
@@ -442,8 +545,13 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool) -> Iterator[En
             _verify(blocks, block_offsets, path)
             yield from pending
             pending, blocks, block_offsets, held = [], [], [], 0
+            if taking:
+                yield from _taken(sink)  # type: ignore[misc]  # samples, from a sample sink
     _verify(blocks, block_offsets, path)
     yield from pending
+    if taking:
+        sink.finish()  # type: ignore[union-attr]  # a sample sink
+        yield from _taken(sink)  # type: ignore[misc]
 
 
 def scan_tar(buf: Buffer, path: str) -> Iterator[tuple[str, int, int, int]]:

@@ -33,7 +33,6 @@ from ._native import SPEEDUPS as _speedups
 from ._process import FORK
 from .errors import CorruptArchiveError, CorruptFrameError, IndexFormatError, RandomAccessError
 from .index.format import ShardInfo, ShardTable
-from .tar import iter_tar
 
 __all__ = [
     "FRAME_FIELDS",
@@ -774,7 +773,7 @@ def _scan_chunks(chunks: Iterator[bytes], path: str) -> ShardTable:
             message says the offset is in the decompressed tar).
     """
     try:
-        table = ShardTable.from_entries(iter_tar(chunks, path), path)
+        table = ShardTable.from_tar(chunks, path)
     except CorruptFrameError:
         raise
     except CorruptArchiveError as exc:

@@ -8,6 +8,7 @@ import os
 import pickle
 import re
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 import tarindex
 from conftest import make_shard_set, py_tar, require_c_extension, tarfile_members
 from tarindex import TarDataset, build_index, merge_indexes
+from tarindex.index.format import ShardInfo, ShardTable
 
 
 def _pattern(paths: list[Path]) -> str:
@@ -213,9 +215,12 @@ def _key_of(sample: dict) -> str:
 def test_dataloader_workers_each_sample_once(built: tuple[list[Path], TarDataset]) -> None:
     from torch.utils.data import DataLoader
 
-    _, ds = built
-    seen = [int(s["__index__"]) for s in DataLoader(ds, num_workers=2, batch_size=None)]
-    assert sorted(seen) == list(range(len(ds)))
+    paths, ds = built
+    expected = _oracle(paths)
+    ds.read(0)  # attached here first: the forked workers inherit this process's reader and must attach anew
+    got = list(DataLoader(ds, num_workers=2, batch_size=None, multiprocessing_context="fork"))
+    assert sorted(int(s["__index__"]) for s in got) == list(range(len(ds)))
+    assert all(_strip(s) == expected[s["__index__"]] for s in got)
 
 
 def test_distributed_sampler_disjoint_and_complete(built: tuple[list[Path], TarDataset]) -> None:
@@ -344,19 +349,48 @@ def test_part_builds_merge_equal_full_build(tmp_path: Path) -> None:
         merge_indexes([p1.path, p1.path], tmp_path / "dup.tarindex")
 
 
-def test_index_past_the_end_of_a_shard_is_corrupt(tmp_path: Path) -> None:
+def _damaged_index(tmp_path: Path, damage: Callable[[ShardTable, ShardInfo], None]) -> tuple[Path, TarDataset, int]:
+    """A one-shard index that ``damage`` edited before writing: the shard, the dataset and the shard's size."""
     from tarindex.build import scan_shard
     from tarindex.index.writer import IndexWriter
 
     paths = make_shard_set(tmp_path / "short", n_shards=1, per=3)
     info, table = scan_shard(str(paths[0]))
-    table.sample_offset[-1] = info.size - 100  # the index now says the last sample runs past the end
+    damage(table, info)
     with IndexWriter(tmp_path / "short" / "bad.tarindex") as w:
         w.add(type(info)(paths[0].name, info.size, info.mtime_ns, info.fingerprint, info.n_samples, info.n_members), table)
-    ds = TarDataset(tmp_path / "short" / "bad.tarindex")
+    return paths[0], TarDataset(tmp_path / "short" / "bad.tarindex"), info.size
+
+
+def test_index_past_the_end_of_a_shard_is_corrupt(tmp_path: Path) -> None:
+    def damage(table: ShardTable, info: ShardInfo) -> None:
+        table.sample_offset[-1] = info.size - 100  # the index now says the last sample runs past the end
+
+    shard, ds, size = _damaged_index(tmp_path, damage)
     assert _strip(ds[0])["__key__"] == "s00i000"
-    with pytest.raises(tarindex.CorruptArchiveError, match=rf"{re.escape(str(paths[0]))}: sample runs past the end of the shard at offset {info.size}"):
+    with pytest.raises(tarindex.CorruptArchiveError, match=rf"{re.escape(str(shard))}: sample runs past the end of the shard at offset {size}"):
         ds[2]
+
+
+def test_out_of_range_member_in_a_record_is_corrupt(tmp_path: Path) -> None:
+    def damage(table: ShardTable, info: ShardInfo) -> None:
+        table.member_size[0] = table.sample_size[0]  # the first member now runs past its sample's range
+
+    shard, ds, _ = _damaged_index(tmp_path, damage)
+    assert _strip(ds[1])["__key__"] == "s00i001"
+    with pytest.raises(tarindex.CorruptArchiveError, match=rf"{re.escape(str(shard))}: index entry out of bounds at offset 0"):
+        ds[0]
+
+
+def test_a_method_taken_before_the_first_read_stays_cheap(built: tuple[list[Path], TarDataset]) -> None:
+    _, ds = built
+    fresh = TarDataset(ds.index_path)
+    read = fresh.read  # the class's method: it attaches once, then hands over to the attached reader
+    first = [read(i) for i in range(len(fresh))]
+    reader, files = fresh.__dict__["read"], dict(fresh._fds)
+    assert [read(i) for i in range(len(fresh))] == first == [fresh[i] for i in range(len(fresh))]
+    assert fresh.__dict__["read"] is reader and fresh._fds == files  # no new reader, no new file handles
+    assert "read" not in fresh.__getstate__()
 
 
 def test_batched_fetch_keeps_the_sampler_order(built: tuple[list[Path], TarDataset]) -> None:

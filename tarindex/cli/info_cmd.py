@@ -16,9 +16,10 @@ from ._common import human, open_index
 def command(index: str, as_json: bool) -> None:
     """Summarise INDEX (an index file, or the shards it sits beside)."""
     ix = open_index(index)
-    counts = Counter(ix.array("member_ext").tolist())
+    samples = ix.decode()
+    counts = Counter(samples.member_ext.tolist())
     exts = {ix.exts[e]: n for e, n in sorted(counts.items(), key=lambda kv: -kv[1])}
-    data_bytes = int(ix.array("sample_size").sum(dtype="u8"))
+    data_bytes = int(samples.size.sum(dtype="u8"))
     summary = {
         "index": str(ix.path),
         "format_version": ix.meta["format_version"],

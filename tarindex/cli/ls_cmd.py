@@ -13,8 +13,8 @@ from ._common import open_index
 def command(index: str, limit: int | None) -> None:
     """List samples of INDEX: number, key, shard, offset, size, members."""
     ix = open_index(index)
-    shard_of, off, size = ix.column("sample_shard"), ix.column("sample_offset"), ix.column("sample_size")
     n = ix.n_samples if limit is None else min(limit, ix.n_samples)
     for i in range(n):
-        members = ",".join(f"{e}:{s}" for e, _, s in ix.members(i))
-        click.echo(f"{i}\t{ix.key(i)}\t{ix.shards[shard_of[i]].path}\t{off[i]}\t{size[i]}\t{members}")
+        shard, offset, size, members, key = ix.record(i)
+        listed = ",".join(f"{e}:{s}" for e, _, s in members)
+        click.echo(f"{i}\t{key}\t{ix.shards[shard].path}\t{offset}\t{size}\t{listed}")

@@ -5,40 +5,30 @@ See ``docs/design.md`` ("Index layout") for the table of keys.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .._native import SPEEDUPS
-from ..samples import SampleRecord, group_members
-from ..tar import Entry
-
-# the common case of grouping and packing in C; from_samples(group_members(...)) is the reference
-_pack_members = SPEEDUPS.pack_members if SPEEDUPS is not None else None
+from ..samples import Columns, Packer, SampleRecord, new_packer, pack_samples
+from ..tar import Buffer, Entry, index_tar, index_tar_file
 
 __all__ = ["COLUMNS", "FORMAT_VERSION", "MAGIC", "ShardInfo", "ShardTable"]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MAGIC = "tarindex"
 META_KEY = b"meta"
 KEY_PREFIX = b"key/"
 COL_PREFIX = b"col/"
 FRAMES_PREFIX = b"frames/"  # + shard number: a zstd shard's (n_frames, 4) uint64 frame table
 
-#: Column name -> dtype. Every column is one little-endian array.
+#: Column name -> dtype. Every column is one little-endian array; ``records`` holds one
+#: variable-length record per sample (layout in :mod:`tarindex.index.records`).
 COLUMNS: dict[str, str] = {
     "shard_start": "<u8",
-    "sample_shard": "<u4",
-    "sample_offset": "<u8",
-    "sample_size": "<u8",
-    "sample_member": "<u8",
-    "member_ext": "<u2",
-    "member_offset": "<u8",
-    "member_size": "<u8",
-    "key_offset": "<u8",
-    "key_blob": "u1",
+    "record_offset": "<u8",
+    "records": "u1",
 }
 
 
@@ -103,64 +93,69 @@ class ShardTable:
         return len(self.member_ext)
 
     @classmethod
+    def from_tar(cls, chunks: Iterable[Buffer], path: str) -> ShardTable:
+        """Index an archive given as consecutive chunks (see :func:`tarindex.tar.index_tar`).
+
+        Members go straight from the walk into a packer (:func:`tarindex.samples.new_packer`):
+        with the C extension, runs of plain headers are walked and packed in C, one call per chunk.
+
+        Raises:
+            CorruptArchiveError: the archive is not valid (from the walk).
+            DuplicateMemberError: two members of one sample have the same extension.
+        """
+        return cls._walked(path, lambda packer: index_tar(chunks, path, packer))
+
+    @classmethod
+    def from_tar_file(cls, fd: int, path: str) -> ShardTable:
+        """:meth:`from_tar` over an open file, reading headers with ``os.pread`` (see :func:`tarindex.tar.iter_tar_file`).
+
+        Raises:
+            CorruptArchiveError: the archive is not valid (from the walk).
+            DuplicateMemberError: two members of one sample have the same extension.
+        """
+        return cls._walked(path, lambda packer: index_tar_file(fd, path, packer))
+
+    @classmethod
+    def _walked(cls, path: str, walk: Callable[[Packer], None]) -> ShardTable:
+        packer = new_packer(path)
+        walk(packer)
+        return cls.from_columns(packer.finish())
+
+    @classmethod
     def from_entries(cls, entries: Iterable[Entry], path: str) -> ShardTable:
         """Group a shard's :func:`tarindex.tar.iter_tar` entries into samples and pack them.
-
-        The C extension does the common case (every name has a dot in its base
-        name and no leading ``_``); otherwise, or without the extension,
-        :func:`tarindex.samples.group_members` does it, with the full key rules.
 
         Raises:
             DuplicateMemberError: two members of one sample have the same extension.
             CorruptArchiveError: the entries' archive is not valid (from the walk).
         """
-        listed = list(entries)
-        packed = _pack_members(listed) if _pack_members is not None else None
-        if packed is None:
-            return cls.from_samples(group_members(listed, path))
-        s_off, s_size, s_n, m_ext, m_off, m_size, keys, exts = packed
-        return cls(
-            np.frombuffer(s_off, np.uint64),
-            np.frombuffer(s_size, np.uint64),
-            np.frombuffer(s_n, np.uint32),
-            np.frombuffer(m_ext, np.uint16),
-            np.frombuffer(m_off, np.uint64),
-            np.frombuffer(m_size, np.uint64),
-            keys,
-            exts,
-        )
+        packer = new_packer(path)
+        for name, header_offset, offset, size, _ in entries:
+            packer.add(name, header_offset, offset, size)
+        return cls.from_columns(packer.finish())
 
     @classmethod
     def from_samples(cls, samples: Iterable[SampleRecord]) -> ShardTable:
         """Pack sample records into arrays."""
-        s_off: list[int] = []
-        s_size: list[int] = []
-        s_n: list[int] = []
-        keys: list[str] = []
-        m_ext: list[int] = []
-        m_off: list[int] = []
-        m_size: list[int] = []
-        ext_ids: dict[str, int] = {}
-        for rec in samples:
-            keys.append(rec.key)
-            s_off.append(rec.offset)
-            s_size.append(rec.size)
-            s_n.append(len(rec.members))
-            base = rec.offset
-            for ext, off, size in rec.members:
-                eid = ext_ids.get(ext)
-                if eid is None:
-                    eid = ext_ids[ext] = len(ext_ids)
-                m_ext.append(eid)
-                m_off.append(off - base)
-                m_size.append(size)
+        return cls.from_columns(pack_samples(samples))
+
+    @classmethod
+    def from_columns(cls, columns: Columns) -> ShardTable:
+        """A table from a packer's columns (lists of ints or little-endian buffers)."""
+        s_off, s_size, s_n, m_ext, m_off, m_size, keys, exts = columns
         return cls(
-            np.array(s_off, np.uint64),
-            np.array(s_size, np.uint64),
-            np.array(s_n, np.uint32),
-            np.array(m_ext, np.uint16),
-            np.array(m_off, np.uint64),
-            np.array(m_size, np.uint64),
+            _column(s_off, np.uint64),
+            _column(s_size, np.uint64),
+            _column(s_n, np.uint32),
+            _column(m_ext, np.uint16),
+            _column(m_off, np.uint64),
+            _column(m_size, np.uint64),
             keys,
-            list(ext_ids),
+            exts,
         )
+
+
+def _column(values: Any, dtype: type[np.generic]) -> np.ndarray:
+    if isinstance(values, (bytes, bytearray, memoryview)):  # the C packer's, in native byte order
+        return np.frombuffer(values, dtype)
+    return np.array(values, dtype)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from .format import (
     ShardInfo,
     ShardTable,
 )
+from .records import HEAD, Decoded, decode, unpack_head
 
 __all__ = ["IndexReader"]
 
@@ -210,10 +212,33 @@ class IndexReader:
         return self.path.parent / self.shards[shard].path
 
     # -- samples -------------------------------------------------------------
+    def record(self, i: int) -> tuple[int, int, int, list[tuple[str, int, int]], str]:
+        """Sample ``i``'s record: ``(shard, offset, size, members, key)``.
+
+        ``members`` is ``(extension, data offset relative to the sample, size)`` per member.
+        """
+        blob = self.column("records")
+        at = self.record_start(i)
+        offset, size, shard, nm, klen = unpack_head(blob, at)
+        spans = struct.unpack_from(f"<{2 * nm}Q{nm}H", blob, at + HEAD.size)
+        exts = self.exts
+        members = [(exts[spans[2 * nm + j]], spans[2 * j], spans[2 * j + 1]) for j in range(nm)]
+        key_at = at + HEAD.size + 18 * nm
+        return shard, offset, size, members, str(blob[key_at : key_at + klen], "utf-8", "surrogateescape")
+
+    @property
+    def record_stride(self) -> int:
+        """Bytes from one sample record to the next, or 0 when ``col/record_offset`` says where each starts."""
+        return int(self.meta["record_stride"])
+
+    def record_start(self, i: int) -> int:
+        """Byte offset of sample ``i``'s record in ``col/records``."""
+        stride = self.record_stride
+        return i * stride if stride else int(self.column("record_offset")[i])
+
     def key(self, i: int) -> str:
         """Key of sample ``i``."""
-        offs = self.column("key_offset")
-        return bytes(self.column("key_blob")[offs[i] : offs[i + 1]]).decode("utf-8", "surrogateescape")
+        return self.record(i)[4]
 
     def lookup(self, key: str) -> int:
         """Sample number of ``key``; with duplicate keys, the first sample that has it.
@@ -228,34 +253,37 @@ class IndexReader:
 
     def shard_of(self, i: int) -> int:
         """Shard number of sample ``i``."""
-        return int(self.column("sample_shard")[i])
+        return self.record(i)[0]
 
     def members(self, i: int) -> list[tuple[str, int, int]]:
         """``(extension, offset relative to the sample, size)`` of each member of sample ``i``."""
-        first = self.column("sample_member")
-        ext, off, size = self.column("member_ext"), self.column("member_offset"), self.column("member_size")
-        exts = self.exts
-        return [(exts[ext[j]], off[j], size[j]) for j in range(first[i], first[i + 1])]
+        return self.record(i)[3]
+
+    def decode(self, lo: int = 0, hi: int | None = None) -> Decoded:
+        """Samples ``lo..hi`` (default: all) as arrays: shard, offset, size, members (copies).
+
+        Raises:
+            IndexFormatError: the records are damaged.
+        """
+        try:
+            records, starts, stride = self.array("records"), self.array("record_offset"), self.record_stride
+            return decode(records, starts, stride, lo, self.n_samples if hi is None else hi)
+        except IndexFormatError as exc:
+            raise IndexFormatError(f"{self.path}: {exc}") from exc
 
     def shard_table(self, shard: int) -> ShardTable:
         """Cut one shard's tables out of the index (for incremental builds and merges)."""
         starts = self.array("shard_start")
-        lo, hi = int(starts[shard]), int(starts[shard + 1])
-        first = self.array("sample_member")
-        m_lo, m_hi = int(first[lo]), int(first[hi])
-        exts_used, local = np.unique(self.array("member_ext")[m_lo:m_hi], return_inverse=True)
-        key_off = self.array("key_offset")
-        blob = self.array("key_blob")[int(key_off[lo]) : int(key_off[hi])].tobytes()
-        rel = (key_off[lo : hi + 1] - key_off[lo]).tolist()
-        keys = [blob[rel[k] : rel[k + 1]].decode("utf-8", "surrogateescape") for k in range(hi - lo)]
+        dec = self.decode(int(starts[shard]), int(starts[shard + 1]))
+        exts_used, local = np.unique(dec.member_ext, return_inverse=True)
         return ShardTable(
-            self.array("sample_offset")[lo:hi].copy(),
-            self.array("sample_size")[lo:hi].copy(),
-            np.diff(first[lo : hi + 1]).astype(np.uint32),
-            local.astype(np.uint16),
-            self.array("member_offset")[m_lo:m_hi].copy(),
-            self.array("member_size")[m_lo:m_hi].copy(),
-            keys,
+            dec.offset,
+            dec.size,
+            dec.nmembers,
+            local.astype(np.uint16).reshape(-1),
+            dec.member_offset,
+            dec.member_size,
+            dec.keys(self.array("records")),
             [self.exts[e] for e in exts_used.tolist()],
             self.frame_table(shard),
         )

@@ -13,7 +13,6 @@ import numpy as np
 
 from .format import (
     COL_PREFIX,
-    COLUMNS,
     FORMAT_VERSION,
     FRAMES_PREFIX,
     KEY_PREFIX,
@@ -22,6 +21,7 @@ from .format import (
     ShardInfo,
     ShardTable,
 )
+from .records import encode
 
 __all__ = ["IndexWriter"]
 
@@ -51,41 +51,35 @@ class IndexWriter:
         if exc_type is None:
             self.write()
 
-    def _columns(self) -> tuple[dict[str, np.ndarray], list[str], list[bytes]]:
-        """The global columns, the extension table and every sample's encoded key."""
+    def _columns(self) -> tuple[dict[str, np.ndarray], list[str], list[bytes], int, int]:
+        """The columns, the extension table, every sample's encoded key, the member count and the record stride."""
         exts: dict[str, int] = {}
-        parts: dict[str, list[np.ndarray]] = {name: [] for name in COLUMNS}
-        counts = [0]
-        member_base = 0
-        for shard_id, (_, table) in enumerate(self._shards):
-            remap = np.array([exts.setdefault(e, len(exts)) for e in table.exts] or [0], np.uint16)
-            n = table.n_samples
-            counts.append(counts[-1] + n)
-            parts["sample_shard"].append(np.full(n, shard_id, np.uint32))
-            parts["sample_offset"].append(table.sample_offset)
-            parts["sample_size"].append(table.sample_size)
-            starts = np.cumsum(table.sample_nmembers, dtype=np.uint64) - table.sample_nmembers
-            parts["sample_member"].append(starts + np.uint64(member_base))
-            member_base += table.n_members
-            parts["member_ext"].append(remap[table.member_ext])
-            parts["member_offset"].append(table.member_offset)
-            parts["member_size"].append(table.member_size)
-        parts["sample_member"].append(np.array([member_base], np.uint64))
-        parts["shard_start"].append(np.array(counts, np.uint64))
-        encoded = [key.encode("utf-8", "surrogateescape") for _, table in self._shards for key in table.keys]
-        key_offset = np.zeros(len(encoded) + 1, np.uint64)
-        np.cumsum(np.fromiter(map(len, encoded), np.uint64, count=len(encoded)), out=key_offset[1:])
-        parts["key_offset"].append(key_offset)
-        parts["key_blob"].append(np.frombuffer(b"".join(encoded), np.uint8))
-        cols = {
-            name: np.concatenate(chunks).astype(COLUMNS[name], copy=False)
-            if chunks
-            else np.zeros(0, COLUMNS[name])
-            for name, chunks in parts.items()
-        }
-        return cols, list(exts), encoded
+        tables = [table for _, table in self._shards]
+        counts = np.zeros(len(tables) + 1, np.uint64)
+        np.cumsum([t.n_samples for t in tables], out=counts[1:])
 
-    def _meta(self, exts: list[str], n_samples: int, n_members: int, duplicates: int) -> bytes:
+        def joined(name: str, dtype: str) -> np.ndarray:
+            parts = [getattr(t, name) for t in tables]
+            return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+        remapped = [
+            np.array([exts.setdefault(e, len(exts)) for e in t.exts] or [0], np.uint16)[t.member_ext] for t in tables
+        ]
+        encoded = [key.encode("utf-8", "surrogateescape") for t in tables for key in t.keys]
+        record_offset, records, stride = encode(
+            np.repeat(np.arange(len(tables), dtype=np.uint32), [t.n_samples for t in tables]),
+            joined("sample_offset", "<u8"),
+            joined("sample_size", "<u8"),
+            joined("sample_nmembers", "<u4"),
+            np.concatenate(remapped) if remapped else np.zeros(0, np.uint16),
+            joined("member_offset", "<u8"),
+            joined("member_size", "<u8"),
+            encoded,
+        )
+        cols = {"shard_start": counts, "record_offset": record_offset, "records": records}
+        return cols, list(exts), encoded, sum(t.n_members for t in tables), stride
+
+    def _meta(self, exts: list[str], n_samples: int, n_members: int, duplicates: int, stride: int) -> bytes:
         meta = {
             "magic": MAGIC,
             "format_version": FORMAT_VERSION,
@@ -94,14 +88,15 @@ class IndexWriter:
             "n_samples": n_samples,
             "n_members": n_members,
             "duplicate_keys": duplicates,
+            "record_stride": stride,
             "shards": [info.to_json() for info, _ in self._shards],
         }
         return json.dumps(meta, separators=(",", ":")).encode()
 
     def write(self) -> Path:
         """Write the index atomically and return its path."""
-        cols, exts, encoded = self._columns()
-        n_samples = len(cols["sample_offset"])
+        cols, exts, encoded, n_members, stride = self._columns()
+        n_samples = len(encoded)
         keys = self._key_entries(encoded)
         data_bytes = sum(c.nbytes for c in cols.values()) + sum(len(k) + 16 for k, _ in keys)
         data_bytes += sum(t.frames.nbytes + 64 for _, t in self._shards if t.frames is not None)
@@ -128,7 +123,7 @@ class IndexWriter:
                     if added != len(keys):
                         raise RuntimeError(f"{self.path}: wrote {added} of {len(keys)} key entries")
                     duplicates = n_samples - len(keys)
-                    txn.put(META_KEY, self._meta(exts, n_samples, len(cols["member_ext"]), duplicates))
+                    txn.put(META_KEY, self._meta(exts, n_samples, n_members, duplicates, stride))
             finally:
                 env.close()
             os.replace(tmp, self.path)
