@@ -6,4 +6,4 @@ without it and TarDataset uses its pure-Python read path.
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("tarindex._speedups", ["tarindex/_speedups.c", "tarindex/_zstdread.c"], depends=["tarindex/_zstdread.h"], optional=True, extra_compile_args=["-O2"])])
+setup(ext_modules=[Extension("tarindex._speedups", ["tarindex/_speedups.c", "tarindex/_zstdread.c"], depends=["tarindex/_zstdread.h"], libraries=["dl"], optional=True, extra_compile_args=["-O2"])])

@@ -22,6 +22,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -30,6 +31,59 @@
 #include <unistd.h>
 
 #include "_zstdread.h"
+
+/* -- libzstd, found at run time ------------------------------------------------------ */
+
+/* The system's libzstd (libzstd.so.1), opened with dlopen when the module loads: no build dependency.
+ * With it a frame is decompressed straight into the reader's buffer, the GIL held (one context per
+ * process, no allocation); without it (or after _libzstd(False)), through python-zstandard's
+ * ZstdDecompressor.decompress, which returns a new bytes object and lets other threads run. */
+static struct {
+    void *lib, *dctx;
+    size_t (*decompress)(void *dctx, void *dst, size_t capacity, const void *src, size_t size);
+    size_t (*frame_size)(const void *src, size_t size);
+    unsigned (*is_error)(size_t code);
+    const char *(*error_name)(size_t code);
+    int on;
+} Z;
+
+static void load_libzstd(void) {
+    if (Z.lib) return;
+    void *lib = dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    void *(*create)(void) = (void *(*)(void))dlsym(lib, "ZSTD_createDCtx");
+    *(void **)&Z.decompress = dlsym(lib, "ZSTD_decompressDCtx");
+    *(void **)&Z.frame_size = dlsym(lib, "ZSTD_findFrameCompressedSize");
+    *(void **)&Z.is_error = dlsym(lib, "ZSTD_isError");
+    *(void **)&Z.error_name = dlsym(lib, "ZSTD_getErrorName");
+    Z.dctx = create && Z.decompress && Z.frame_size && Z.is_error && Z.error_name ? create() : NULL;
+    if (!Z.dctx) {
+        dlclose(lib);
+        memset(&Z, 0, sizeof Z);
+        return;
+    }
+    Z.lib = lib;
+    Z.on = 1;
+}
+
+static PyObject *zstdread_libzstd(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "_libzstd([on]) takes at most one argument");
+        return NULL;
+    }
+    if (nargs == 1) {
+        int on = PyObject_IsTrue(args[0]);
+        if (on < 0) return NULL;
+        Z.on = on && Z.lib;
+    }
+    return PyBool_FromLong(Z.on);
+}
+
+static PyMethodDef zstdread_functions[] = {
+    {"_libzstd", (PyCFunction)(void (*)(void))zstdread_libzstd, METH_FASTCALL,
+     "_libzstd([on]) -> whether zstd frames are decompressed with the system's libzstd (tests switch it off)"},
+    {NULL, NULL, 0, NULL},
+};
 
 /* -- FrameCache ---------------------------------------------------------------------- */
 
@@ -209,6 +263,9 @@ typedef struct {
     uint64_t *seen;       /* per frame: the cache's clock after its last decompression, 0 if never */
     PyObject *last;       /* the frame this reader decompressed last (bytes), or NULL */
     Py_ssize_t last_k;
+    char *out;            /* libzstd decompresses here; frame out_k (-1: none) */
+    size_t out_len;
+    Py_ssize_t out_k;
     PyObject *decompressor; /* zstandard.ZstdDecompressor */
     PyObject *decompress; /* decompress of this reader's own ZstdDecompressor */
     int decoding;         /* calls of it in progress: it lets other threads run, and a context serves one at a time */
@@ -271,7 +328,11 @@ static int header_content_size(const unsigned char *p, size_t len, uint64_t *out
     return 1;
 }
 
-/* Frame k: a pointer to its bytes in the cache (*owner NULL) or in a new bytes object (*owner, a new reference). */
+static int decompress_direct(ZstdReader *self, const char *src, size_t n, uint64_t d_size, uint64_t c_off);
+static PyObject *decompress_python(ZstdReader *self, PyObject *raw, int sized, uint64_t d_size, uint64_t c_off);
+
+/* Frame k: a pointer to its bytes in the cache or the reader's buffer (*owner NULL; valid until the next
+ * zstd read), or in a new bytes object (*owner, a new reference). */
 static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr, size_t *len, PyObject **owner) {
     FrameCache *cache = self->cache;
     const uint64_t *row = self->t + 4 * k;
@@ -280,6 +341,12 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
         *ptr = PyBytes_AS_STRING(self->last);
         *len = (size_t)PyBytes_GET_SIZE(self->last);
         *owner = Py_NewRef(self->last);
+        return 0;
+    }
+    if (self->out_k == k) {
+        *ptr = self->out;
+        *len = (size_t)d_size;
+        *owner = NULL;
         return 0;
     }
     *owner = NULL;
@@ -303,16 +370,13 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
         frame_error(self, c_off, PyUnicode_FromString("zstd frame table entry out of bounds"));
         return -1;
     }
-    PyObject *raw;
+    PyObject *raw = NULL;
     const char *buf;
     size_t got = 0;
     int mapped = self->map != NULL;
-    if (mapped) { /* no system call: a view of the mapped frame */
+    if (mapped) { /* no system call: the frame in the map */
         got = c_off >= self->map_len ? 0 : (self->map_len - c_off < c_size ? self->map_len - c_off : c_size);
         buf = self->map + (got ? c_off : 0);
-        raw = PyMemoryView_FromMemory((char *)buf, (Py_ssize_t)got, PyBUF_READ);
-        if (!raw) return -1;
-        self->busy++;
     } else {
         raw = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)c_size);
         if (!raw) return -1;
@@ -336,20 +400,84 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
         buf = dst;
     }
     if (got != c_size) {
-        Py_DECREF(raw);
-        done_with_map(self, mapped);
+        Py_XDECREF(raw);
         frame_error(self, c_off, PyUnicode_FromFormat("truncated zstd frame (%zu of %llu bytes)", got, (unsigned long long)c_size));
         return -1;
     }
     uint64_t content = 0;
     int known = header_content_size((const unsigned char *)buf, got, &content);
-    PyObject *data;
     if (known == 1 && content != d_size) { /* never let a damaged header size the output */
-        Py_DECREF(raw);
-        done_with_map(self, mapped);
+        Py_XDECREF(raw);
         frame_error(self, c_off, PyUnicode_FromFormat("zstd frame header disagrees with the index (%llu bytes)", (unsigned long long)d_size));
         return -1;
     }
+    if (Z.on) {
+        int rc = decompress_direct(self, buf, got, d_size, c_off);
+        Py_XDECREF(raw);
+        if (rc < 0) return -1;
+        Py_CLEAR(self->last);
+        self->out_k = k;
+        *ptr = self->out;
+        *owner = NULL;
+    } else {
+        if (mapped) { /* a view of the mapped frame, for the decompressor */
+            raw = PyMemoryView_FromMemory((char *)buf, (Py_ssize_t)got, PyBUF_READ);
+            if (!raw) return -1;
+            self->busy++;
+        }
+        PyObject *data = decompress_python(self, raw, known == 1, d_size, c_off);
+        Py_DECREF(raw);
+        done_with_map(self, mapped);
+        if (!data) return -1;
+        Py_XSETREF(self->last, Py_NewRef(data));
+        self->last_k = k;
+        *ptr = PyBytes_AS_STRING(data);
+        *owner = data;
+    }
+    *len = (size_t)d_size;
+    /* Kept only if decompressed before, recently enough that a ring of the current limit holding
+     * every decompressed frame would still have it: copying in a frame that leaves the ring before
+     * its next read costs and saves nothing. */
+    uint64_t prev = self->seen[k], before = cache->clock;
+    cache->clock += d_size;
+    self->seen[k] = cache->clock;
+    if (keep && prev && before - prev + d_size <= cache->limit) self->serial[k] = cache_put(cache, *ptr, *len);
+    return 0;
+}
+
+/* Decompress the frame at src into self->out with libzstd: 0, or -1 with CorruptFrameError set. */
+static int decompress_direct(ZstdReader *self, const char *src, size_t n, uint64_t d_size, uint64_t c_off) {
+    self->out_k = -1; /* its bytes are about to change */
+    if (self->out_len < d_size || !self->out) {
+        char *grown = PyMem_Realloc(self->out, d_size ? (size_t)d_size : 1);
+        if (!grown) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->out = grown;
+        self->out_len = (size_t)d_size;
+    }
+    size_t frame = Z.frame_size(src, n); /* the first frame only, as python-zstandard reads it */
+    size_t r = Z.is_error(frame) ? frame : Z.decompress(Z.dctx, self->out, (size_t)d_size, src, frame);
+    if (Z.is_error(r)) {
+        PyObject *cause = PyObject_CallFunction(self->zstd_error, "s", Z.error_name(r));
+        if (cause) {
+            PyErr_SetObject(self->zstd_error, cause);
+            Py_DECREF(cause);
+        }
+        frame_error(self, c_off, PyUnicode_FromFormat("corrupt zstd frame (%s)", Z.error_name(r)));
+        return -1;
+    }
+    if (r != d_size) {
+        frame_error(self, c_off, PyUnicode_FromFormat("zstd frame decompresses to %zu bytes, the index says %llu", r, (unsigned long long)d_size));
+        return -1;
+    }
+    return 0;
+}
+
+/* Decompress raw (the frame) with python-zstandard: a new bytes object, or NULL with CorruptFrameError set. */
+static PyObject *decompress_python(ZstdReader *self, PyObject *raw, int sized, uint64_t d_size, uint64_t c_off) {
+    PyObject *data;
     PyObject *decompress = self->decompress, *own = NULL;
     if (self->decoding) { /* another thread is inside this reader's decompressor: use a new one */
         PyObject *dctx = PyObject_CallNoArgs(self->decompressor);
@@ -360,7 +488,7 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
     }
     if (!decompress) {
         data = NULL;
-    } else if (known == 1) { /* the header's size, checked: one positional argument */
+    } else if (sized) { /* the header's size, checked: one positional argument */
         data = PyObject_Vectorcall(decompress, &raw, 1, NULL);
     } else {
         PyObject *limit = PyLong_FromUnsignedLongLong(d_size);
@@ -370,8 +498,6 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
     }
     if (own) Py_DECREF(own);
     else if (decompress) self->decoding--;
-    Py_DECREF(raw);
-    done_with_map(self, mapped);
     if (!data) {
         if (PyErr_ExceptionMatches(self->zstd_error)) {
             PyObject *type, *exc, *tb;
@@ -381,27 +507,15 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
             PyErr_Restore(type, exc, tb);
             frame_error(self, c_off, what);
         }
-        return -1;
+        return NULL;
     }
     if (!PyBytes_Check(data) || (uint64_t)PyBytes_GET_SIZE(data) != d_size) {
         Py_ssize_t n = PyBytes_Check(data) ? PyBytes_GET_SIZE(data) : -1;
         Py_DECREF(data);
         frame_error(self, c_off, PyUnicode_FromFormat("zstd frame decompresses to %zd bytes, the index says %llu", n, (unsigned long long)d_size));
-        return -1;
+        return NULL;
     }
-    *ptr = PyBytes_AS_STRING(data);
-    *len = (size_t)d_size;
-    *owner = data;
-    Py_XSETREF(self->last, Py_NewRef(data));
-    self->last_k = k;
-    /* Kept only if decompressed before, recently enough that a ring of the current limit holding
-     * every decompressed frame would still have it: copying in a frame that leaves the ring before
-     * its next read costs and saves nothing. */
-    uint64_t prev = self->seen[k], before = cache->clock;
-    cache->clock += d_size;
-    self->seen[k] = cache->clock;
-    if (keep && prev && before - prev + d_size <= cache->limit) self->serial[k] = cache_put(cache, *ptr, *len);
-    return 0;
+    return data;
 }
 
 /* The bytes [offset, offset + size) (fewer only at the end of the shard): *ptr, *len, and *owner, a new
@@ -490,6 +604,7 @@ static PyObject *ZstdReader_close(ZstdReader *self, PyObject *unused) {
     if (self->busy) self->closing = 1; /* another thread decompresses from the map: it unmaps when done */
     else unmap(self);
     Py_CLEAR(self->last);
+    self->out_k = -1;
     if (self->fd >= 0) {
         close(self->fd);
         self->fd = -1;
@@ -545,7 +660,10 @@ static int ZstdReader_init(ZstdReader *self, PyObject *args, PyObject *kw) {
 
 static PyObject *ZstdReader_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     ZstdReader *self = (ZstdReader *)type->tp_alloc(type, 0);
-    if (self) self->fd = -1;
+    if (self) {
+        self->fd = -1;
+        self->out_k = -1;
+    }
     return (PyObject *)self;
 }
 
@@ -555,6 +673,7 @@ static void ZstdReader_dealloc(ZstdReader *self) {
     if (self->has_table) PyBuffer_Release(&self->table);
     PyMem_Free(self->serial);
     PyMem_Free(self->seen);
+    PyMem_Free(self->out);
     Py_XDECREF(self->last);
     Py_XDECREF(self->path);
     Py_XDECREF(self->decompress);
@@ -598,6 +717,8 @@ static PyTypeObject ZstdReaderType = {
 int zstdread_is_reader(PyObject *handle) { return Py_IS_TYPE(handle, &ZstdReaderType); }
 
 int zstdread_add_types(PyObject *module) {
+    load_libzstd();
+    if (PyModule_AddFunctions(module, zstdread_functions) < 0) return -1;
     k_max_output_size_names = Py_BuildValue("(s)", "max_output_size");
     if (!k_max_output_size_names || PyType_Ready(&FrameCacheType) < 0 || PyType_Ready(&ZstdReaderType) < 0) return -1;
     if (PyModule_AddObjectRef(module, "FrameCache", (PyObject *)&FrameCacheType) < 0) return -1;

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tarfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +97,26 @@ def random_order(n: int) -> list[int]:
     order = list(range(n))
     random.Random(1).shuffle(order)
     return order
+
+
+@pytest.fixture(params=["libzstd", "python-zstandard"])
+def zstd_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The C reader decompresses with the system's libzstd, or through python-zstandard (also the Python path's)."""
+    from tarindex._native import SPEEDUPS
+
+    if SPEEDUPS is None:
+        if request.param == "libzstd":
+            pytest.skip("the C extension is off: the Python path uses python-zstandard")
+        yield request.param
+        return
+    was = SPEEDUPS._libzstd()
+    if request.param == "libzstd" and not was:
+        pytest.skip("libzstd.so.1 is not installed here")
+    SPEEDUPS._libzstd(request.param == "libzstd")
+    try:
+        yield request.param
+    finally:
+        SPEEDUPS._libzstd(was)
 
 
 # -- compressed shards from every tool ------------------------------------------
@@ -390,7 +411,7 @@ def test_corrupt_frame_at_build_names_offset(big: Path, tmp_path: Path) -> None:
     assert f"at offset {frame5}" in result.output and "Traceback" not in result.output
 
 
-def test_corrupt_frame_at_read_names_offset_and_returns_nothing(big: Path, tmp_path: Path) -> None:
+def test_corrupt_frame_at_read_names_offset_and_returns_nothing(big: Path, tmp_path: Path, zstd_backend: str) -> None:
     shard = _by_compress(big, tmp_path / "c.tar.zst")
     report = tarindex.build_index([shard], index=tmp_path / "c.tarindex", workers=1)
     frames = IndexReader(report.path).frame_table(0)
@@ -560,7 +581,7 @@ def test_random_access_reads_only_needed_frames(big: Path, tmp_path: Path) -> No
     assert cache.decompressed - before == int(frames[frame_of[i], 3])  # one frame, decompressed once
 
 
-def test_frame_cache_keeps_only_reused_frames(big: Path, tmp_path: Path) -> None:
+def test_frame_cache_keeps_only_reused_frames(big: Path, tmp_path: Path, zstd_backend: str) -> None:
     ds, frames, frame_of = _framed(big, tmp_path)
     cache = frame_cache()
     cache.clear()
@@ -591,7 +612,7 @@ def test_block_reads_decompress_each_frame_once_without_cache(big: Path, tmp_pat
         cache.max_bytes = DEFAULT_CACHE_BYTES
 
 
-def test_frame_cache_grows_as_hits_pay_and_wraps(big: Path, tmp_path: Path) -> None:
+def test_frame_cache_grows_as_hits_pay_and_wraps(big: Path, tmp_path: Path, zstd_backend: str) -> None:
     ds, frames, frame_of = _framed(big, tmp_path)
     cache = frame_cache()
     oracle = expected_samples(big)
@@ -630,7 +651,7 @@ def _frames_file(path: Path, data: bytes, *, content_size: bool) -> np.ndarray:
 
 @pytest.mark.parametrize("content_size", [True, False])
 @pytest.mark.parametrize("cache_bytes", [0, 4000, DEFAULT_CACHE_BYTES])
-def test_read_at_any_range(tmp_path: Path, content_size: bool, cache_bytes: int) -> None:
+def test_read_at_any_range(tmp_path: Path, content_size: bool, cache_bytes: int, zstd_backend: str) -> None:
     data = np.random.default_rng(3).integers(0, 6, 60_000, dtype=np.uint8).tobytes()
     path = tmp_path / "f.zst"
     frames = _frames_file(path, data, content_size=content_size)
@@ -650,7 +671,7 @@ def test_read_at_any_range(tmp_path: Path, content_size: bool, cache_bytes: int)
     assert reader.fd == -1
 
 
-def test_reader_errors_name_the_frame(tmp_path: Path) -> None:
+def test_reader_errors_name_the_frame(tmp_path: Path, zstd_backend: str) -> None:
     data = bytes(range(256)) * 40
     path = tmp_path / "e.zst"
     frames = _frames_file(path, data, content_size=True)
@@ -676,7 +697,7 @@ def test_reader_errors_name_the_frame(tmp_path: Path) -> None:
     reader.close()
 
 
-def test_threads_read_one_shard_at_once(tmp_path: Path) -> None:
+def test_threads_read_one_shard_at_once(tmp_path: Path, zstd_backend: str) -> None:
     """decompress lets other threads run: concurrent reads of one shard must not share a decompression context."""
     data = np.random.default_rng(1).integers(0, 20, 2_000_000, dtype=np.uint8).tobytes()
     cctx = zstandard.ZstdCompressor(write_checksum=True)
@@ -724,6 +745,7 @@ def test_c_reader_is_used_when_built(big: Path, tmp_path: Path) -> None:
     (handle,) = ds._fds.values()
     assert type(handle) is SPEEDUPS.ZstdReader and not isinstance(handle, ZstdShardReader)
     assert type(frame_cache()) is SPEEDUPS.FrameCache
+    assert SPEEDUPS._libzstd()  # libzstd.so.1 comes with Debian's zstd package, which .ci/run installs
 
 
 def test_dataloader_workers_read_zstd_shards(tmp_path: Path) -> None:
