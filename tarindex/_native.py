@@ -1,4 +1,4 @@
-"""The optional C extension (``tarindex/_speedups.c``), or ``None``: one place decides.
+"""The optional C extension (``tarindex._speedups``: _speedups.c, _tarscan.c, _zstdread.c), or ``None``: one place decides.
 
 Each fast path it provides has a pure-Python reference beside it, used when the
 extension is not built or ``TARINDEX_PURE_PYTHON`` is set in the environment.

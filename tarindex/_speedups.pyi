@@ -1,4 +1,4 @@
-"""Types of the optional C extension (tarindex/_speedups.c)."""
+"""Types of the optional C extension (tarindex/_speedups.c, _tarscan.c, _zstdread.c)."""
 
 from collections.abc import Callable
 from typing import Any

@@ -1,0 +1,694 @@
+/* The tar header walk's common case and the packer that groups members while the walk goes, in C.
+ *
+ * Part of the optional _speedups extension (module init in _speedups.c calls tarscan_add). The
+ * Python walker, tarindex.tar._walk, stays the authority on everything unusual; the references are
+ * tarindex.samples.TablePacker and tarindex.tar.iter_tar + tarindex.samples.group_members.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "_tarscan.h"
+
+static PyObject *k_key, *k_url, *k_index; /* "__key__", "__url__", "__index__", interned by tarscan_add */
+
+/* ---- the tar header walk's common case ----------------------------------------------------
+ *
+ * scan_headers(buf, pos, base, with_data, limit) -> (entries, pos, last_header, last_size)
+ *
+ * Walks consecutive plain headers from buf[pos:] and returns the regular members as
+ * (name, header_offset, data_offset, size, data-or-None) with absolute offsets (base + position),
+ * the position after the last header walked (its padded data may end past the buffer), and that
+ * header's position and size (for the caller's truncation error).
+ * It stops, without consuming it, at the first header it does not fully vouch for (see
+ * plain_header): a zero block, an extension header (PAX, GNU long name or link, sparse, anything
+ * unknown), a checksum that does not match the unsigned sum, a size that is not plain octal, a
+ * ustar prefix, a header that does not fit in the buffer, or (with_data) member data that does not.
+ * tarindex.tar._walk handles those, so it stays the one authority on everything unusual.
+ */
+static int octal_field(const unsigned char *f, int len, uint64_t *out) {
+    int i = 0;
+    uint64_t v = 0;
+    while (i < len && f[i] == ' ') i++;
+    int start = i;
+    while (i < len && f[i] >= '0' && f[i] <= '7') {
+        if (v >> 60) return -1;
+        v = v * 8 + (uint64_t)(f[i] - '0');
+        i++;
+    }
+    if (i == start) return -1;
+    for (; i < len; i++)
+        if (f[i] != 0 && f[i] != ' ') return -1;
+    *out = v;
+    return 0;
+}
+
+/* The header checksum: the unsigned sum of the block, the checksum field counted as spaces.
+ * Eight bytes at a time in 16-bit lanes (64 words x 2 x 255 fits in a lane). */
+static uint64_t header_sum(const unsigned char *h) {
+    const uint64_t lanes = 0x00FF00FF00FF00FFULL;
+    uint64_t acc = 0, w;
+    for (int i = 0; i < 512; i += 8) {
+        memcpy(&w, h + i, 8);
+        acc += (w & lanes) + ((w >> 8) & lanes);
+    }
+    uint64_t sum = (acc & 0xFFFF) + ((acc >> 16) & 0xFFFF) + ((acc >> 32) & 0xFFFF) + (acc >> 48);
+    for (int i = 148; i < 156; i++) sum -= h[i];
+    return sum + 8 * 32;
+}
+
+/* 1 if the C walk vouches for the header at h (its data size and whether it is a regular file
+ * come back), 0 if tarindex.tar._walk must look at it. A zero block has no checksum digits. */
+static int plain_header(const unsigned char *h, uint64_t *size, int *regular) {
+    unsigned char typ = h[156];
+    int reg = typ == '0' || typ == 0 || typ == '7';
+    uint64_t stored;
+    if (!reg && !(typ >= '1' && typ <= '6')) return 0; /* links, devices, dirs, FIFOs: skipped */
+    if (octal_field(h + 148, 8, &stored) < 0 || header_sum(h) != stored) return 0;
+    if (h[124] & 0x80 || octal_field(h + 124, 12, size) < 0) return 0;
+    if (memcmp(h + 257, "ustar\0", 6) == 0 && h[345]) return 0;
+    *regular = reg;
+    return 1;
+}
+
+static Py_ssize_t name_len(const unsigned char *h) {
+    Py_ssize_t n = 0;
+    while (n < 100 && h[n]) n++;
+    return n;
+}
+
+static PyObject *scan_headers(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos, limit;
+    long long base;
+    int with_data;
+    if (!PyArg_ParseTuple(args, "y*nLpn", &view, &pos, &base, &with_data, &limit)) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t end = view.len;
+    PyObject *entries = PyList_New(0);
+    Py_ssize_t last_at = pos;
+    uint64_t last_size = 0;
+    if (!entries) goto fail;
+    while (pos >= 0 && pos + 512 <= end && PyList_GET_SIZE(entries) < limit) {
+        const unsigned char *h = buf + pos;
+        uint64_t size;
+        int regular;
+        if (!plain_header(h, &size, &regular)) break;
+        uint64_t padded = (size + 511) & ~(uint64_t)511;
+        Py_ssize_t data = pos + 512;
+        if (padded > (uint64_t)PY_SSIZE_T_MAX - (uint64_t)data) break;
+        if (regular) {
+            if (with_data && (uint64_t)(end - data) < size) break;
+            PyObject *name = PyUnicode_DecodeUTF8((const char *)h, name_len(h), "surrogateescape");
+            PyObject *payload = with_data ? PyBytes_FromStringAndSize((const char *)buf + data, (Py_ssize_t)size)
+                                          : (Py_INCREF(Py_None), Py_None);
+            PyObject *entry = (name && payload)
+                                  ? Py_BuildValue("(NLLKN)", name, base + pos, base + data, (unsigned long long)size, payload)
+                                  : NULL;
+            if (!entry) {
+                if (!name || !payload) {
+                    Py_XDECREF(name);
+                    Py_XDECREF(payload);
+                }
+                goto fail;
+            }
+            int rc = PyList_Append(entries, entry);
+            Py_DECREF(entry);
+            if (rc < 0) goto fail;
+        }
+        last_at = pos;
+        last_size = size;
+        pos = data + (Py_ssize_t)padded;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(NnnK)", entries, pos, last_at, (unsigned long long)last_size);
+fail:
+    Py_XDECREF(entries);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+
+/* ---- members -> offset tables or sample dicts, while the walk goes -----------------------
+ *
+ * Packer(sample_key, duplicate): a shard's offset tables, fed member by member.
+ *   scan(buf, pos, base) -> (pos, last_header, last_size): walks plain headers like scan_headers
+ *       (without data) and packs each regular member at once: no Python object per member.
+ *   add(name, header_offset, data_offset, size): one member the Python walker found.
+ *   finish() -> (sample_offset, sample_size, sample_nmembers, member_ext, member_offset,
+ *                member_size, keys, exts): bytearrays of little-endian u64/u64/u32/u16/u64/u64.
+ *
+ * Packer(sample_key, duplicate, url, index): sample dicts instead (TarStream), members with data:
+ *   {"__key__": key, "__url__": url, "__index__": index (when not None, counting up), ext: bytes}.
+ *   scan(buf, pos, base, limit), add(name, header_offset, data_offset, size, data) as above, and
+ *   scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size): the walk over
+ *       a file of `size` bytes from `offset` (whose header the caller has at buf[pos]: nothing is read when the
+ *       Python walker must take it), read with pread: headers through a small window, each large
+ *       member's data straight into its own bytes object (one copy, as cat makes). Both stop
+ *       once `limit` data bytes are done, or at a repeated extension.
+ *   take() -> [(sample_offset, dict), ...] completed so far; raises the recorded duplicate once
+ *       the samples before it are taken. finish() completes the last sample (take() it after).
+ *
+ * tarindex.samples.TablePacker is the reference. Names in the common case (a dot in the base
+ * name after its first character, no leading "__") are split here, on bytes (the same split as
+ * on the decoded str: '.' and '/' are ASCII); any other name goes to sample_key(name) (the exact
+ * Python rules, metadata files included). A repeated extension in a sample stops the packing;
+ * duplicate(header_offset, ext, key, name) makes the error, which finish() raises, so a walk
+ * error later in the shard still wins, as it does for the reference (which groups at the end).
+ */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} Grow;
+
+static int grow_put(Grow *g, const void *v, size_t n) {
+    if (g->len + n > g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 4096;
+        while (cap < g->len + n) cap *= 2;
+        char *q = PyMem_Realloc(g->p, cap);
+        if (!q) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        g->p = q;
+        g->cap = cap;
+    }
+    memcpy(g->p + g->len, v, n);
+    g->len += n;
+    return 0;
+}
+
+static PyObject *grow_take(Grow *g) {
+    PyObject *out = PyByteArray_FromStringAndSize(g->p ? g->p : "", (Py_ssize_t)g->len);
+    PyMem_Free(g->p);
+    g->p = NULL;
+    g->len = g->cap = 0;
+    return out;
+}
+
+#define MAX_SPELLINGS 64 /* extension spellings looked up by memcmp; more go through a dict */
+
+typedef struct {
+    char *raw;
+    Py_ssize_t len;
+    long id;
+} Spelling;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *sample_key; /* sample_key(name) -> (key, ext) | None */
+    PyObject *duplicate;  /* duplicate(header_offset, ext, key, name) -> exception */
+    PyObject *keys, *exts;
+    PyObject *ext_ids;    /* lower-cased ext -> id */
+    PyObject *spell_ids;  /* raw ext bytes -> id, past MAX_SPELLINGS */
+    PyObject *error;      /* the first duplicate's exception, for finish() */
+    PyObject *url;        /* sample dicts: their __url__; NULL: tables */
+    int counting;         /* sample dicts: with __index__ ... */
+    long long index;      /* ... the next one */
+    PyObject *completed;  /* sample dicts: (offset, dict) tuples for take() */
+    PyObject *sample;     /* sample dicts: the one being filled */
+    uint64_t held;        /* sample dicts: data bytes added since the last take() */
+    unsigned char *win;   /* scan_file's window */
+    Grow s_off, s_size, s_n, m_ext, m_off, m_size, key;
+    int has_key, done;
+    uint64_t start, end, samples;
+    uint32_t count;
+    uint64_t *seen; /* per ext id: the (1-based) sample it last appeared in */
+    Py_ssize_t seen_cap;
+    Spelling spell[MAX_SPELLINGS];
+    int n_spell, hint;
+} Packer;
+
+static int Packer_traverse(Packer *self, visitproc visit, void *arg) {
+    Py_VISIT(self->sample_key);
+    Py_VISIT(self->duplicate);
+    Py_VISIT(self->error);
+    Py_VISIT(self->completed);
+    Py_VISIT(self->sample);
+    return 0;
+}
+
+static int Packer_clear(Packer *self) {
+    Py_CLEAR(self->sample_key);
+    Py_CLEAR(self->duplicate);
+    Py_CLEAR(self->keys);
+    Py_CLEAR(self->exts);
+    Py_CLEAR(self->ext_ids);
+    Py_CLEAR(self->spell_ids);
+    Py_CLEAR(self->error);
+    Py_CLEAR(self->url);
+    Py_CLEAR(self->completed);
+    Py_CLEAR(self->sample);
+    return 0;
+}
+
+static void Packer_dealloc(Packer *self) {
+    PyObject_GC_UnTrack(self);
+    Packer_clear(self);
+    Grow *g[] = {&self->s_off, &self->s_size, &self->s_n, &self->m_ext, &self->m_off, &self->m_size, &self->key};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) PyMem_Free(g[i]->p);
+    for (int i = 0; i < self->n_spell; i++) PyMem_Free(self->spell[i].raw);
+    PyMem_Free(self->seen);
+    PyMem_Free(self->win);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Packer_init(Packer *self, PyObject *args, PyObject *kw) {
+    PyObject *sample_key, *duplicate, *url = NULL, *index = Py_None;
+    if (self->keys) {
+        PyErr_SetString(PyExc_RuntimeError, "Packer is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OO|UO", &sample_key, &duplicate, &url, &index)) return -1;
+    if (url) {
+        if (index != Py_None) {
+            self->index = PyLong_AsLongLong(index);
+            if (self->index == -1 && PyErr_Occurred()) return -1;
+            self->counting = 1;
+        }
+        Py_INCREF(url);
+        self->url = url;
+        if (!(self->completed = PyList_New(0))) return -1;
+    }
+    Py_INCREF(sample_key);
+    self->sample_key = sample_key;
+    Py_INCREF(duplicate);
+    self->duplicate = duplicate;
+    self->keys = PyList_New(0);
+    self->exts = PyList_New(0);
+    self->ext_ids = PyDict_New();
+    self->spell_ids = PyDict_New();
+    return self->keys && self->exts && self->ext_ids && self->spell_ids ? 0 : -1;
+}
+
+static int ready(Packer *self) {
+    if (!self->keys) {
+        PyErr_SetString(PyExc_RuntimeError, "Packer is not initialised");
+        return 0;
+    }
+    if (self->done) {
+        PyErr_SetString(PyExc_RuntimeError, "Packer is finished");
+        return 0;
+    }
+    return 1;
+}
+
+/* The id of a lower-cased extension (a new one is appended); -1 on error. */
+static long ext_id(Packer *self, PyObject *ext) {
+    PyObject *got = PyDict_GetItemWithError(self->ext_ids, ext);
+    if (got) return PyLong_AsLong(got);
+    if (PyErr_Occurred()) return -1;
+    Py_ssize_t id = PyList_GET_SIZE(self->exts);
+    if (id > 65535) {
+        PyErr_SetString(PyExc_OverflowError, "more than 65536 distinct extensions in one shard");
+        return -1;
+    }
+    if (id >= self->seen_cap) {
+        Py_ssize_t cap = self->seen_cap ? self->seen_cap * 2 : 64;
+        uint64_t *q = PyMem_Realloc(self->seen, (size_t)cap * sizeof(uint64_t));
+        if (!q) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(q + self->seen_cap, 0, (size_t)(cap - self->seen_cap) * sizeof(uint64_t));
+        self->seen = q;
+        self->seen_cap = cap;
+    }
+    PyObject *v = PyLong_FromSsize_t(id);
+    int bad = !v || PyDict_SetItem(self->ext_ids, ext, v) < 0 || PyList_Append(self->exts, ext) < 0;
+    Py_XDECREF(v);
+    return bad ? -1 : (long)id;
+}
+
+/* The id of an extension as spelled in a name (bytes after the dot); -1 on error. */
+static long spelling_id(Packer *self, const char *raw, Py_ssize_t len) {
+    for (int i = 0; i < self->n_spell; i++) {
+        int j = (self->hint + i) % self->n_spell; /* samples repeat their extensions in order */
+        if (self->spell[j].len == len && memcmp(self->spell[j].raw, raw, (size_t)len) == 0) {
+            self->hint = j + 1 == self->n_spell ? 0 : j + 1;
+            return self->spell[j].id;
+        }
+    }
+    PyObject *bytes = PyBytes_FromStringAndSize(raw, len);
+    if (!bytes) return -1;
+    PyObject *got = PyDict_GetItemWithError(self->spell_ids, bytes);
+    if (got || PyErr_Occurred()) {
+        Py_DECREF(bytes);
+        return got ? PyLong_AsLong(got) : -1;
+    }
+    PyObject *text = PyUnicode_DecodeUTF8(raw, len, "surrogateescape");
+    PyObject *lower = text ? PyObject_CallMethod(text, "lower", NULL) : NULL; /* str.lower(), as split_key */
+    long id = lower ? ext_id(self, lower) : -1;
+    Py_XDECREF(text);
+    Py_XDECREF(lower);
+    if (id >= 0 && self->n_spell < MAX_SPELLINGS) {
+        char *copy = PyMem_Malloc(len ? (size_t)len : 1);
+        if (!copy) {
+            Py_DECREF(bytes);
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(copy, raw, (size_t)len);
+        self->spell[self->n_spell++] = (Spelling){copy, len, id};
+    } else if (id >= 0) {
+        PyObject *v = PyLong_FromLong(id);
+        if (!v || PyDict_SetItem(self->spell_ids, bytes, v) < 0) id = -1;
+        Py_XDECREF(v);
+    }
+    Py_DECREF(bytes);
+    return id;
+}
+
+static int close_sample(Packer *self) {
+    if (self->url) { /* the sample dict is complete */
+        PyObject *item = Py_BuildValue("(KN)", (unsigned long long)self->start, self->sample);
+        self->sample = NULL;
+        int bad = !item || PyList_Append(self->completed, item) < 0;
+        Py_XDECREF(item);
+        return bad ? -1 : 0;
+    }
+    uint64_t size = self->end - self->start;
+    return grow_put(&self->s_off, &self->start, 8) < 0 || grow_put(&self->s_size, &size, 8) < 0 ||
+                   grow_put(&self->s_n, &self->count, 4) < 0
+               ? -1
+               : 0;
+}
+
+/* Record the first repeated extension (finish() raises it) and stop packing. */
+static int duplicate(Packer *self, uint64_t header_offset, long id, const char *name, Py_ssize_t len, PyObject *name_obj) {
+    PyObject *text = name_obj ? (Py_INCREF(name_obj), name_obj) : PyUnicode_DecodeUTF8(name, len, "surrogateescape");
+    PyObject *key = self->url ? PyDict_GetItemWithError(self->sample, k_key)
+                              : PyList_GET_ITEM(self->keys, PyList_GET_SIZE(self->keys) - 1);
+    PyObject *exc = text && key ? PyObject_CallFunction(self->duplicate, "KOOO", (unsigned long long)header_offset,
+                                                 PyList_GET_ITEM(self->exts, id), key, text)
+                         : NULL;
+    Py_XDECREF(text);
+    if (!exc) return -1;
+    self->error = exc;
+    return 0;
+}
+
+/* A new sample dict: __key__, __url__ and, when counting, __index__. */
+static int new_sample_dict(Packer *self, PyObject *key) {
+    PyObject *d = PyDict_New();
+    if (!d || PyDict_SetItem(d, k_key, key) < 0 || PyDict_SetItem(d, k_url, self->url) < 0) {
+        Py_XDECREF(d);
+        return -1;
+    }
+    if (self->counting) {
+        PyObject *index = PyLong_FromLongLong(self->index++);
+        int bad = !index || PyDict_SetItem(d, k_index, index) < 0;
+        Py_XDECREF(index);
+        if (bad) {
+            Py_DECREF(d);
+            return -1;
+        }
+    }
+    self->sample = d;
+    return 0;
+}
+
+/* Pack one regular member (with its bytes in data, sample-dict mode), name its UTF-8
+ * (surrogateescape) bytes, name_obj its str or NULL. */
+static int pack(Packer *self, const char *name, Py_ssize_t len, PyObject *name_obj, uint64_t h, uint64_t d, uint64_t size,
+                PyObject *data) {
+    if (self->error) return 0; /* a repeated extension stopped the packing; the walk goes on */
+    Py_ssize_t base = len;
+    while (base > 0 && name[base - 1] != '/') base--;
+    const char *dot = memchr(name + base, '.', (size_t)(len - base));
+    const char *key = name;
+    Py_ssize_t key_len = 0;
+    long id;
+    PyObject *split = NULL, *key_bytes = NULL, *key_obj = NULL;
+    if (dot && dot > name + base && !(len >= 2 && name[0] == '_' && name[1] == '_')) {
+        key_len = dot - name;
+        id = spelling_id(self, dot + 1, len - key_len - 1);
+    } else { /* the full rules: webdataset's pattern, metadata files */
+        PyObject *text = name_obj ? (Py_INCREF(name_obj), name_obj) : PyUnicode_DecodeUTF8(name, len, "surrogateescape");
+        split = text ? PyObject_CallOneArg(self->sample_key, text) : NULL;
+        Py_XDECREF(text);
+        if (!split) return -1;
+        if (split == Py_None) {
+            Py_DECREF(split);
+            return 0;
+        }
+        if (!PyTuple_Check(split) || PyTuple_GET_SIZE(split) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(split, 0))) {
+            Py_DECREF(split);
+            PyErr_SetString(PyExc_TypeError, "sample_key must return (key, ext) or None");
+            return -1;
+        }
+        key_obj = PyTuple_GET_ITEM(split, 0);
+        key_bytes = PyUnicode_AsEncodedString(key_obj, "utf-8", "surrogateescape");
+        id = key_bytes ? ext_id(self, PyTuple_GET_ITEM(split, 1)) : -1;
+        if (key_bytes) {
+            key = PyBytes_AS_STRING(key_bytes);
+            key_len = PyBytes_GET_SIZE(key_bytes);
+        }
+    }
+    int rc = -1;
+    if (id < 0) goto out;
+    if (!self->has_key || (size_t)key_len != self->key.len || memcmp(self->key.p, key, (size_t)key_len) != 0) {
+        if (self->has_key && close_sample(self) < 0) goto out;
+        PyObject *k = key_obj ? (Py_INCREF(key_obj), key_obj) : PyUnicode_DecodeUTF8(key, key_len, "surrogateescape");
+        int bad = !k || (self->url ? new_sample_dict(self, k) : PyList_Append(self->keys, k)) < 0;
+        Py_XDECREF(k);
+        self->key.len = 0;
+        if (bad || grow_put(&self->key, key, (size_t)key_len) < 0) goto out;
+        self->has_key = 1;
+        self->samples++;
+        self->start = h;
+        self->count = 0;
+    } else if (self->seen[id] == self->samples) {
+        rc = duplicate(self, h, id, name, len, name_obj);
+        goto out;
+    }
+    self->seen[id] = self->samples;
+    if (self->url) {
+        if (PyDict_SetItem(self->sample, PyList_GET_ITEM(self->exts, id), data) < 0) goto out;
+        self->count++;
+        self->held += size;
+        rc = 0;
+        goto out;
+    }
+    uint16_t id16 = (uint16_t)id;
+    uint64_t rel = d - self->start;
+    if (grow_put(&self->m_ext, &id16, 2) < 0 || grow_put(&self->m_off, &rel, 8) < 0 || grow_put(&self->m_size, &size, 8) < 0)
+        goto out;
+    self->count++;
+    self->end = d + ((size + 511) & ~(uint64_t)511);
+    rc = 0;
+out:
+    Py_XDECREF(split);
+    Py_XDECREF(key_bytes);
+    return rc;
+}
+
+/* The data of a member at buf[data:], or NULL with no error set when it does not fit (end). */
+static PyObject *member_data(const unsigned char *buf, Py_ssize_t end, Py_ssize_t data, uint64_t size) {
+    if ((uint64_t)(end - data) < size) return NULL;
+    return PyBytes_FromStringAndSize((const char *)buf + data, (Py_ssize_t)size);
+}
+
+static PyObject *Packer_scan(Packer *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos;
+    long long base, limit = -1;
+    if (!ready(self) || !PyArg_ParseTuple(args, "y*nL|L", &view, &pos, &base, &limit)) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t end = view.len, last_at = pos;
+    uint64_t last_size = 0;
+    while (pos >= 0 && pos + 512 <= end) {
+        const unsigned char *h = buf + pos;
+        uint64_t size;
+        int regular;
+        if (!plain_header(h, &size, &regular)) break;
+        uint64_t padded = (size + 511) & ~(uint64_t)511;
+        Py_ssize_t data = pos + 512;
+        if (padded > (uint64_t)PY_SSIZE_T_MAX - (uint64_t)data) break;
+        if (regular) {
+            PyObject *bytes = NULL;
+            if (self->url && !(bytes = member_data(buf, end, data, size))) {
+                if (PyErr_Occurred()) goto fail;
+                break; /* the data runs past the buffer: the Python walker joins it */
+            }
+            int rc = pack(self, (const char *)h, name_len(h), NULL, (uint64_t)(base + pos), (uint64_t)(base + data), size, bytes);
+            Py_XDECREF(bytes);
+            if (rc < 0) goto fail;
+        }
+        last_at = pos;
+        last_size = size;
+        pos = data + (Py_ssize_t)padded;
+        if (self->url && limit >= 0 && (self->held >= (uint64_t)limit || self->error)) break; /* the caller takes the samples */
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nnK)", pos, last_at, (unsigned long long)last_size);
+fail:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+#define WINDOW_LARGE (64 << 10) /* headers of small members: several per read */
+#define WINDOW_SMALL (4 << 10)  /* after a member outgrew the window: little data read twice */
+
+/* pread all of it unless the file ends (GIL released); the bytes read, or -1 with errno. */
+static Py_ssize_t pread_full(int fd, void *buf, size_t n, uint64_t offset) {
+    size_t got = 0;
+    ssize_t r = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (got < n) {
+        r = pread(fd, (char *)buf + got, n - got, (off_t)(offset + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    Py_END_ALLOW_THREADS
+    return r < 0 ? -1 : (Py_ssize_t)got;
+}
+
+static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
+    int fd;
+    unsigned long long offset, file_size;
+    long long limit;
+    Py_buffer view;
+    Py_ssize_t pos;
+    if (!ready(self) || !PyArg_ParseTuple(args, "iKKLy*n", &fd, &offset, &file_size, &limit, &view, &pos)) return NULL;
+    uint64_t first_size;
+    int first_regular;
+    int plain = pos >= 0 && pos + 512 <= view.len && plain_header((const unsigned char *)view.buf + pos, &first_size, &first_regular);
+    PyBuffer_Release(&view);
+    if (!plain) return Py_BuildValue("(KKK)", offset, offset, 0ULL); /* the caller's header is the Python walker's */
+    if (!self->url) {
+        PyErr_SetString(PyExc_RuntimeError, "scan_file makes sample dicts: Packer(..., url, index)");
+        return NULL;
+    }
+    if (!self->win && !(self->win = PyMem_Malloc(WINDOW_LARGE))) return PyErr_NoMemory();
+    unsigned long long wbase = offset, last_at = offset, last_size = 0;
+    Py_ssize_t wlen = 0, want = WINDOW_LARGE;
+    while (self->held < (uint64_t)limit && !self->error) {
+        if (offset < wbase || offset + 512 > wbase + (unsigned long long)wlen) { /* the next header: a new window */
+            wbase = offset;
+            wlen = pread_full(fd, self->win, (size_t)want, offset);
+            if (wlen < 0) return PyErr_SetFromErrno(PyExc_OSError);
+            if (wlen < 512) break; /* the end of the file: the Python walker says what is missing */
+        }
+        const unsigned char *h = self->win + (offset - wbase);
+        uint64_t size;
+        int regular;
+        if (!plain_header(h, &size, &regular)) break;
+        uint64_t padded = (size + 511) & ~(uint64_t)511, data = offset + 512;
+        if (size > (uint64_t)PY_SSIZE_T_MAX || padded > file_size || data > file_size - padded) break; /* truncated: Python says so */
+        Py_ssize_t in_window = (Py_ssize_t)(wbase + (unsigned long long)wlen - data); /* >= 0: the header fits */
+        want = (uint64_t)in_window < padded ? WINDOW_SMALL : WINDOW_LARGE;
+        if (regular) {
+            PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+            if (!bytes) return NULL;
+            Py_ssize_t head = (uint64_t)in_window < size ? in_window : (Py_ssize_t)size;
+            memcpy(PyBytes_AS_STRING(bytes), self->win + (data - wbase), (size_t)head);
+            if ((uint64_t)head < size) { /* the rest straight from the file into the member's bytes */
+                Py_ssize_t got = pread_full(fd, PyBytes_AS_STRING(bytes) + head, (size_t)(size - (uint64_t)head), data + (uint64_t)head);
+                if (got < 0 || (uint64_t)got < size - (uint64_t)head) {
+                    Py_DECREF(bytes);
+                    if (got < 0) return PyErr_SetFromErrno(PyExc_OSError);
+                    break; /* truncated: the Python walker says so */
+                }
+            }
+            int rc = pack(self, (const char *)h, name_len(h), NULL, offset, data, size, bytes);
+            Py_DECREF(bytes);
+            if (rc < 0) return NULL;
+        }
+        last_at = offset;
+        last_size = size;
+        offset = data + padded;
+    }
+    return Py_BuildValue("(KKK)", offset, last_at, last_size);
+}
+
+static PyObject *Packer_add(Packer *self, PyObject *args) {
+    PyObject *name, *data = Py_None;
+    unsigned long long h, d, size;
+    if (!ready(self) || !PyArg_ParseTuple(args, "UKKK|O", &name, &h, &d, &size, &data)) return NULL;
+    if (self->url && !PyBytes_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "sample dicts need each member's bytes");
+        return NULL;
+    }
+    PyObject *raw = PyUnicode_AsEncodedString(name, "utf-8", "surrogateescape");
+    if (!raw) return NULL;
+    int rc = pack(self, PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), name, h, d, size, self->url ? data : NULL);
+    Py_DECREF(raw);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Packer_take(Packer *self, PyObject *unused) {
+    if (!self->completed) {
+        PyErr_SetString(PyExc_RuntimeError, "take() is for sample dicts: Packer(..., url, index)");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(self->completed) == 0 && self->error) {
+        PyErr_SetObject((PyObject *)Py_TYPE(self->error), self->error);
+        return NULL;
+    }
+    PyObject *out = self->completed, *fresh = PyList_New(0);
+    if (!fresh) return NULL;
+    self->completed = fresh;
+    self->held = 0;
+    return out;
+}
+
+static PyObject *Packer_finish(Packer *self, PyObject *unused) {
+    if (!ready(self)) return NULL;
+    self->done = 1;
+    if (self->error && !self->url) {
+        PyErr_SetObject((PyObject *)Py_TYPE(self->error), self->error);
+        return NULL;
+    }
+    if (self->has_key && !self->error && close_sample(self) < 0) return NULL;
+    if (self->url) Py_RETURN_NONE;
+    return Py_BuildValue("(NNNNNNOO)", grow_take(&self->s_off), grow_take(&self->s_size), grow_take(&self->s_n),
+                         grow_take(&self->m_ext), grow_take(&self->m_off), grow_take(&self->m_size), self->keys, self->exts);
+}
+
+static PyMethodDef Packer_methods[] = {
+    {"scan", (PyCFunction)Packer_scan, METH_VARARGS, "scan(buf, pos, base[, limit]) -> (pos, last_header, last_size)"},
+    {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS, "scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size)"},
+    {"add", (PyCFunction)Packer_add, METH_VARARGS, "add(name, header_offset, data_offset, size[, data])"},
+    {"take", (PyCFunction)Packer_take, METH_NOARGS, "take() -> [(sample_offset, sample dict), ...]"},
+    {"finish", (PyCFunction)Packer_finish, METH_NOARGS, "finish() -> the offset tables; raises a recorded duplicate"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PackerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex._speedups.Packer",
+    .tp_basicsize = sizeof(Packer),
+    .tp_dealloc = (destructor)Packer_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Packer_traverse,
+    .tp_clear = (inquiry)Packer_clear,
+    .tp_doc = "A shard's offset tables, or its sample dicts, packed while the tar walk goes.",
+    .tp_methods = Packer_methods,
+    .tp_init = (initproc)Packer_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static PyMethodDef tarscan_methods[] = {
+    {"scan_headers", scan_headers, METH_VARARGS, "scan_headers(buf, pos, base, with_data, limit) -> (entries, pos, last_header, last_size)"},
+    {NULL, NULL, 0, NULL},
+};
+
+int tarscan_add(PyObject *module) {
+    if (PyType_Ready(&PackerType) < 0) return -1;
+    k_key = PyUnicode_InternFromString("__key__");
+    k_url = PyUnicode_InternFromString("__url__");
+    k_index = PyUnicode_InternFromString("__index__");
+    if (!k_key || !k_url || !k_index || PyModule_AddFunctions(module, tarscan_methods) < 0) return -1;
+    Py_INCREF(&PackerType);
+    if (PyModule_AddObject(module, "Packer", (PyObject *)&PackerType) < 0) {
+        Py_DECREF(&PackerType);
+        return -1;
+    }
+    return 0;
+}
