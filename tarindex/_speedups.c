@@ -22,6 +22,7 @@
 
 #define MAX_MEMBERS 256           /* more members than this in one sample: the Python path reads it */
 #define DIRECT_READ (64 << 10)    /* samples larger than this are read straight into their members' bytes */
+#define STACK_READ (16 << 10)     /* a buffer this small lives on the C stack */
 #define RECORD_HEAD 24            /* u64 offset, u64 size, u32 shard, u16 n_members, u16 key_len */
 
 typedef struct {
@@ -34,15 +35,14 @@ typedef struct {
     Py_ssize_t n, rec_len, n_exts, n_shards;
     PyObject *exts;     /* tuple of str */
     PyObject *urls;     /* tuple of str */
-    PyObject *opener;   /* opener(shard) -> int fd, an object with read_at, or None (read by fallback) */
+    PyObject *opener;   /* opener(shard): opens the shard and hands its handle over with adopt() */
     PyObject *fallback; /* fallback(i) -> dict, for shards that are not plain tar */
     PyObject *error;    /* error(url, offset, what) -> exception instance */
     PyObject *fork;     /* tarindex._process.FORK: [generation], changed in every forked child */
     long gen;           /* FORK[0] when this reader was made: a reader inherited through fork hands reads to fallback */
     int *fds;           /* per shard: fd, -1 not open here, -2 not plain tar, -3 handle with read_at */
+    uint32_t *reading;  /* per shard: reads in progress on its fd (the GIL released): not to be closed yet */
     PyObject **handles; /* per shard: the read_at handle when fds[shard] == -3, else NULL */
-    char *scratch;      /* small samples land here whole; large ones' headers and padding */
-    size_t scratch_len;
 } Reader;
 
 /* One sample's record, checked against the blob's bounds. */
@@ -105,8 +105,8 @@ static void Reader_dealloc(Reader *self) {
     Reader_clear(self);
     for (int c = 0; c < self->ncols; c++) PyBuffer_Release(&self->cols[c]);
     PyMem_Free(self->fds);
+    PyMem_Free(self->reading);
     PyMem_Free(self->handles);
-    PyMem_Free(self->scratch);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -158,7 +158,8 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     self->n_shards = PyTuple_GET_SIZE(self->urls);
     self->fds = PyMem_Malloc(sizeof(int) * (self->n_shards ? self->n_shards : 1));
     self->handles = PyMem_Calloc(self->n_shards ? self->n_shards : 1, sizeof(PyObject *));
-    if (!self->fds || !self->handles) {
+    self->reading = PyMem_Calloc(self->n_shards ? self->n_shards : 1, sizeof(uint32_t));
+    if (!self->fds || !self->handles || !self->reading) {
         PyErr_NoMemory();
         return -1;
     }
@@ -272,19 +273,6 @@ static PyObject *read_handle(Reader *self, const Record *r, PyObject *index) {
     return rc < 0 ? NULL : new_sample(self, r, index, vals);
 }
 
-/* Grow the scratch buffer to at least n bytes; -1 (MemoryError set) on failure. */
-static int need_scratch(Reader *self, size_t n) {
-    if (n <= self->scratch_len) return 0;
-    char *grown = PyMem_Realloc(self->scratch, n);
-    if (!grown) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    self->scratch = grown;
-    self->scratch_len = n;
-    return 0;
-}
-
 /* pread/preadv until done or error, the GIL released; returns bytes read or -1 (errno in *err). */
 static ssize_t read_range(int fd, struct iovec *iov, int niov, uint64_t off, int *err) {
     ssize_t got = 0;
@@ -298,21 +286,21 @@ static ssize_t read_range(int fd, struct iovec *iov, int niov, uint64_t off, int
     return got;
 }
 
-/* A plain tar sample: small ones with one pread into scratch and a copy per member; large ones with one
- * preadv straight into each member's bytes (headers and padding into scratch). */
+/* A plain tar sample: small ones with one pread into a buffer of this call (on the stack up to
+ * STACK_READ) and a copy per member; large ones with one preadv straight into each member's bytes
+ * (headers and padding into this call's buffer). Nothing is shared between calls: reads run with the
+ * GIL released, so several threads may be in here at once. */
 static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index) {
     PyObject *vals[MAX_MEMBERS];
     struct iovec iov[2 * MAX_MEMBERS + 1];
+    char stack[STACK_READ];
     int niov = 0, direct = r->size > DIRECT_READ;
-    if (!direct) {
-        if (need_scratch(self, r->size) < 0) return NULL;
-        iov[niov].iov_base = self->scratch;
-        iov[niov++].iov_len = r->size;
-    } else {
-        uint64_t pos = 0, gaps = 0;
+    uint64_t pos = 0, area = r->size; /* bytes of the buffer: the sample, or its headers and padding */
+    if (direct) {
+        area = 0;
         for (Py_ssize_t k = 0; k < r->nm; k++) {
             uint64_t mo = ld64(r->spans + 16 * k), ms = ld64(r->spans + 16 * k + 8);
-            gaps += mo - pos;
+            area += mo - pos;
             pos = mo + ms;
             vals[k] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)ms);
             if (!vals[k]) {
@@ -320,11 +308,19 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
                 return NULL;
             }
         }
-        if (need_scratch(self, gaps + (r->size - pos)) < 0) {
+        area += r->size - pos;
+    }
+    char *heap = area > STACK_READ ? PyMem_Malloc(area) : NULL, *buf = heap ? heap : stack;
+    if (area > STACK_READ && !heap) {
+        if (direct)
             for (Py_ssize_t q = 0; q < r->nm; q++) Py_DECREF(vals[q]);
-            return NULL;
-        }
-        char *gap = self->scratch;
+        return PyErr_NoMemory();
+    }
+    if (!direct) {
+        iov[niov].iov_base = buf;
+        iov[niov++].iov_len = r->size;
+    } else {
+        char *gap = buf;
         pos = 0;
         for (Py_ssize_t k = 0; k < r->nm; k++) {
             uint64_t mo = ld64(r->spans + 16 * k), ms = ld64(r->spans + 16 * k + 8);
@@ -345,8 +341,11 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
         }
     }
     int err;
+    self->reading[r->shard]++; /* until it is done, the dataset keeps this descriptor open (other threads) */
     ssize_t got = read_range(fd, iov, niov, r->offset, &err);
+    self->reading[r->shard]--;
     if (err || got < 0 || (uint64_t)got < r->size) {
+        PyMem_Free(heap);
         if (direct)
             for (Py_ssize_t q = 0; q < r->nm; q++) Py_DECREF(vals[q]);
         if (err) {
@@ -355,33 +354,25 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
         }
         return PyObject_CallOneArg(self->fallback, index); /* a short read: the Python path reports it */
     }
-    if (!direct && slice_members(r, self->scratch, vals) < 0) return NULL;
-    return new_sample(self, r, index, vals);
+    int bad = !direct && slice_members(r, buf, vals) < 0;
+    PyMem_Free(heap);
+    return bad ? NULL : new_sample(self, r, index, vals);
 }
 
-/* This process's handle of a shard: fds[shard] after asking the opener once; -4 on error. */
+/* This process's handle of a shard: fds[shard], after asking the opener when it is not open here; -4 on
+ * error. The opener opens the file and hands it over with adopt(); another thread may close it again
+ * before the opener's Python frame returns (max_open_files), in which case it is asked again. */
 static int shard_fd(Reader *self, uint32_t shard) {
-    int fd = self->fds[shard];
-    if (fd != -1) return fd;
-    PyObject *got = PyObject_CallFunction(self->opener, "I", shard);
-    if (!got) return -4;
-    if (got == Py_None) {
-        fd = -2;
-    } else if (!PyLong_Check(got)) { /* an object with read_at(offset, size) */
-        Py_INCREF(got);
-        Py_XSETREF(self->handles[shard], got);
-        fd = -3;
-    } else {
-        long v = PyLong_AsLong(got);
-        if (v == -1 && PyErr_Occurred()) {
-            Py_DECREF(got);
-            return -4;
-        }
-        fd = (int)v;
+    for (int tries = 0; tries < 16; tries++) {
+        int fd = self->fds[shard];
+        if (fd != -1) return fd;
+        PyObject *got = PyObject_CallFunction(self->opener, "I", shard);
+        if (!got) return -4;
+        Py_DECREF(got);
     }
-    Py_DECREF(got);
-    self->fds[shard] = fd;
-    return fd;
+    PyErr_Format(PyExc_RuntimeError, "%U: closed by other threads as soon as it was opened, 16 times; raise max_open_files",
+                 PyTuple_GET_ITEM(self->urls, shard));
+    return -4;
 }
 
 static PyObject *Reader_read(Reader *self, PyObject *arg) {
@@ -425,9 +416,45 @@ static PyObject *Reader_forget(Reader *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Reader_adopt(Reader *self, PyObject *args) {
+    Py_ssize_t s;
+    PyObject *handle;
+    if (!PyArg_ParseTuple(args, "nO", &s, &handle)) return NULL;
+    if (s < 0 || s >= self->n_shards) {
+        PyErr_Format(PyExc_IndexError, "shard %zd out of range", s);
+        return NULL;
+    }
+    int fd;
+    if (handle == Py_None) {
+        fd = -2;
+    } else if (!PyLong_Check(handle)) { /* an object with read_at(offset, size) */
+        fd = -3;
+    } else {
+        long v = PyLong_AsLong(handle);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        if (v < 0 || v > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "not a file descriptor: %ld", v);
+            return NULL;
+        }
+        fd = (int)v;
+    }
+    Py_XINCREF(fd == -3 ? handle : NULL);
+    Py_XSETREF(self->handles[s], fd == -3 ? handle : NULL);
+    self->fds[s] = fd;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Reader_reading(Reader *self, PyObject *arg) {
+    Py_ssize_t s = PyLong_AsSsize_t(arg);
+    if (s == -1 && PyErr_Occurred()) return NULL;
+    return PyLong_FromUnsignedLong(s >= 0 && s < self->n_shards && self->reading ? self->reading[s] : 0);
+}
+
 static PyMethodDef Reader_methods[] = {
     {"read", (PyCFunction)Reader_read, METH_O, "read(i) -> sample dict of bytes"},
+    {"reading", (PyCFunction)Reader_reading, METH_O, "reading(shard) -> reads in progress on its file (other threads)"},
     {"forget", (PyCFunction)Reader_forget, METH_O, "forget(shard): its handle was closed; ask the opener next time"},
+    {"adopt", (PyCFunction)Reader_adopt, METH_VARARGS, "adopt(shard, handle): the opener's handle (an int fd, an object with read_at, or None)"},
     {NULL, NULL, 0, NULL},
 };
 

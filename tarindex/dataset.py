@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -120,6 +121,9 @@ class TarDataset:
         self._stride = ix.record_stride
         self._exts = ix.exts
         self._fds: OrderedDict[int, Any] = OrderedDict()  # shard -> int fd, or an object with read_at()
+        self._closing: list[tuple[int, Any]] = []  # evicted while another thread was reading them: closed later
+        self._inflight: dict[int, int] = {}  # the Python path's reads in progress, per shard
+        self._lock = threading.RLock()  # opening, evicting and counting reads, across threads
         self._lru = len(ix.shards) > self.max_open_files
         self._fast: Any = None
         if _speedups is not None:
@@ -142,10 +146,15 @@ class TarDataset:
 
     def _open_shard(self, shard: int) -> Any:
         """Open a shard in this process (stale check on the open handle): an int fd, or a handle with ``read_at``."""
+        with self._lock:
+            handle = self._fds.get(shard)  # another thread may have opened it meanwhile
+            return handle if handle is not None else self._remember(shard, self._open_handle(shard))
+
+    def _open_handle(self, shard: int) -> Any:
         path = self.urls[shard]
         info = self.index.shards[shard]
         if path.startswith(("http://", "https://")):  # an index built from URLs: Range requests
-            return self._remember(shard, _open_url(path, info))
+            return _open_url(path, info)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:
@@ -162,26 +171,52 @@ class TarDataset:
             handle = open_zstd_shard(
                 path, fd, info, self.index.frame_table(shard), cache_dir=self.zstd_cache_dir, cache_bytes=self.zstd_cache_bytes
             )
-        return self._remember(shard, handle)
+        return handle
 
     def _remember(self, shard: int, handle: Any) -> Any:
         fds = self._fds
+        if self._closing:
+            self._close_idle()
         while len(fds) >= self.max_open_files:
             evicted, old = fds.popitem(last=False)
             if self._fast is not None:
                 self._fast.forget(evicted)
-            _close(old)
+            if self._reading(evicted):  # another thread is reading it: its number must not be reused yet
+                self._closing.append((evicted, old))
+            else:
+                _close(old)
         fds[shard] = handle
+        if self._fast is not None:
+            self._fast.adopt(shard, handle)
         return handle
+
+    def _close_idle(self) -> None:
+        """Close the evicted handles whose reads have finished."""
+        busy = []
+        for shard, handle in self._closing:
+            if self._reading(shard):
+                busy.append((shard, handle))
+            else:
+                _close(handle)
+        self._closing = busy
+
+    def _reading(self, shard: int) -> bool:
+        """Whether a read of ``shard``'s file is in progress in another thread (its GIL released)."""
+        return bool(self._inflight.get(shard) or (self._fast is not None and self._fast.reading(shard)))
 
     def close(self) -> None:
         """Close this process's shard files (they reopen on demand)."""
         if self._gen == FORK[0]:
-            for shard, handle in self._fds.items():
-                if self._fast is not None:
-                    self._fast.forget(shard)
-                _close(handle)
-            self._fds.clear()
+            with self._lock:
+                self._close_all()
+
+    def _close_all(self) -> None:
+        for shard, handle in [*self._fds.items(), *self._closing]:
+            if self._fast is not None:
+                self._fast.forget(shard)
+            _close(handle)
+        self._fds.clear()
+        self._closing.clear()
 
     def __del__(self) -> None:
         try:
@@ -228,12 +263,24 @@ class TarDataset:
         records, stride = self._records, self._stride
         at = i * stride if stride else self._rec_at[i]
         offset, size, shard, nm, klen = _unpack_head(records, at)
-        handle = self._fds.get(shard)
-        if handle is None:
-            handle = self._open_shard(shard)
-        elif self._lru:
-            self._fds.move_to_end(shard)
-        buf = _pread(handle, size, offset) if type(handle) is int else handle.read_at(offset, size)
+        inflight = self._inflight
+        with self._lock:  # the handle, and the count that keeps another thread from closing it under us
+            handle = self._fds.get(shard)
+            if handle is None:
+                handle = self._open_shard(shard)
+            elif self._lru:
+                self._fds.move_to_end(shard)
+            plain = type(handle) is int
+            if plain:
+                inflight[shard] = inflight.get(shard, 0) + 1
+        if plain:
+            try:
+                buf = _pread(handle, size, offset)
+            finally:
+                with self._lock:
+                    inflight[shard] -= 1
+        else:
+            buf = handle.read_at(offset, size)
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
         at += _HEAD_SIZE

@@ -251,6 +251,36 @@ def test_max_open_files_lru(tmp_path: Path) -> None:
     ds.close()
 
 
+def test_a_file_being_read_is_closed_only_after_the_read(tmp_path: Path) -> None:
+    paths = make_shard_set(tmp_path / "lru", n_shards=3, per=2)
+    ds = TarDataset(build_index(_pattern(paths), workers=1).path, max_open_files=1)
+    ds[0]
+    fd = ds._fds[0]
+    ds._inflight[0] = 1  # as if another thread were inside os.pread on shard 0's file
+    ds[2]  # opens shard 1: shard 0 is evicted, but its descriptor must stay open
+    assert 0 not in ds._fds and os.fstat(fd)
+    ds._inflight[0] = 0  # that read is done
+    ds[4]  # the next open closes it
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    ds.close()
+
+
+def test_threads_share_a_dataset_with_few_open_files(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = make_shard_set(tmp_path / "threads", n_shards=6, per=4)
+    ds = TarDataset(build_index(_pattern(paths), workers=1).path, max_open_files=2)
+    expected = _oracle(paths)
+    order = [int(i) for i in np.random.default_rng(0).integers(0, len(ds), 4000)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(ds.__getitem__, order))
+    assert [_strip(s) for s in got] == [expected[i] for i in order]
+    assert len(ds._fds) <= 2
+    ds.close()
+    assert not ds._closing
+
+
 def test_stale_shard_appended(built: tuple[list[Path], TarDataset]) -> None:
     paths, _ = built
     with open(paths[1], "ab") as f:
