@@ -114,7 +114,7 @@ class TarDataset:
 
     # -- per-process state ----------------------------------------------------
     def _attach(self) -> None:
-        """Open this process's view: columns, no file handles yet."""
+        """Open this process's view: the sample records, no file handles yet."""
         ix = self.index
         self._rec_at = ix.column("record_offset")
         self._records = ix.column("records")

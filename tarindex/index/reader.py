@@ -1,4 +1,4 @@
-"""Read an index: lazy per-process LMDB, zero-copy columns, key lookup.
+"""Read an index: lazy per-process LMDB, zero-copy sample records, key lookup.
 
 Importing this module, or opening an index, never imports torch.
 """
