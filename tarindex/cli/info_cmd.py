@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import click
+import numpy as np
 
 from ._common import human, open_index
 
@@ -17,8 +17,8 @@ def command(index: str, as_json: bool) -> None:
     """Summarise INDEX (an index file, or the shards it sits beside)."""
     ix = open_index(index)
     samples = ix.decode()
-    counts = Counter(samples.member_ext.tolist())
-    exts = {ix.exts[e]: n for e, n in sorted(counts.items(), key=lambda kv: -kv[1])}
+    counts = np.bincount(samples.member_ext, minlength=len(ix.exts)).tolist()
+    exts = {ix.exts[e]: n for e, n in sorted(enumerate(counts), key=lambda kv: -kv[1]) if n}
     data_bytes = int(samples.size.sum(dtype="u8"))
     summary = {
         "index": str(ix.path),
