@@ -240,8 +240,8 @@ static int slice_members(const Record *r, const char *base, PyObject **vals) {
 
 /* A sample of a shard read through its handle's read_at(offset, size): members sliced from the bytes it returns.
  * A ZstdReader (_zstdread.c) is called directly and its members are sliced straight from the decompressed frame. */
-static PyObject *read_handle(Reader *self, const Record *r, PyObject *index) {
-    PyObject *buf = NULL, *handle = self->handles[r->shard];
+static PyObject *read_handle(Reader *self, PyObject *handle, const Record *r, PyObject *index) {
+    PyObject *buf = NULL;
     const char *base = NULL;
     size_t got = 0;
     if (zstdread_is_reader(handle)) {
@@ -341,9 +341,7 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
         }
     }
     int err;
-    self->reading[r->shard]++; /* until it is done, the dataset keeps this descriptor open (other threads) */
     ssize_t got = read_range(fd, iov, niov, r->offset, &err);
-    self->reading[r->shard]--;
     if (err || got < 0 || (uint64_t)got < r->size) {
         PyMem_Free(heap);
         if (direct)
@@ -359,20 +357,31 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
     return bad ? NULL : new_sample(self, r, index, vals);
 }
 
-/* This process's handle of a shard: fds[shard], after asking the opener when it is not open here; -4 on
- * error. The opener opens the file and hands it over with adopt(); another thread may close it again
- * before the opener's Python frame returns (max_open_files), in which case it is asked again. */
-static int shard_fd(Reader *self, uint32_t shard) {
-    for (int tries = 0; tries < 16; tries++) {
-        int fd = self->fds[shard];
-        if (fd != -1) return fd;
-        PyObject *got = PyObject_CallFunction(self->opener, "I", shard);
-        if (!got) return -4;
-        Py_DECREF(got);
+/* The handle of a shard for one read: the one adopted (fds, handles), or what the opener returns when
+ * the shard is not open here (the opener also adopts it, unless another thread evicts it before the
+ * opener returns: the handle is used for this read all the same, and the caller's count in `reading`
+ * keeps the dataset from closing it meanwhile). Returns the fd, -2 (not plain: fallback), -3 (*handle:
+ * an object with read_at, a new reference) or -4 on error. */
+static int shard_handle(Reader *self, uint32_t shard, PyObject **handle) {
+    int fd = self->fds[shard];
+    if (fd == -3) {
+        *handle = Py_NewRef(self->handles[shard]);
+        return fd;
     }
-    PyErr_Format(PyExc_RuntimeError, "%U: closed by other threads as soon as it was opened, 16 times; raise max_open_files",
-                 PyTuple_GET_ITEM(self->urls, shard));
-    return -4;
+    if (fd != -1) return fd;
+    PyObject *got = PyObject_CallFunction(self->opener, "I", shard);
+    if (!got) return -4;
+    if (got == Py_None) {
+        fd = -2;
+    } else if (!PyLong_Check(got)) {
+        *handle = got;
+        return -3;
+    } else {
+        long v = PyLong_AsLong(got);
+        fd = v == -1 && PyErr_Occurred() ? -4 : (int)v;
+    }
+    Py_DECREF(got);
+    return fd;
 }
 
 static PyObject *Reader_read(Reader *self, PyObject *arg) {
@@ -392,17 +401,23 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
     }
     Record r;
     if (load(self, i, &r) < 0) return NULL;
-    int fd = shard_fd(self, r.shard);
-    if (fd == -4) return NULL;
-    PyObject *index = given ? (Py_INCREF(arg), arg) : PyLong_FromSsize_t(i), *out;
-    if (!index) return NULL;
-    if (fd == -2 || r.nm > MAX_MEMBERS)
-        out = PyObject_CallOneArg(self->fallback, index);
-    else if (fd == -3)
-        out = read_handle(self, &r, index);
-    else
-        out = read_fd(self, fd, &r, index);
-    Py_DECREF(index);
+    PyObject *handle = NULL, *out = NULL;
+    /* From here to the end of the read, the dataset closes no descriptor of this shard (other threads
+     * may evict it meanwhile: it is closed once the count is back to zero). */
+    self->reading[r.shard]++;
+    int fd = shard_handle(self, r.shard, &handle);
+    PyObject *index = fd == -4 ? NULL : given ? Py_NewRef(arg) : PyLong_FromSsize_t(i);
+    if (index) {
+        if (fd == -2 || r.nm > MAX_MEMBERS)
+            out = PyObject_CallOneArg(self->fallback, index);
+        else if (fd == -3)
+            out = read_handle(self, handle, &r, index);
+        else
+            out = read_fd(self, fd, &r, index);
+        Py_DECREF(index);
+    }
+    self->reading[r.shard]--;
+    Py_XDECREF(handle);
     return out;
 }
 

@@ -12,7 +12,7 @@ from typing import Any
 from ._native import SPEEDUPS
 from ._process import FORK
 from .decode import DecodeMode, Decoder
-from .errors import CorruptArchiveError, ShardNotFoundError, StaleIndexError
+from .errors import CorruptArchiveError, IndexFormatError, ShardNotFoundError, StaleIndexError
 from .index.format import ShardInfo
 from .index.reader import IndexReader
 from .index.records import HEAD
@@ -262,7 +262,13 @@ class TarDataset:
             raise IndexError(f"sample {i} out of range for {n} samples")
         records, stride = self._records, self._stride
         at = i * stride if stride else self._rec_at[i]
-        offset, size, shard, nm, klen = _unpack_head(records, at)
+        try:
+            offset, size, shard, nm, klen = _unpack_head(records, at)
+            spans = _unpack_from(f"<{2 * nm}Q{nm}H", records, at + _HEAD_SIZE)
+            if shard >= len(self.urls) or at + _HEAD_SIZE + 18 * nm + klen > len(records):
+                raise ValueError("out of range")
+        except (struct.error, ValueError) as exc:
+            raise IndexFormatError(f"the index record of sample {i} is damaged; rebuild the index") from exc
         inflight = self._inflight
         with self._lock:  # the handle, and the count that keeps another thread from closing it under us
             handle = self._fds.get(shard)
@@ -283,9 +289,7 @@ class TarDataset:
             buf = handle.read_at(offset, size)
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
-        at += _HEAD_SIZE
-        spans = _unpack_from(f"<{2 * nm}Q{nm}H", records, at)
-        key_at = at + 18 * nm
+        key_at = at + _HEAD_SIZE + 18 * nm
         sample: Sample = {
             "__key__": str(records[key_at : key_at + klen], "utf-8", "surrogateescape"),
             "__url__": self.urls[shard],
