@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -15,7 +14,7 @@ from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, IndexFormatError, ShardNotFoundError, StaleIndexError
 from .index.format import ShardInfo
 from .index.reader import IndexReader
-from .index.records import HEAD
+from .index.records import unpack as unpack_record
 from .shards import resolve_index
 from .sources import RangeReader, is_url
 from .zstd import open_zstd_shard
@@ -25,9 +24,6 @@ _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the r
 __all__ = ["TarDataset"]
 
 _pread = os.pread
-_unpack_from = struct.unpack_from
-_unpack_head = HEAD.unpack_from
-_HEAD_SIZE = HEAD.size
 
 Sample = dict[str, Any]
 
@@ -262,13 +258,9 @@ class TarDataset:
             raise IndexError(f"sample {i} out of range for {n} samples")
         records, stride = self._records, self._stride
         at = i * stride if stride else self._rec_at[i]
-        try:
-            offset, size, shard, nm, klen = _unpack_head(records, at)
-            spans = _unpack_from(f"<{2 * nm}Q{nm}H", records, at + _HEAD_SIZE)
-            if shard >= len(self.urls) or at + _HEAD_SIZE + 18 * nm + klen > len(records):
-                raise ValueError("out of range")
-        except (struct.error, ValueError) as exc:
-            raise IndexFormatError(f"the index record of sample {i} is damaged; rebuild the index") from exc
+        offset, size, shard, spans, key = unpack_record(records, at, i)
+        if shard >= len(self.urls):
+            raise IndexFormatError(f"the index record of sample {i} is damaged; rebuild the index")
         inflight = self._inflight
         with self._lock:  # the handle, and the count that keeps another thread from closing it under us
             handle = self._fds.get(shard)
@@ -289,13 +281,8 @@ class TarDataset:
             buf = handle.read_at(offset, size)
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
-        key_at = at + _HEAD_SIZE + 18 * nm
-        sample: Sample = {
-            "__key__": str(records[key_at : key_at + klen], "utf-8", "surrogateescape"),
-            "__url__": self.urls[shard],
-            "__index__": i,
-        }
-        exts = self._exts
+        sample: Sample = {"__key__": key, "__url__": self.urls[shard], "__index__": i}
+        exts, nm = self._exts, len(spans) // 3
         for j in range(nm):
             o, end = spans[2 * j], spans[2 * j] + spans[2 * j + 1]
             if end > size:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from .format import (
     ShardInfo,
     ShardTable,
 )
-from .records import HEAD, Decoded, decode, unpack_head
+from .records import Decoded, decode, unpack
 
 __all__ = ["IndexReader"]
 
@@ -217,14 +216,11 @@ class IndexReader:
 
         ``members`` is ``(extension, data offset relative to the sample, size)`` per member.
         """
-        blob = self.column("records")
-        at = self.record_start(i)
-        offset, size, shard, nm, klen = unpack_head(blob, at)
-        spans = struct.unpack_from(f"<{2 * nm}Q{nm}H", blob, at + HEAD.size)
+        offset, size, shard, spans, key = unpack(self.column("records"), self.record_start(i), i)
+        nm = len(spans) // 3
         exts = self.exts
         members = [(exts[spans[2 * nm + j]], spans[2 * j], spans[2 * j + 1]) for j in range(nm)]
-        key_at = at + HEAD.size + 18 * nm
-        return shard, offset, size, members, str(blob[key_at : key_at + klen], "utf-8", "surrogateescape")
+        return shard, offset, size, members, key
 
     @property
     def record_stride(self) -> int:

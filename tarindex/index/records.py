@@ -27,12 +27,13 @@ tables with numpy.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 
 from ..errors import IndexFormatError
 
-__all__ = ["HEAD", "MAX_KEY_BYTES", "MAX_MEMBERS", "STRIDE_SLACK", "Decoded", "decode", "encode", "unpack_head"]
+__all__ = ["HEAD", "MAX_KEY_BYTES", "MAX_MEMBERS", "STRIDE_SLACK", "Decoded", "decode", "encode", "unpack", "unpack_head"]
 
 HEAD = struct.Struct("<QQIHH")
 """The fixed head of a record: offset, size, shard, n_members, key_len."""
@@ -45,6 +46,27 @@ STRIDE_SLACK = 1.25
 """Records sit at a fixed stride when padding them all to the longest costs at most this factor in bytes."""
 
 unpack_head = HEAD.unpack_from
+_unpack_from = struct.unpack_from
+
+
+def unpack(blob: Any, at: int, sample: int) -> tuple[int, int, int, tuple[int, ...], str]:
+    """Sample ``sample``'s record at byte ``at``: ``(offset, size, shard, spans, key)``.
+
+    ``spans`` holds each member's data offset (relative to ``offset``) and size, then each
+    member's extension number: ``2 * n`` then ``n`` values for ``n`` members.
+
+    Raises:
+        IndexFormatError: the record runs past the blob.
+    """
+    try:
+        offset, size, shard, nm, klen = unpack_head(blob, at)
+        spans = _unpack_from(f"<{2 * nm}Q{nm}H", blob, at + HEAD.size)
+    except struct.error as exc:
+        raise IndexFormatError(f"the index record of sample {sample} is damaged; rebuild the index") from exc
+    key_at = at + HEAD.size + 18 * nm
+    if key_at + klen > len(blob):
+        raise IndexFormatError(f"the index record of sample {sample} is damaged; rebuild the index")
+    return offset, size, shard, spans, str(blob[key_at : key_at + klen], "utf-8", "surrogateescape")
 
 
 def encode(
