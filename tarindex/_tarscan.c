@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -148,8 +149,16 @@ fail:
  *   scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size): the walk over
  *       a file of `size` bytes from `offset` (whose header the caller has at buf[pos]: nothing is read when the
  *       Python walker must take it), read with pread: headers through a small window, each large
- *       member's data straight into its own bytes object (one copy, as cat makes). Both stop
- *       once `limit` data bytes are done, or at a repeated extension.
+ *       member's data straight into its own bytes object (one copy, as cat makes).
+ *   scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base)
+ *       -> (tail_offset, tail, next_header, last_header, last_size, received): the same over a
+ *       socket or pipe read with read() (at most `remaining` bytes; < 0: to the end), after the
+ *       bytes buf[pos:] at absolute offset base + pos. A stream is read once, so it returns what it
+ *       received and did not walk, `tail` (None when the first header is the Python walker's; it
+ *       starts at tail_offset; the walk goes on at next_header, maybe past it when padding is still
+ *       unread), and the bytes it read from fd. Any trouble reading (the end, an error, a timeout,
+ *       a signal) just stops it: the Python read that follows says which.
+ *   All three stop once `limit` data bytes are done, or at a repeated extension.
  *   take() -> [(sample_offset, dict), ...] completed so far; raises the recorded duplicate once
  *       the samples before it are taken. finish() completes the last sample (take() it after).
  *
@@ -607,6 +616,156 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
     return Py_BuildValue("(KKK)", offset, last_at, last_size);
 }
 
+/* ---- scan_stream: the walk over a socket or pipe, read with read() ---------------------------
+ *
+ * A stream cannot be read twice, so bytes already received stay in a window (self->win) until the
+ * walk consumes them, and the call returns what it holds unconsumed for the Python walker. */
+
+typedef struct {
+    int fd, timeout_ms;           /* timeout_ms < 0: wait for ever */
+    long long remaining;          /* bytes the stream may still deliver; < 0: until the end */
+    unsigned long long received;  /* bytes read in this call */
+} Stream;
+
+/* One read() of up to n bytes (GIL released by the caller), waiting with poll() on a non-blocking
+ * descriptor (a Python socket with a timeout). 0 when nothing came: the end, an error, a timeout or a
+ * signal; the caller returns to Python, whose own read of the stream then says which. */
+static Py_ssize_t stream_read(Stream *s, char *p, size_t n) {
+    if (s->remaining >= 0 && (unsigned long long)s->remaining < n) n = (size_t)s->remaining;
+    if (n == 0) return 0;
+    for (;;) {
+        ssize_t r = read(s->fd, p, n);
+        if (r > 0) {
+            s->received += (unsigned long long)r;
+            if (s->remaining >= 0) s->remaining -= r;
+            return r;
+        }
+        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return 0; /* EINTR too: Python runs the handlers */
+        struct pollfd pfd = {s->fd, POLLIN, 0};
+        if (poll(&pfd, 1, s->timeout_ms) <= 0) return 0;
+    }
+}
+
+/* Read until n bytes are in p or the stream stops (GIL released); the bytes read. */
+static size_t stream_read_full(Stream *s, char *p, size_t n) {
+    size_t got = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (got < n) {
+        Py_ssize_t r = stream_read(s, p + got, n - got);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    Py_END_ALLOW_THREADS
+    return got;
+}
+
+/* Bring the window up to a whole header: *src and *avail are the unconsumed bytes (moved to the window's
+ * start), *skip bytes of the stream come first and are dropped. Reads at most `want` bytes of window
+ * (GIL released). 0 on success, -1 when the stream stopped first. */
+static int stream_fill(Stream *s, unsigned char *win, const unsigned char **src, size_t *avail, uint64_t *skip, size_t want) {
+    memmove(win, *src, *avail);
+    *src = win;
+    int ok = 1;
+    Py_BEGIN_ALLOW_THREADS
+    while (*skip > 0 || *avail < 512) {
+        Py_ssize_t r = stream_read(s, (char *)win + *avail, want - *avail);
+        if (r <= 0) {
+            ok = 0;
+            break;
+        }
+        size_t drop = *skip < (uint64_t)r ? (size_t)*skip : (size_t)r;
+        if (drop) memmove(win + *avail, win + *avail + drop, (size_t)r - drop);
+        *skip -= drop;
+        *avail += (size_t)r - drop;
+    }
+    Py_END_ALLOW_THREADS
+    return ok ? 0 : -1;
+}
+
+static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
+    Stream s = {.received = 0};
+    long long limit;
+    unsigned long long base;
+    Py_buffer view;
+    Py_ssize_t pos;
+    if (!ready(self) || !PyArg_ParseTuple(args, "iiLLy*nK", &s.fd, &s.timeout_ms, &s.remaining, &limit, &view, &pos, &base))
+        return NULL;
+    uint64_t size;
+    int regular;
+    if (pos < 0 || pos + 512 > view.len || !plain_header((const unsigned char *)view.buf + pos, &size, &regular)) {
+        PyBuffer_Release(&view); /* the caller's header is the Python walker's */
+        return Py_BuildValue("(KOKKKK)", base + (unsigned long long)pos, Py_None, base + (unsigned long long)pos, 0ULL, 0ULL, 0ULL);
+    }
+    if (!self->url) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_RuntimeError, "scan_stream makes sample dicts: Packer(..., url, index)");
+        return NULL;
+    }
+    if (!self->win && !(self->win = PyMem_Malloc(WINDOW_LARGE))) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    /* src[0:avail]: unconsumed bytes at absolute offset `at` (the caller's buffer, then the window);
+     * `skip` bytes after them (padding) are still to be read and dropped */
+    const unsigned char *src = (const unsigned char *)view.buf + pos;
+    size_t avail = (size_t)(view.len - pos), want = WINDOW_LARGE;
+    uint64_t at = base + (uint64_t)pos, skip = 0, last_at = 0, last_size = 0;
+    PyObject *tail = NULL;
+    while (self->held < (uint64_t)limit && !self->error) {
+        if ((skip > 0 || avail < 512) && stream_fill(&s, self->win, &src, &avail, &skip, want) < 0) break;
+        const unsigned char *h = src;
+        if (!plain_header(h, &size, &regular)) break;
+        uint64_t padded = (size + 511) & ~(uint64_t)511;
+        size_t here = avail - 512; /* data bytes after the header in hand */
+        uint64_t fetched = 0;      /* data bytes read past them, straight into the member */
+        if (size > (uint64_t)PY_SSIZE_T_MAX || (s.remaining >= 0 && size > (uint64_t)here + (uint64_t)s.remaining))
+            break; /* more than the stream holds: the Python walker says what is wrong */
+        if (regular) {
+            PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+            if (!bytes) goto fail;
+            size_t head = (uint64_t)here < size ? here : (size_t)size;
+            memcpy(PyBytes_AS_STRING(bytes), h + 512, head);
+            if ((uint64_t)head < size) { /* the rest straight from the stream into the member's bytes */
+                size_t need = (size_t)(size - (uint64_t)head);
+                size_t got = stream_read_full(&s, PyBytes_AS_STRING(bytes) + head, need);
+                fetched = got;
+                if (got < need) { /* stopped: hand back the header and the data so far */
+                    tail = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(512 + head + got));
+                    if (tail) {
+                        memcpy(PyBytes_AS_STRING(tail), h, 512);
+                        memcpy(PyBytes_AS_STRING(tail) + 512, PyBytes_AS_STRING(bytes), head + got);
+                    }
+                    Py_DECREF(bytes);
+                    if (!tail) goto fail;
+                    src = NULL;
+                    avail = 0;
+                    break;
+                }
+            }
+            int rc = pack(self, (const char *)h, name_len(h), NULL, at, at + 512, size, bytes);
+            Py_DECREF(bytes);
+            if (rc < 0) goto fail;
+        }
+        last_at = at;
+        last_size = size;
+        size_t used = (uint64_t)here < padded ? here : (size_t)padded;
+        skip = padded - (uint64_t)used - fetched;
+        src += 512 + used;
+        avail = here - used;
+        at += 512 + padded;
+        want = (uint64_t)here < padded ? WINDOW_SMALL : WINDOW_LARGE;
+    }
+    /* the unconsumed bytes start at `at - skip` when skip > 0 (then none are in hand) */
+    uint64_t tail_at = tail ? at : at - skip;
+    if (!tail && !(tail = PyBytes_FromStringAndSize(avail ? (const char *)src : "", (Py_ssize_t)avail))) goto fail;
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(KNKKKK)", (unsigned long long)tail_at, tail, (unsigned long long)at, (unsigned long long)last_at,
+                         (unsigned long long)last_size, s.received);
+fail:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 static PyObject *Packer_add(Packer *self, PyObject *args) {
     PyObject *name, *data = Py_None;
     unsigned long long h, d, size;
@@ -655,6 +814,8 @@ static PyObject *Packer_finish(Packer *self, PyObject *unused) {
 static PyMethodDef Packer_methods[] = {
     {"scan", (PyCFunction)Packer_scan, METH_VARARGS, "scan(buf, pos, base[, limit]) -> (pos, last_header, last_size)"},
     {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS, "scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size)"},
+    {"scan_stream", (PyCFunction)Packer_scan_stream, METH_VARARGS,
+     "scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base) -> (tail_offset, tail, next_header, last_header, last_size, received)"},
     {"add", (PyCFunction)Packer_add, METH_VARARGS, "add(name, header_offset, data_offset, size[, data])"},
     {"take", (PyCFunction)Packer_take, METH_NOARGS, "take() -> [(sample_offset, sample dict), ...]"},
     {"finish", (PyCFunction)Packer_finish, METH_NOARGS, "finish() -> the offset tables; raises a recorded duplicate"},

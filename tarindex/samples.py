@@ -203,9 +203,10 @@ def fused() -> bool:
 
 
 def iter_samples(
-    source: Iterable[Buffer] | int, url: str, *, index: int | None = None
+    source: Iterable[Buffer] | int | tar.Stream, url: str, *, index: int | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(sample offset, sample)`` for each sample of an archive: chunks, or an open file's descriptor.
+    """``(sample offset, sample)`` for each sample of an archive: chunks, an open file's descriptor,
+    or a :class:`tarindex.tar.Stream` (a socket the C walk reads itself).
 
     A sample is ``{"__key__": key, "__url__": url, "__index__": index, ext: bytes, ...}``
     (``__index__`` counting up from ``index``, only when it is given). With the C
@@ -221,6 +222,8 @@ def iter_samples(
         packer = _CPacker(sample_key, lambda offset, ext, key, name: _duplicate(url, offset, ext, key, name), url, index)
         yield from tar.group_tar(source, url, packer)
         return
+    if isinstance(source, tar.Stream):
+        source = tar.stream_chunks(source)
     entries = tar.iter_tar_file(source, url, with_data=True) if isinstance(source, int) else tar.iter_tar(source, url, with_data=True)
     for rec in group_members(entries, url):
         sample: dict[str, Any] = {"__key__": rec.key, "__url__": url}

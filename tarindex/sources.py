@@ -23,6 +23,7 @@ import os
 import queue
 import signal
 import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -84,14 +85,20 @@ class Source:
         return self._run(self._chunks())
 
     def archive(
-        self, tap: Callable[[Iterator[bytes]], Iterator[bytes]] | None = None, *, frames: list[Any] | None = None
+        self,
+        tap: Callable[[Iterator[bytes]], Iterator[bytes]] | None = None,
+        *,
+        frames: list[Any] | None = None,
+        first: bytes = b"",
     ) -> Iterator[bytes]:
         """The uncompressed tar stream (see :func:`iter_archive`), decompressed in the reader thread too.
 
         ``tap`` wraps the raw chunks before decompression (it runs in the reader thread); ``frames``
-        collects a zstd stream's frame table.
+        collects a zstd stream's frame table; ``first``: bytes already read from the source.
         """
         raw = self._chunks()
+        if first:
+            raw = itertools.chain((first,), raw)
         return self._run(iter_archive(tap(raw) if tap is not None else raw, self.url, frames=frames))
 
     def _run(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -277,6 +284,9 @@ class _Retrying(Source):
         self.timeout = timeout
         self._stream: Any = None
         self._closed = False
+        self._ended = False
+        self._failures = 0
+        self._failed_at = -1
 
     def _open_at(self, start: int) -> Any:
         """A readable object (``read(n)``, ``close()``) positioned at byte ``start``."""
@@ -290,34 +300,51 @@ class _Retrying(Source):
     def _retryable(self, exc: Exception) -> bool:
         return isinstance(exc, (OSError, http.client.HTTPException))
 
-    def _chunks(self) -> Iterator[bytes]:
-        failures = 0
-        failed_at = -1
-        while not self._closed:
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes from ``position`` (``b""`` at the end, or once closed), reconnecting at
+        ``position`` after a failure, with backoff.
+
+        Raises:
+            SourceError: ``retries`` failures in a row without progress.
+            ShardNotFoundError, StaleIndexError: not found or changed on the server (never retried).
+        """
+        while not self._closed and not self._ended:
             try:
                 if self._stream is None:
                     self._stream = self._open_at(self.position)
-                yield from self._blocks(self._stream.read)
+                data: bytes = self._stream.read(n)
+                if data:
+                    self.position += len(data)
+                    return data
                 self._finished()
                 self._drop()
-                return
+                self._ended = True
             except TarIndexError:  # not found, changed on the server: retrying cannot help
                 self._drop()
                 raise
             except Exception as exc:
                 self._drop()
                 if self._closed:  # the consumer stopped: the failure is our own doing
-                    return
+                    break
                 if not self._retryable(exc):
                     raise
-                if self.position != failed_at:  # progress since the last failure: a fresh budget
-                    failures, failed_at = 0, self.position
-                failures += 1
-                if failures > self.retries:
-                    raise SourceError(
-                        self.url, self.position, f"read failed after {self.retries} retries ({type(exc).__name__}: {exc})"
-                    ) from exc
-                time.sleep(min(self.backoff * 2 ** (failures - 1), 30.0))
+                self._failed(exc)
+        return b""
+
+    def _failed(self, exc: Exception) -> None:
+        """Count a failure (a fresh budget after progress) and wait before the next try."""
+        if self.position != self._failed_at:
+            self._failures, self._failed_at = 0, self.position
+        self._failures += 1
+        if self._failures > self.retries:
+            raise SourceError(
+                self.url, self.position, f"read failed after {self.retries} retries ({type(exc).__name__}: {exc})"
+            ) from exc
+        time.sleep(min(self.backoff * 2 ** (self._failures - 1), 30.0))
+
+    def _chunks(self) -> Iterator[bytes]:
+        while chunk := self.read(self.block_size):
+            yield chunk
 
     def _drop(self) -> None:
         stream, self._stream = self._stream, None
@@ -330,17 +357,50 @@ class _Retrying(Source):
 
 
 class _HTTPBody:
-    """A response body with its connection; ``read`` flags a body cut short."""
+    """A response body with its connection; ``read`` flags a body cut short.
+
+    A plain-HTTP body of known length is read from the socket itself once
+    http.client's buffered bytes are out, so that the C walk can read it too
+    (:meth:`direct`); HTTPS and chunked bodies go through http.client.
+    """
 
     def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
         self.conn = conn
         self.resp = resp
+        sock = conn.sock
+        plain = sock is not None and not isinstance(sock, ssl.SSLSocket) and not resp.chunked and resp.length
+        self.sock: socket.socket | None = sock if plain else None
+        self.left = resp.length or 0  # with sock: bytes still to come
+        self.fresh = True  # with sock: http.client may hold bytes it read with the headers
 
     def read(self, n: int) -> bytes:
-        data = self.resp.read(n)
-        if not data and self.resp.length:  # http.client returns b"" when Content-Length is not met
-            raise http.client.IncompleteRead(b"", self.resp.length)
+        if self.sock is None:
+            data = self.resp.read(n)
+            if not data and self.resp.length:  # http.client returns b"" when Content-Length is not met
+                raise http.client.IncompleteRead(b"", self.resp.length)
+            return data
+        if not self.left:
+            return b""
+        if self.fresh:  # first what http.client buffered (or one read), then the socket itself
+            self.fresh = False
+            data = self.resp.fp.read1(min(n, self.left))
+        else:
+            data = self.sock.recv(min(n, self.left))
+        if not data:
+            raise http.client.IncompleteRead(b"", self.left)
+        self.left -= len(data)
         return data
+
+    def direct(self) -> tuple[int, int, int] | None:
+        """``(fd, bytes left, timeout in ms or -1)`` for reads that bypass Python (report them with
+        :meth:`advance`), or ``None``: HTTPS, chunked, or before the first :meth:`read`."""
+        if self.sock is None or self.fresh:
+            return None
+        timeout = self.sock.gettimeout()
+        return self.sock.fileno(), self.left, -1 if timeout is None else int(timeout * 1000)
+
+    def advance(self, n: int) -> None:
+        self.left -= n
 
     def close(self) -> None:
         sock = self.conn.sock
@@ -445,6 +505,20 @@ class HTTPSource(_Retrying):
                 raise SourceError(self.url, start, f"server answered Range bytes={start}- with Content-Range {got!r}")
             return body
         raise SourceError(self.url, start, f"HTTP {status} {resp.reason}")
+
+    def direct(self) -> tuple[int, int, int] | None:
+        """The current body's socket for the C walk (see :meth:`_HTTPBody.direct`), or ``None``
+        (not connected, HTTPS, chunked); what it reads is reported with :meth:`advance`."""
+        body = self._stream
+        if body is None or self._closed:
+            return None
+        got: tuple[int, int, int] | None = body.direct()
+        return got
+
+    def advance(self, n: int) -> None:
+        """``n`` bytes of the body were read from the socket directly."""
+        self._stream.advance(n)
+        self.position += n
 
     def _first_response(self, resp: http.client.HTTPResponse) -> None:
         length = resp.getheader("Content-Length")

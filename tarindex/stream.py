@@ -25,7 +25,8 @@ from .errors import DecodeError, StreamWarning, TarIndexError
 from .index.reader import IndexReader
 from .samples import fused, iter_samples
 from .shards import INDEX_SUFFIX, expand_shards
-from .sources import DEFAULT_BLOCK_SIZE, FileSource, is_url, open_source
+from .sources import DEFAULT_BLOCK_SIZE, FileSource, HTTPSource, is_url, open_source
+from .tar import Stream
 from .zstd import is_zstd
 
 __all__ = ["Handler", "TarStream", "read_ahead_for"]
@@ -237,7 +238,16 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             if fd >= 0 and not is_zstd(os.pread(fd, 4, 0)):  # a local tar: the C walk reads it, one copy, no thread
                 yield from iter_samples(fd, url, index=index)
                 return
-            raw = source.archive()
+            first = b""
+            if isinstance(source, HTTPSource) and fused():  # plain HTTP: the C walk reads the socket itself
+                while len(first) < 4 and (more := source.read(64 << 10)):
+                    first += more
+                if not is_zstd(first[:4]):
+                    yield from iter_samples(Stream(source, first), url, index=index)
+                    while source.read(source.block_size):  # to the end: the body's length is checked there
+                        pass
+                    return
+            raw = source.archive(first=first)
             yield from iter_samples(raw, url, index=index)
             for _ in raw:  # to the end: a pipe's exit status and an HTTP body's length are checked there
                 pass

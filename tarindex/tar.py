@@ -313,6 +313,69 @@ class _FileCursor:
         return 0
 
 
+class DirectSource(Protocol):
+    """A sequential source whose socket or pipe the C walk may read itself (:class:`tarindex.sources.HTTPSource`)."""
+
+    def read(self, n: int, /) -> bytes:
+        """Up to ``n`` more bytes; ``b""`` at the end."""
+        ...
+
+    def direct(self) -> tuple[int, int, int] | None:
+        """``(fd, bytes left or -1, timeout in ms or -1)`` once every byte read so far was returned
+        by :meth:`read`, else ``None``."""
+        ...
+
+    def advance(self, n: int, /) -> None:
+        """``n`` bytes were read from the descriptor."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """A :class:`DirectSource` to walk, and the bytes already read from it."""
+
+    source: DirectSource
+    """Where the rest comes from."""
+    first: bytes
+    """The archive's first bytes."""
+
+
+_STREAM_READ = 64 << 10  # the Python walker's smallest read of a Stream: the C walk takes the rest
+
+
+def stream_chunks(stream: Stream) -> Iterator[bytes]:
+    """A :class:`Stream`'s bytes as chunks (for walkers that do not read descriptors)."""
+    if stream.first:
+        yield stream.first
+    while chunk := stream.source.read(16 * _STREAM_READ):
+        yield chunk
+
+
+class _StreamCursor(_Cursor):
+    """A :class:`_Cursor` over a :class:`Stream` whose descriptor the C walk may read too (:meth:`direct`)."""
+
+    __slots__ = ("need", "source")
+
+    def __init__(self, stream: Stream) -> None:
+        super().__init__(self._reads())
+        self.buf = stream.first
+        self.source = stream.source
+        self.need = 0
+
+    def _reads(self) -> Iterator[bytes]:
+        while chunk := self.source.read(max(self.need, _STREAM_READ)):
+            yield chunk
+
+    def fill(self, pos: int, need: int) -> int:
+        self.need = need  # read about what the Python walker needs, no more
+        return super().fill(pos, need)
+
+    def direct(self) -> tuple[int, int, int] | None:
+        """``(fd, bytes left, timeout_ms)`` once every byte taken from the source is in ``buf``
+        (``None`` while part of a chunk waits in ``spill``: the C scan of ``buf`` goes first)."""
+        return None if self.spill is not None else self.source.direct()
+
+
 def iter_tar(chunks: Iterable[Buffer], path: str, *, with_data: bool = False) -> Iterator[Entry]:
     """Yield ``(name, header_offset, data_offset, size, data)`` for each regular member.
 
@@ -360,8 +423,8 @@ def index_tar_file(fd: int, path: str, sink: Sink) -> None:
         pass
 
 
-def group_tar(source: Iterable[Buffer] | int, path: str, sink: Any) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Walk an archive (chunks, or an open file's descriptor) with data, each member to ``sink`` (the C
+def group_tar(source: Iterable[Buffer] | int | Stream, path: str, sink: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Walk an archive (chunks, an open file's descriptor, or a :class:`Stream`) with data, each member to ``sink`` (the C
     packer making sample dicts, see :class:`Sink`); yield the ``(sample offset, sample)`` it completes.
 
     Samples come out in batches, as :func:`iter_tar`'s members do: only once every
@@ -372,7 +435,11 @@ def group_tar(source: Iterable[Buffer] | int, path: str, sink: Any) -> Iterator[
         DuplicateMemberError: two members of one sample have the same extension
             (after the samples before it).
     """
-    cur = _FileCursor(source) if isinstance(source, int) else _Cursor(source)
+    cur: _Cursor | _FileCursor
+    if isinstance(source, int):
+        cur = _FileCursor(source)
+    else:
+        cur = _StreamCursor(source) if isinstance(source, Stream) else _Cursor(source)
     return _walk(cur, str(path), True, sink)  # type: ignore[return-value]  # a sample sink: samples come out
 
 
@@ -403,6 +470,7 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | N
     sink_scan = getattr(sink, "scan", None) if _scan_headers is not None else None
     taking = with_data and sink is not None  # a sample sink: it completes samples, which this yields
     sink_file = getattr(sink, "scan_file", None) if sink_scan is not None and taking and isinstance(cur, _FileCursor) else None
+    sink_stream = getattr(sink, "scan_stream", None) if sink_scan is not None and taking and isinstance(cur, _StreamCursor) else None
 
     def fail(at: int, what: str) -> CorruptArchiveError:
         _verify(blocks, block_offsets, path)  # an earlier bad checksum explains more
@@ -423,7 +491,29 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | N
                     raise fail(here, "truncated archive: no end-of-archive marker")
                 raise fail(here, f"truncated header ({len(buf)} of {BLOCK} bytes)")
         if scan is not None and start < 0 and not pax and not global_pax and long_name is None:
-            if sink_file is not None:  # the sink reads the file itself, member data straight into its bytes
+            live = cur.direct() if sink_stream is not None else None  # type: ignore[union-attr]  # a _StreamCursor
+            if live is not None:  # the sink reads the socket or pipe itself, member data straight into its bytes
+                fd, left, timeout_ms = live
+                here = cur.base + pos
+                tail_at, tail, after, last_at, last_size, received = sink_stream(  # type: ignore[misc]
+                    fd, timeout_ms, left, _BATCH_BYTES, cur.buf, pos, cur.base
+                )
+                if received:
+                    cur.source.advance(received)  # type: ignore[union-attr]  # a _StreamCursor
+                if tail is not None:  # what it received and did not walk is the cursor's window now
+                    cur.buf, cur.base = tail, tail_at
+                    pos = cur.skip(0, after - tail_at)
+                buf = cur.buf
+                if after != here:
+                    if pos < 0:
+                        raise fail(last_at, f"truncated archive: member data needs {last_size} bytes, input ends at {cur.base}")
+                    _verify(blocks, block_offsets, path)
+                    blocks, block_offsets = [], []
+                    yield from _taken(sink)  # type: ignore[misc]  # samples, from a sample sink
+                    continue
+                got: list[Entry] = []  # not one member: the header is the Python walker's
+                after = pos
+            elif sink_file is not None:  # the sink reads the file itself, member data straight into its bytes
                 here = cur.base + pos
                 after, _, _ = sink_file(cur.fd, here, cur.size, _BATCH_BYTES, buf, pos)  # type: ignore[union-attr]  # a _FileCursor
                 if after != here:
@@ -432,7 +522,7 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | N
                     blocks, block_offsets = [], []
                     yield from _taken(sink)  # type: ignore[misc]  # samples, from a sample sink
                     continue
-                got: list[Entry] = []
+                got = []
                 after = pos
             elif sink_scan is not None:  # the sink packs the members itself
                 got = []

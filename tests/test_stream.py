@@ -248,6 +248,125 @@ def test_http_drop_once_resumes_and_always_drop_fails(drop_server, shards: list[
     assert len(got) < 7  # what came before the error, never reported as a whole epoch
 
 
+def _large_member_shard(path: Path) -> list[tarfile.TarInfo]:
+    """Members past the C walk's 64 KiB window beside small ones, sizes on and off the 512-byte
+    grid, and two PAX headers (long names) that the Python walker takes in the middle."""
+    sizes = [300_001, 3, 70_000, 511, 512, 513, 1, 200_000, 0, 65_536, 4_000, 130_000]
+    rng = np.random.default_rng(7)
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for i, size in enumerate(sizes):
+            key = f"s{i:03d}" if i not in (4, 9) else f"{'d' * 120}/s{i:03d}"
+            for ext, data in (("bin", rng.integers(0, 256, size, dtype=np.uint8).tobytes()), ("cls", str(i).encode())):
+                ti = tarfile.TarInfo(f"{key}.{ext}")
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+    with tarfile.open(path) as tf:
+        return tf.getmembers()
+
+
+class _CountingHTTPSource(tarindex.sources.HTTPSource):
+    """An HTTPSource that counts the bytes the C walk read from its socket itself."""
+
+    direct_bytes = 0
+
+    def advance(self, n: int) -> None:
+        type(self).direct_bytes += n
+        super().advance(n)
+
+
+def _stream_direct(url: str, **options: float) -> list[dict]:
+    from tarindex.samples import iter_samples
+    from tarindex.tar import Stream
+
+    source = _CountingHTTPSource(url, **options)  # type: ignore[arg-type]
+    try:
+        first = source.read(64 << 10)
+        return [s for _, s in iter_samples(Stream(source, first), url)]
+    finally:
+        source.close()
+
+
+def test_http_socket_read_by_the_c_walk(http_server: HTTPServer, tmp_path: Path) -> None:
+    from conftest import require_c_extension
+
+    shard = tmp_path / "big.tar"
+    _large_member_shard(shard)
+    (url,) = _publish(http_server, [shard], tmp_path.name + "-direct")
+    expected = _oracle([shard], [url])
+    assert list(TarStream([url])) == expected
+    _CountingHTTPSource.direct_bytes = 0
+    assert _stream_direct(url) == expected
+    require_c_extension()
+    assert _CountingHTTPSource.direct_bytes > shard.stat().st_size // 2  # most bytes never went through Python
+
+
+@pytest.mark.parametrize("where", ["header", "at_header", "data", "padding", "small", "pax"])
+def test_http_drop_anywhere_in_a_socket_read_resumes(drop_server, tmp_path: Path, where: str) -> None:  # type: ignore[no-untyped-def]
+    shard = tmp_path / "big.tar"
+    members = {m.name.rsplit("/", 1)[-1]: m for m in _large_member_shard(shard)}
+    big, small, pax = members["s007.bin"], members["s001.cls"], members["s009.bin"]
+    drop_at = {
+        "header": big.offset + 100,
+        "at_header": big.offset,
+        "data": big.offset_data + 150_000,
+        "padding": big.offset_data + big.size + 7,
+        "small": small.offset_data + 1,
+        "pax": pax.offset + 300,  # inside the extended header, before the member's own
+    }[where]
+    data = shard.read_bytes()
+    once = drop_server(data, drop_at=drop_at, mode="once")
+    expected = _oracle([shard], [once.url])
+    assert _stream_direct(once.url, backoff=0.01) == expected
+    assert once.requests == [None, f"bytes={drop_at}-"]
+    always = drop_server(data, drop_at=drop_at, mode="always")
+    with pytest.raises(SourceError, match=rf"{always.url}: read failed after 2 retries .* at byte offset {drop_at}\b"):
+        list(TarStream([always.url], retries=2, backoff=0.01))
+
+
+def test_http_body_shorter_than_its_archive_is_an_error(drop_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    shard = tmp_path / "big.tar"
+    big = {m.name: m for m in _large_member_shard(shard)}["s007.bin"]
+    cut = shard.read_bytes()[: big.offset_data + 1000]  # the server's whole file ends inside a member
+    server = drop_server(cut, drop_at=len(cut), mode="once")
+    with pytest.raises(CorruptArchiveError, match=rf"{server.url}: truncated archive: member data needs {big.size} bytes.*offset {big.offset}"):
+        list(TarStream([server.url]))
+
+
+def test_http_chunked_body_goes_through_http_client(shards: list[Path]) -> None:
+    """A body without Content-Length (chunked) is not read from the socket directly, and streams the same."""
+    import http.server
+    import threading
+
+    data = shards[0].read_bytes()
+
+    class Chunked(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(data), 1000):
+                piece = data[i : i + 1000]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chunked)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/chunked.tar"
+        assert list(TarStream([url])) == _oracle([shards[0]], [url])
+        _CountingHTTPSource.direct_bytes = 0
+        assert _stream_direct(url) == _oracle([shards[0]], [url])
+        assert _CountingHTTPSource.direct_bytes == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_build_index_from_http_and_pipe(http_server: HTTPServer, shards: list[Path], tmp_path: Path) -> None:
     urls = _publish(http_server, shards[:2], tmp_path.name + "-build")
     local = build_index([str(p) for p in shards[:2]], index=tmp_path / "local.tarindex")

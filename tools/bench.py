@@ -351,10 +351,13 @@ def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None
     proc, port = started
     try:
         urls = [f"http://127.0.0.1:{port}/{Path(p).name}" for p in paths]
-        t_http = timed(lambda: _stream_pass(urls), 2)
+        t_http = float("inf")
+        for _ in range(3):  # alternating with local passes: the ratio is not a drift of the machine's speed
+            t_http = min(t_http, timed(lambda: _stream_pass(urls)))
+            t_local = min(t_local, timed(lambda: _stream_pass(paths)))
         rows.append(
             (f"{name}: TarStream over HTTP, loopback nginx (MB/s)", total_mb / t_http,
-             f"{t_local / t_http:.2f}x local files (target >= 0.5x)")
+             f"{t_local / t_http:.2f}x local files (best of 6, {total_mb / t_local:,.0f} MB/s; target >= 0.5x)")
         )
         if shutil.which("curl"):
             t_curl = timed(lambda: [subprocess.run(["curl", "-s", "-o", "/dev/null", u], check=True) for u in urls], 2)
