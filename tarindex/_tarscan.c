@@ -541,7 +541,7 @@ fail:
 }
 
 #define WINDOW_LARGE (64 << 10) /* headers of small members: several per read */
-#define WINDOW_SMALL (4 << 10)  /* after a member outgrew the window: little data read twice */
+#define WINDOW_SMALL (4 << 10)  /* after a member larger than this outgrew the window: little data read twice */
 
 /* pread all of it unless the file ends (GIL released); the bytes read, or -1 with errno. */
 static Py_ssize_t pread_full(int fd, void *buf, size_t n, uint64_t offset) {
@@ -591,7 +591,7 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
         uint64_t padded = (size + 511) & ~(uint64_t)511, data = offset + 512;
         if (size > (uint64_t)PY_SSIZE_T_MAX || padded > file_size || data > file_size - padded) break; /* truncated: Python says so */
         Py_ssize_t in_window = (Py_ssize_t)(wbase + (unsigned long long)wlen - data); /* >= 0: the header fits */
-        want = (uint64_t)in_window < padded ? WINDOW_SMALL : WINDOW_LARGE;
+        want = (uint64_t)in_window < padded && padded > WINDOW_SMALL ? WINDOW_SMALL : WINDOW_LARGE;
         if (regular) {
             PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
             if (!bytes) return NULL;
@@ -753,7 +753,7 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
         src += 512 + used;
         avail = here - used;
         at += 512 + padded;
-        want = (uint64_t)here < padded ? WINDOW_SMALL : WINDOW_LARGE;
+        want = (uint64_t)here < padded && padded > WINDOW_SMALL ? WINDOW_SMALL : WINDOW_LARGE;
     }
     /* the unconsumed bytes start at `at - skip` when skip > 0 (then none are in hand) */
     uint64_t tail_at = tail ? at : at - skip;

@@ -81,6 +81,23 @@ class Source:
     prefetch = 8
     """Blocks a reader thread keeps ready ahead of the parser (0: read in the caller's thread)."""
 
+    walks_direct = False
+    """Whether the C walk may read this source's descriptor itself: :meth:`read`, :meth:`direct`
+    and :meth:`advance` (a :class:`tarindex.tar.DirectSource`), in the caller's thread."""
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` more bytes (``b""`` at the end), for sources that :attr:`walks_direct`."""
+        raise NotImplementedError(f"{type(self).__name__} is read in blocks")
+
+    def direct(self) -> tuple[int, int, int] | None:
+        """``(fd, bytes left or -1, timeout in ms or -1)`` when every byte read so far came out of
+        :meth:`read` (nothing is buffered in Python), else ``None``."""
+        return None
+
+    def advance(self, n: int) -> None:
+        """``n`` bytes were read from the :meth:`direct` descriptor."""
+        self.position += n
+
     def __iter__(self) -> Iterator[Any]:
         return self._run(self._chunks())
 
@@ -228,39 +245,102 @@ class FileSource(Source):
 
 
 class StdinSource(Source):
-    """Standard input (``-``), read in blocks; never closed by us."""
+    """Standard input (``-``); never closed by us. The C walk may read the descriptor itself once
+    the bytes Python buffered (if anything read it before) are out."""
+
+    walks_direct = True
+
+    def __init__(self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        super().__init__(url, block_size=block_size)
+        self._fresh = True
+
+    def read(self, n: int) -> bytes:
+        if self._fresh:  # what the buffered reader holds first, then the descriptor itself
+            self._fresh = False
+            buffer = sys.stdin.buffer
+            read1 = getattr(buffer, "read1", None)  # a BufferedReader's: what it holds, or one read
+            data: bytes = read1(n) if read1 is not None else buffer.read(n)
+        else:
+            data = os.read(sys.stdin.buffer.fileno(), n)
+        self.position += len(data)
+        return data
+
+    def direct(self) -> tuple[int, int, int] | None:
+        return None if self._fresh else (sys.stdin.buffer.fileno(), -1, -1)
 
     def _chunks(self) -> Iterator[bytes]:
-        yield from self._blocks(sys.stdin.buffer.read)
+        return _full_blocks(self.read, self.block_size)
+
+
+def _full_blocks(read: Callable[[int], bytes], size: int) -> Iterator[bytes]:
+    """``size``-byte blocks (the last one shorter) from a ``read`` that may return less."""
+    while True:
+        parts: list[bytes] = []
+        got = 0
+        while got < size and (data := read(size - got)):
+            parts.append(data)
+            got += len(data)
+        if not parts:
+            return
+        yield parts[0] if len(parts) == 1 else b"".join(parts)
+        if got < size:
+            return
 
 
 class PipeSource(Source):
-    """``pipe:COMMAND``: the command's standard output; a non-zero exit status is an error."""
+    """``pipe:COMMAND``: the command's standard output; a non-zero exit status is an error.
+
+    The pipe is unbuffered in Python, so the C walk may read its descriptor itself."""
+
+    walks_direct = True
 
     def __init__(self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         super().__init__(url, block_size=block_size)
         self.command = url[len("pipe:") :]
         self._proc: subprocess.Popen[bytes] | None = None
+        self._started = False
 
-    def _chunks(self) -> Iterator[bytes]:
+    def _start(self) -> subprocess.Popen[bytes]:
+        self._started = True
         try:  # a 1 MiB pipe (the default maximum) instead of 64 KiB: fewer context switches
-            proc = subprocess.Popen(self.command, shell=True, stdout=subprocess.PIPE, pipesize=1 << 20, start_new_session=True)
+            proc = subprocess.Popen(
+                self.command, shell=True, stdout=subprocess.PIPE, bufsize=0, pipesize=1 << 20, start_new_session=True
+            )
         except PermissionError:  # over the unprivileged pipe-max-size
-            proc = subprocess.Popen(self.command, shell=True, stdout=subprocess.PIPE, start_new_session=True)
+            proc = subprocess.Popen(self.command, shell=True, stdout=subprocess.PIPE, bufsize=0, start_new_session=True)
         self._proc = proc
+        return proc
+
+    def read(self, n: int) -> bytes:
+        proc = self._proc
+        if proc is None:
+            if self._started:  # ended, or stopped by the consumer
+                return b""
+            proc = self._start()
         stdout = proc.stdout
-        if stdout is None:  # pragma: no cover - stdout=PIPE always gives one
-            raise SourceError(self.url, 0, "no standard output")
-        try:
-            yield from self._blocks(stdout.read)
-        finally:
-            stdout.close()
+        data = stdout.read(n) if stdout is not None else b""  # unbuffered: one read(); None never (blocking)
+        if data:
+            self.position += len(data)
+            return data
+        self._finish(proc)
+        return b""
+
+    def _finish(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.stdout is not None:
+            proc.stdout.close()
         status = proc.wait()
         if self._proc is None:  # closed by the consumer: the status is not ours to report
             return
         self._proc = None
         if status != 0:
             raise SourceError(self.url, self.position, f"command exited with status {status}")
+
+    def direct(self) -> tuple[int, int, int] | None:
+        proc = self._proc
+        return (proc.stdout.fileno(), -1, -1) if proc is not None and proc.stdout is not None else None
+
+    def _chunks(self) -> Iterator[bytes]:
+        return _full_blocks(self.read, self.block_size)
 
     def _interrupt(self) -> None:
         proc, self._proc = self._proc, None
@@ -270,6 +350,8 @@ class PipeSource(Source):
             except ProcessLookupError:
                 pass
             proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
 class _Retrying(Source):
@@ -343,8 +425,7 @@ class _Retrying(Source):
         time.sleep(min(self.backoff * 2 ** (self._failures - 1), 30.0))
 
     def _chunks(self) -> Iterator[bytes]:
-        while chunk := self.read(self.block_size):
-            yield chunk
+        return _full_blocks(self.read, self.block_size)
 
     def _drop(self) -> None:
         stream, self._stream = self._stream, None
@@ -458,11 +539,15 @@ def _http_get(
 class HTTPSource(_Retrying):
     """``http://`` / ``https://`` with retries and ``Range`` resume at the byte reached.
 
+    A plain-HTTP body of known length is read by the C walk from the socket itself (:meth:`direct`).
+
     A resumed request carries ``If-Range`` with the first response's ``ETag``
     (or ``Last-Modified``), so a shard that changed on the server is an error,
     never a spliced stream. A server that ignores ``Range`` is read again from
     the start and the bytes already delivered are skipped.
     """
+
+    walks_direct = True
 
     def __init__(
         self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE, retries: int = 5, backoff: float = 0.5, timeout: float = 60.0

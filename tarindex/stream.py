@@ -25,7 +25,7 @@ from .errors import DecodeError, StreamWarning, TarIndexError
 from .index.reader import IndexReader
 from .samples import fused, iter_samples
 from .shards import INDEX_SUFFIX, expand_shards
-from .sources import DEFAULT_BLOCK_SIZE, FileSource, HTTPSource, is_url, open_source
+from .sources import DEFAULT_BLOCK_SIZE, FileSource, is_url, open_source
 from .tar import Stream
 from .zstd import is_zstd
 
@@ -127,9 +127,11 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             backoff in seconds (doubled each time), socket timeout.
         storage_options: keyword arguments for fsspec filesystems.
         read_ahead: blocks a reader thread keeps ready ahead of the parser (0: read in the
-            parser's thread). Default: 8 for network sources and pipes; for local files 8 in the
-            main process and 0 in DataLoader workers, where the workers already use the cores
-            (measured: with the cores busy, the thread costs a third of the throughput).
+            parser's thread), for sources read in blocks. Default: 8 for network sources; for
+            local zstd files 8 in the main process and 0 in DataLoader workers, where the workers
+            already use the cores (measured: with the cores busy, the thread costs a third of the
+            throughput). Plain local tars, plain HTTP, pipes and standard input are read by the C
+            walk itself (descriptor to member bytes, no thread) when the extension is built.
 
     Raises:
         ShardNotFoundError: a local shard or pattern matches nothing.
@@ -239,7 +241,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 yield from iter_samples(fd, url, index=index)
                 return
             first = b""
-            if isinstance(source, HTTPSource) and fused():  # plain HTTP: the C walk reads the socket itself
+            if source.walks_direct and fused():  # HTTP, pipes: the C walk reads the socket or pipe itself
                 while len(first) < 4 and (more := source.read(64 << 10)):
                     first += more
                 if not is_zstd(first[:4]):

@@ -277,7 +277,7 @@ class _FileCursor:
     """A forward-only window over a file read with ``os.pread``: skipped data is never read.
 
     Windows are 64 KiB while they serve several headers (small members) and
-    4 KiB once members outgrow them, so large members cost one small read each.
+    4 KiB once a member ran more than 4 KiB past one, so large members cost one small read each.
     """
 
     __slots__ = ("base", "buf", "fd", "large", "size")
@@ -304,7 +304,7 @@ class _FileCursor:
         pos += count
         if pos <= len(self.buf):
             return pos
-        self.large = True
+        self.large = pos - len(self.buf) > _SMALL_WINDOW  # a small member past the end: the next window is large
         if self.base + pos > self.size:
             self.base, self.buf = self.size, b""
             return -1

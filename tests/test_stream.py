@@ -274,14 +274,29 @@ class _CountingHTTPSource(tarindex.sources.HTTPSource):
         super().advance(n)
 
 
+class _CountingPipeSource(tarindex.sources.PipeSource):
+    """A PipeSource that counts the bytes the C walk read from its pipe itself."""
+
+    direct_bytes = 0
+
+    def advance(self, n: int) -> None:
+        type(self).direct_bytes += n
+        super().advance(n)
+
+
 def _stream_direct(url: str, **options: float) -> list[dict]:
     from tarindex.samples import iter_samples
     from tarindex.tar import Stream
 
-    source = _CountingHTTPSource(url, **options)  # type: ignore[arg-type]
+    cls = _CountingPipeSource if url.startswith("pipe:") else _CountingHTTPSource
+    cls.direct_bytes = 0
+    source = cls(url, **options)  # type: ignore[arg-type]
     try:
         first = source.read(64 << 10)
-        return [s for _, s in iter_samples(Stream(source, first), url)]
+        got = [s for _, s in iter_samples(Stream(source, first), url)]
+        while source.read(1 << 20):  # to the end: a pipe's exit status is checked there
+            pass
+        return got
     finally:
         source.close()
 
@@ -294,10 +309,33 @@ def test_http_socket_read_by_the_c_walk(http_server: HTTPServer, tmp_path: Path)
     (url,) = _publish(http_server, [shard], tmp_path.name + "-direct")
     expected = _oracle([shard], [url])
     assert list(TarStream([url])) == expected
-    _CountingHTTPSource.direct_bytes = 0
     assert _stream_direct(url) == expected
     require_c_extension()
     assert _CountingHTTPSource.direct_bytes > shard.stat().st_size // 2  # most bytes never went through Python
+
+
+def test_pipe_read_by_the_c_walk(tmp_path: Path) -> None:
+    from conftest import require_c_extension
+
+    shard = tmp_path / "big.tar"
+    big = {m.name: m for m in _large_member_shard(shard)}["s007.bin"]
+    url = f"pipe:cat {shard}"
+    assert list(TarStream([url])) == _oracle([shard], [url])
+    assert _stream_direct(url) == _oracle([shard], [url])
+    direct_bytes = _CountingPipeSource.direct_bytes
+    cut = big.offset_data + 1000
+    with pytest.raises(CorruptArchiveError, match=rf"truncated archive: member data needs {big.size} bytes.*offset {big.offset}"):
+        _stream_direct(f"pipe:head -c {cut} {shard}")
+    with pytest.raises(SourceError, match=rf"head -c {cut} .*; exit 3: command exited with status 3"):
+        _stream_direct(f"pipe:head -c {cut} {shard}; exit 3")
+    with pytest.raises(SourceError, match="command exited with status 3"):
+        list(TarStream([f"pipe:cat {shard}; exit 3"]))  # a complete archive, then a failure
+    require_c_extension()
+    assert direct_bytes > shard.stat().st_size // 2
+    code = "import sys, tarindex\nfor s in tarindex.TarStream('-'): print(s['__key__'], len(s['bin']))\n"
+    with open(shard, "rb") as f:
+        out = subprocess.run([sys.executable, "-c", code], stdin=f, capture_output=True, check=True, timeout=120)
+    assert out.stdout.decode().split("\n")[:-1] == [f"{s['__key__']} {len(s['bin'])}" for s in _oracle([shard])]
 
 
 @pytest.mark.parametrize("where", ["header", "at_header", "data", "padding", "small", "pax"])
@@ -359,7 +397,6 @@ def test_http_chunked_body_goes_through_http_client(shards: list[Path]) -> None:
     try:
         url = f"http://127.0.0.1:{server.server_port}/chunked.tar"
         assert list(TarStream([url])) == _oracle([shards[0]], [url])
-        _CountingHTTPSource.direct_bytes = 0
         assert _stream_direct(url) == _oracle([shards[0]], [url])
         assert _CountingHTTPSource.direct_bytes == 0
     finally:
