@@ -159,7 +159,8 @@ fail:
  *       unread), and the bytes it read from fd. Any trouble reading (the end, an error, a timeout,
  *       a signal) just stops it: the Python read that follows says which.
  *   All three stop once `limit` data bytes are done, or at a repeated extension.
- *   take() -> [(sample_offset, dict), ...] completed so far; raises the recorded duplicate once
+ *   take() -> ([sample_offset, ...], [dict, ...]) completed so far (no tuple per sample: the cyclic GC
+ *       tracks tuples of dicts, and 16 MiB of small samples lived long enough to cost full collections); raises the recorded duplicate once
  *       the samples before it are taken. finish() completes the last sample (take() it after).
  *
  * tarindex.samples.TablePacker is the reference. Names in the common case (a dot in the base
@@ -218,7 +219,8 @@ typedef struct {
     PyObject *url;        /* sample dicts: their __url__; NULL: tables */
     int counting;         /* sample dicts: with __index__ ... */
     long long index;      /* ... the next one */
-    PyObject *completed;  /* sample dicts: (offset, dict) tuples for take() */
+    PyObject *completed;  /* sample dicts: the completed ones, for take() ... */
+    PyObject *offsets;    /* ... and their offsets */
     PyObject *sample;     /* sample dicts: the one being filled */
     uint64_t held;        /* sample dicts: data bytes added since the last take() */
     unsigned char *win;   /* scan_file's window */
@@ -237,6 +239,7 @@ static int Packer_traverse(Packer *self, visitproc visit, void *arg) {
     Py_VISIT(self->duplicate);
     Py_VISIT(self->error);
     Py_VISIT(self->completed);
+    Py_VISIT(self->offsets);
     Py_VISIT(self->sample);
     return 0;
 }
@@ -251,6 +254,7 @@ static int Packer_clear(Packer *self) {
     Py_CLEAR(self->error);
     Py_CLEAR(self->url);
     Py_CLEAR(self->completed);
+    Py_CLEAR(self->offsets);
     Py_CLEAR(self->sample);
     return 0;
 }
@@ -281,7 +285,7 @@ static int Packer_init(Packer *self, PyObject *args, PyObject *kw) {
         }
         Py_INCREF(url);
         self->url = url;
-        if (!(self->completed = PyList_New(0))) return -1;
+        if (!(self->completed = PyList_New(0)) || !(self->offsets = PyList_New(0))) return -1;
     }
     Py_INCREF(sample_key);
     self->sample_key = sample_key;
@@ -373,11 +377,11 @@ static long spelling_id(Packer *self, const char *raw, Py_ssize_t len) {
 }
 
 static int close_sample(Packer *self) {
-    if (self->url) { /* the sample dict is complete */
-        PyObject *item = Py_BuildValue("(KN)", (unsigned long long)self->start, self->sample);
-        self->sample = NULL;
-        int bad = !item || PyList_Append(self->completed, item) < 0;
-        Py_XDECREF(item);
+    if (self->url) { /* the sample dict is complete; no (offset, dict) tuple: the GC would track each */
+        PyObject *offset = PyLong_FromUnsignedLongLong((unsigned long long)self->start);
+        int bad = !offset || PyList_Append(self->offsets, offset) < 0 || PyList_Append(self->completed, self->sample) < 0;
+        Py_XDECREF(offset);
+        Py_CLEAR(self->sample);
         return bad ? -1 : 0;
     }
     uint64_t size = self->end - self->start;
@@ -791,8 +795,19 @@ static PyObject *Packer_take(Packer *self, PyObject *unused) {
         PyErr_SetObject((PyObject *)Py_TYPE(self->error), self->error);
         return NULL;
     }
-    PyObject *out = self->completed, *fresh = PyList_New(0);
-    if (!fresh) return NULL;
+    PyObject *fresh = PyList_New(0), *fresh_offsets = PyList_New(0);
+    if (!fresh || !fresh_offsets) {
+        Py_XDECREF(fresh);
+        Py_XDECREF(fresh_offsets);
+        return NULL;
+    }
+    PyObject *out = Py_BuildValue("(NN)", self->offsets, self->completed);
+    if (!out) { /* Py_BuildValue's N took both references either way */
+        self->offsets = fresh_offsets;
+        self->completed = fresh;
+        return NULL;
+    }
+    self->offsets = fresh_offsets;
     self->completed = fresh;
     self->held = 0;
     return out;
@@ -817,7 +832,7 @@ static PyMethodDef Packer_methods[] = {
     {"scan_stream", (PyCFunction)Packer_scan_stream, METH_VARARGS,
      "scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base) -> (tail_offset, tail, next_header, last_header, last_size, received)"},
     {"add", (PyCFunction)Packer_add, METH_VARARGS, "add(name, header_offset, data_offset, size[, data])"},
-    {"take", (PyCFunction)Packer_take, METH_NOARGS, "take() -> [(sample_offset, sample dict), ...]"},
+    {"take", (PyCFunction)Packer_take, METH_NOARGS, "take() -> ([sample_offset, ...], [sample dict, ...])"},
     {"finish", (PyCFunction)Packer_finish, METH_NOARGS, "finish() -> the offset tables; raises a recorded duplicate"},
     {NULL, NULL, 0, NULL},
 };

@@ -445,10 +445,10 @@ def group_tar(source: Iterable[Buffer] | int | Stream, path: str, sink: Any) -> 
 
 def _taken(sink: Any) -> Iterator[tuple[int, dict[str, Any]]]:
     """The samples a sample sink completed (its recorded error once they are out)."""
-    got = sink.take()
-    while got:
-        yield from got
-        got = sink.take()
+    offsets, samples = sink.take()
+    while samples:
+        yield from zip(offsets, samples)
+        offsets, samples = sink.take()
 
 
 def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | None = None) -> Iterator[Entry]:
