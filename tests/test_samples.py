@@ -307,6 +307,33 @@ def test_c_packer_api(tmp_path: Path) -> None:
         q.finish()
 
 
+def test_sample_batches_hold_nothing_the_cyclic_gc_tracks(tmp_path: Path) -> None:
+    """Completed samples come out as (offsets, dicts), no tuple per sample: a tuple holding a dict stays
+    tracked, and a 16 MiB batch of small samples then filled the collector's old generation."""
+    require_c_extension()
+    import os
+
+    from tarindex._speedups import Packer
+    from tarindex.samples import iter_samples, sample_key
+
+    p = Packer(sample_key, lambda *a: tarindex.DuplicateMemberError("x", a[0], repr(a)), "u.tar", 7)
+    p.add("k.a", 0, 512, 1, b"x")
+    p.add("j.a", 1024, 1536, 1, b"y")
+    p.finish()
+    offsets, samples = p.take()
+    assert offsets == [0, 1024]
+    assert samples == [{"__key__": "k", "__url__": "u.tar", "__index__": 7, "a": b"x"}, {"__key__": "j", "__url__": "u.tar", "__index__": 8, "a": b"y"}]
+    assert not any(gc.is_tracked(s) for s in samples)
+    assert p.take() == ([], [])
+    path = py_tar(tmp_path / "s.tar", [(f"{i:05d}.{ext}", b"v" * 10) for i in range(3000) for ext in ("a", "b")], tarfile.GNU_FORMAT, dirs=False)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = list(iter_samples(fd, str(path)))
+    finally:
+        os.close(fd)
+    assert len(got) == 3000 and not any(gc.is_tracked(s) for _, s in got)
+
+
 # -- samples with data (TarStream): the fused C walk against the reference ---------------------
 
 SAMPLE_WAYS = ["c-file", "c-chunks", "c-add", "c-file-batches", "c-chunks-batches", "python"]
