@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch.utils.data
 
 from ._split import Slot, buffer_shuffle, shard_order, shards_for_slot, worker_slot
+from .collate import batched, collate
 from .decode import DecodeMode, Decoder
 from .errors import DecodeError, StreamWarning, TarIndexError
 from .index.reader import IndexReader
@@ -88,6 +89,18 @@ class _ToTuple:
             else:
                 raise KeyError(f"none of {keys} in {sorted(sample)}")
         return tuple(out)
+
+
+class _MapTuple:
+    """webdataset's ``map_tuple``: one function per field of a tuple sample (``None`` keeps the field)."""
+
+    def __init__(self, fns: tuple[Callable[[Any], Any] | None, ...]) -> None:
+        self.fns = fns
+
+    def __call__(self, sample: tuple[Any, ...]) -> tuple[Any, ...]:
+        if len(sample) != len(self.fns):
+            raise ValueError(f"map_tuple has {len(self.fns)} functions for a sample of {len(sample)} fields")
+        return tuple(x if f is None else f(x) for f, x in zip(self.fns, sample))
 
 
 class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
@@ -186,8 +199,9 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             "storage_options": dict(storage_options or {}),
         }
         self.read_ahead = read_ahead
+        self.batching: tuple[int, Callable[[list[Any]], Any] | None, bool] | None = None
 
-    # -- webdataset's fluent stages: ds.shuffle(1000).decode("pil").to_tuple("jpg", "cls").map(fn) --------
+    # -- webdataset's fluent stages: ds.shuffle(1000).decode("pil").to_tuple("jpg", "cls").map(fn).batched(64) --
     def shuffle(self, size: int) -> TarStream:
         """A copy with a sample shuffle buffer of ``size`` (and shard shuffling), as ``shuffle=size`` gives."""
         out = copy.copy(self)
@@ -219,14 +233,39 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             keys = tuple(keys[0].split())
         return self.map(_ToTuple(keys))
 
+    def map_tuple(self, *fns: Callable[[Any], Any] | None) -> TarStream:
+        """A copy that applies one function per field of tuple samples (after ``to_tuple``), as
+        webdataset's ``map_tuple``; ``None`` keeps a field as it is."""
+        return self.map(_MapTuple(fns))
+
+    def batched(
+        self, batch_size: int, collation_fn: Callable[[list[Any]], Any] | None = collate, *, partial: bool = True
+    ) -> TarStream:
+        """A copy that yields batches of ``batch_size`` samples, made by ``collation_fn`` (default
+        :func:`tarindex.collate.collate`, as webdataset's: scalars to numpy arrays, tensors and arrays
+        stacked, anything else in lists; ``None``: plain lists), as webdataset's ``batched``.
+
+        Batches are made in each DataLoader worker after the shuffle buffer and ``epoch_size``; the
+        last batch of a worker is shorter unless ``partial=False`` drops it. Use it with
+        ``DataLoader(stream, batch_size=None, num_workers=N)``: one message per batch between processes
+        instead of one per sample.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+        out = copy.copy(self)
+        out.batching = (batch_size, collation_fn, partial)
+        return out
+
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it reseeds the shard order and the shuffle buffer (call before each epoch)."""
         self.epoch = epoch
 
     def __len__(self) -> int:
-        """Samples per rank per epoch; defined only with ``epoch_size``."""
+        """Samples per rank per epoch; defined only with ``epoch_size`` and without ``batched``."""
         if self.epoch_size is None:
             raise TypeError("TarStream has no length without epoch_size (shards are not indexed)")
+        if self.batching is not None:  # each worker's last batch may be short: the count depends on the workers
+            raise TypeError("a batched TarStream has no length: batches per rank depend on the DataLoader's workers")
         return self.epoch_size
 
     # -- one shard ----------------------------------------------------------------
@@ -351,6 +390,9 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             stream = buffer_shuffle(stream, self.shuffle_size, rng)
         if quota is not None:
             stream = itertools.islice(stream, quota)
+        if self.batching is not None:
+            size, collation_fn, partial = self.batching
+            stream = batched(stream, size, collation_fn, partial=partial)
         yield from stream
 
     def __repr__(self) -> str:

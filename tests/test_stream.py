@@ -535,6 +535,53 @@ def test_webdataset_fluent_pipeline_drop_in(shards: list[Path], tmp_path: Path) 
         list(TarStream(urls).to_tuple("jpg;png"))
 
 
+def _tenfold(x: int) -> int:
+    return x * 10
+
+
+def test_batched_and_map_tuple_as_webdataset(tmp_path: Path) -> None:
+    import warnings
+
+    import webdataset as wds
+
+    from tarindex.collate import collate
+
+    samples = [{"__key__": f"k{i:03d}", "cls": i % 3, "txt": f"t{i}", "npy": np.full((2, 3), i, np.int16)} for i in range(11)]
+    urls = [str(wds_write(tmp_path / f"b-{k:06d}.tar", samples[k * 6 : k * 6 + 6])) for k in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # webdataset's own deprecation notices
+        theirs = list(wds.WebDataset(urls, shardshuffle=False).decode().to_tuple("txt", "cls", "npy").map_tuple(None, _tenfold, None).batched(4))
+    ours = list(TarStream(urls).decode("numpy").to_tuple("txt", "cls", "npy").map_tuple(None, _tenfold, None).batched(4))
+    assert [len(b[0]) for b in ours] == [4, 4, 3]
+    for a, b in zip(ours, theirs, strict=True):
+        assert a[0] == b[0] and np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
+    assert ours[2][1].tolist() == [i % 3 * 10 for i in (8, 9, 10)] and ours[0][2].shape == (4, 2, 3)
+    full = list(TarStream(urls).batched(4, partial=False))
+    assert [b["__key__"] for b in full] == [[f"k{i:03d}" for i in range(j, j + 4)] for j in (0, 4)]
+    assert list(TarStream(urls).batched(5, collation_fn=None))[2] == list(TarStream(urls))[10:]  # plain lists
+    tensors = collate([{"x": torch.ones(2)}, {"x": torch.zeros(2)}])
+    assert torch.equal(tensors["x"], torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    with pytest.raises(ValueError, match=r"different keys: \['a'\] and \['b'\]"):
+        collate([{"a": 1}, {"b": 2}])
+    with pytest.raises(ValueError, match=r"field 1: cannot stack shapes \[\(2,\), \(3,\)\]"):
+        collate([(0, np.zeros(2)), (1, np.zeros(3))])
+    with pytest.raises(ValueError, match="map_tuple has 2 functions for a sample of 3 fields"):
+        list(TarStream(urls).to_tuple("txt", "cls", "npy").map_tuple(None, None))
+    with pytest.raises(TypeError, match="batched TarStream has no length"):
+        len(TarStream(urls, epoch_size=8).batched(4))
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        TarStream(urls).batched(0)
+
+
+def test_batched_in_dataloader_workers_covers_every_sample_once(shards: list[Path]) -> None:
+    stream = TarStream([str(p) for p in shards]).to_tuple("__key__", "cls").batched(3)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)
+    batches = list(loader)
+    keys = [k for b in batches for k in b[0]]
+    assert Counter(keys) == Counter(s["__key__"] for s in _oracle(shards)) and len(keys) == 35
+    assert all(1 <= len(b[0]) <= 3 for b in batches) and sum(len(b[0]) < 3 for b in batches) <= 2  # one short batch per worker
+
+
 def _reader_threads(sample: dict) -> int:
     import threading
 

@@ -338,6 +338,16 @@ def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None
     rows.append(
         (f"{name}: TarStream, DataLoader(num_workers=2) (samples/s)", n / t_loader, f"{t_local / t_loader:.2f}x one process")
     )
+
+    def loader_batched_pass() -> int:  # one message per 64 samples between the processes
+        loader = torch.utils.data.DataLoader(tarindex.TarStream(paths).batched(64), batch_size=None, num_workers=2)
+        return sum(len(b["__key__"]) for b in loader)
+
+    t_batched = timed(loader_batched_pass, 2)
+    rows.append(
+        (f"{name}: TarStream.batched(64), DataLoader(num_workers=2) (samples/s)", n / t_batched,
+         f"{t_local / t_batched:.2f}x one process, {t_loader / t_batched:.1f}x one message per sample")
+    )
     t_pipe = timed(lambda: _stream_pass([f"pipe:cat {p}" for p in paths]), 2)
     rows.append((f"{name}: TarStream pipe:cat (MB/s)", total_mb / t_pipe, f"{t_local / t_pipe:.2f}x local files"))
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
