@@ -123,6 +123,7 @@ class _HTTPBody:
         self.sock: socket.socket | None = sock if plain else None
         self.left = resp.length or 0  # with sock: bytes still to come
         self.fresh = True  # with sock: http.client may hold bytes it read with the headers
+        self.timed_out = False  # with sock: the C walk's wait for bytes timed out
 
     def read(self, n: int) -> bytes:
         if self.sock is None:
@@ -132,6 +133,8 @@ class _HTTPBody:
             return data
         if not self.left:
             return b""
+        if self.timed_out:  # the C walk already waited the socket's timeout for these bytes
+            raise TimeoutError(f"no data for {self.sock.gettimeout()} s")
         if self.fresh:  # first what http.client buffered (or one read), then the socket itself
             self.fresh = False
             data = self.resp.fp.read1(min(n, self.left))
@@ -144,14 +147,16 @@ class _HTTPBody:
 
     def direct(self) -> tuple[int, int, int] | None:
         """``(fd, bytes left, timeout in ms or -1)`` for reads that bypass Python (report them with
-        :meth:`advance`), or ``None``: HTTPS, chunked, or before the first :meth:`read`."""
-        if self.sock is None or self.fresh:
+        :meth:`advance`), or ``None``: HTTPS, chunked, before the first :meth:`read`, or after a
+        timed-out wait (the next :meth:`read` raises)."""
+        if self.sock is None or self.fresh or self.timed_out:
             return None
         timeout = self.sock.gettimeout()
         return self.sock.fileno(), self.left, -1 if timeout is None else int(timeout * 1000)
 
-    def advance(self, n: int) -> None:
+    def advance(self, n: int, timed_out: bool = False) -> None:
         self.left -= n
+        self.timed_out = timed_out
 
     def close(self) -> None:
         sock = self.conn.sock
@@ -270,9 +275,10 @@ class HTTPSource(_Retrying):
         got: tuple[int, int, int] | None = body.direct()
         return got
 
-    def advance(self, n: int) -> None:
-        """``n`` bytes of the body were read from the socket directly."""
-        self._stream.advance(n)
+    def advance(self, n: int, timed_out: bool = False) -> None:
+        """``n`` bytes of the body were read from the socket directly; ``timed_out``: then the wait
+        for more timed out, and the next :meth:`read` retries at once (no second wait)."""
+        self._stream.advance(n, timed_out)
         self.position += n
 
     def _first_response(self, resp: http.client.HTTPResponse) -> None:

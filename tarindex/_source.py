@@ -62,8 +62,9 @@ class Source:
         :meth:`read` (nothing is buffered in Python), else ``None``."""
         return None
 
-    def advance(self, n: int) -> None:
-        """``n`` bytes were read from the :meth:`direct` descriptor."""
+    def advance(self, n: int, timed_out: bool = False) -> None:
+        """``n`` bytes were read from the :meth:`direct` descriptor (``timed_out``: then a wait for
+        more timed out; sources without a timeout never see it)."""
         self.position += n
 
     def __iter__(self) -> Iterator[Any]:

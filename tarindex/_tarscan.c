@@ -151,13 +151,15 @@ fail:
  *       Python walker must take it), read with pread: headers through a small window, each large
  *       member's data straight into its own bytes object (one copy, as cat makes).
  *   scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base)
- *       -> (tail_offset, tail, next_header, last_header, last_size, received): the same over a
+ *       -> (tail_offset, tail, next_header, last_header, last_size, received, timed_out): the same over a
  *       socket or pipe read with read() (at most `remaining` bytes; < 0: to the end), after the
  *       bytes buf[pos:] at absolute offset base + pos. A stream is read once, so it returns what it
  *       received and did not walk, `tail` (None when the first header is the Python walker's; it
  *       starts at tail_offset; the walk goes on at next_header, maybe past it when padding is still
- *       unread), and the bytes it read from fd. Any trouble reading (the end, an error, a timeout,
- *       a signal) just stops it: the Python read that follows says which.
+ *       unread), the bytes it read from fd, and whether a wait for bytes timed out. Any trouble
+ *       reading (the end, an error, a timeout, a signal) just stops it: the Python read that follows
+ *       says which. Between members, once samples are complete, it returns rather than wait for the
+ *       network (a non-blocking socket answered EAGAIN): the consumer gets them at once.
  *   All three stop once `limit` data bytes are done, or at a repeated extension.
  *   take() -> ([sample_offset, ...], [dict, ...]) completed so far (no tuple per sample: the cyclic GC
  *       tracks tuples of dicts, and 16 MiB of small samples lived long enough to cost full collections); raises the recorded duplicate once
@@ -629,11 +631,15 @@ typedef struct {
     int fd, timeout_ms;           /* timeout_ms < 0: wait for ever */
     long long remaining;          /* bytes the stream may still deliver; < 0: until the end */
     unsigned long long received;  /* bytes read in this call */
+    int yield_ok;                 /* samples are ready: return rather than wait for more bytes */
+    int timed_out;                /* poll() waited timeout_ms for nothing */
 } Stream;
 
 /* One read() of up to n bytes (GIL released by the caller), waiting with poll() on a non-blocking
- * descriptor (a Python socket with a timeout). 0 when nothing came: the end, an error, a timeout or a
- * signal; the caller returns to Python, whose own read of the stream then says which. */
+ * descriptor (a Python socket with a timeout), unless yield_ok: then the samples ready go to the
+ * consumer first, and the kernel keeps receiving meanwhile. 0 when nothing came: the end, an error,
+ * a timeout, a signal, or nothing yet with yield_ok; the caller returns to Python, whose own read of
+ * the stream then says which. */
 static Py_ssize_t stream_read(Stream *s, char *p, size_t n) {
     if (s->remaining >= 0 && (unsigned long long)s->remaining < n) n = (size_t)s->remaining;
     if (n == 0) return 0;
@@ -644,9 +650,11 @@ static Py_ssize_t stream_read(Stream *s, char *p, size_t n) {
             if (s->remaining >= 0) s->remaining -= r;
             return r;
         }
-        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return 0; /* EINTR too: Python runs the handlers */
+        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || s->yield_ok) return 0; /* EINTR: Python's handlers */
         struct pollfd pfd = {s->fd, POLLIN, 0};
-        if (poll(&pfd, 1, s->timeout_ms) <= 0) return 0;
+        int k = poll(&pfd, 1, s->timeout_ms);
+        s->timed_out = k == 0;
+        if (k <= 0) return 0;
     }
 }
 
@@ -687,7 +695,7 @@ static int stream_fill(Stream *s, unsigned char *win, const unsigned char **src,
 }
 
 static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
-    Stream s = {.received = 0};
+    Stream s = {.received = 0, .yield_ok = 0, .timed_out = 0};
     long long limit;
     unsigned long long base;
     Py_buffer view;
@@ -698,7 +706,8 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
     int regular;
     if (pos < 0 || pos + 512 > view.len || !plain_header((const unsigned char *)view.buf + pos, &size, &regular)) {
         PyBuffer_Release(&view); /* the caller's header is the Python walker's */
-        return Py_BuildValue("(KOKKKK)", base + (unsigned long long)pos, Py_None, base + (unsigned long long)pos, 0ULL, 0ULL, 0ULL);
+        return Py_BuildValue("(KOKKKKO)", base + (unsigned long long)pos, Py_None, base + (unsigned long long)pos, 0ULL, 0ULL, 0ULL,
+                             Py_False);
     }
     if (!self->url) {
         PyBuffer_Release(&view);
@@ -716,7 +725,12 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
     uint64_t at = base + (uint64_t)pos, skip = 0, last_at = 0, last_size = 0;
     PyObject *tail = NULL;
     while (self->held < (uint64_t)limit && !self->error) {
-        if ((skip > 0 || avail < 512) && stream_fill(&s, self->win, &src, &avail, &skip, want) < 0) break;
+        if (skip > 0 || avail < 512) { /* between members: completed samples need not wait for the network */
+            s.yield_ok = PyList_GET_SIZE(self->completed) > 0;
+            int rc = stream_fill(&s, self->win, &src, &avail, &skip, want);
+            s.yield_ok = 0;
+            if (rc < 0) break;
+        }
         const unsigned char *h = src;
         if (!plain_header(h, &size, &regular)) break;
         uint64_t padded = (size + 511) & ~(uint64_t)511;
@@ -763,8 +777,8 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
     uint64_t tail_at = tail ? at : at - skip;
     if (!tail && !(tail = PyBytes_FromStringAndSize(avail ? (const char *)src : "", (Py_ssize_t)avail))) goto fail;
     PyBuffer_Release(&view);
-    return Py_BuildValue("(KNKKKK)", (unsigned long long)tail_at, tail, (unsigned long long)at, (unsigned long long)last_at,
-                         (unsigned long long)last_size, s.received);
+    return Py_BuildValue("(KNKKKKO)", (unsigned long long)tail_at, tail, (unsigned long long)at, (unsigned long long)last_at,
+                         (unsigned long long)last_size, s.received, s.timed_out ? Py_True : Py_False);
 fail:
     PyBuffer_Release(&view);
     return NULL;
@@ -830,7 +844,7 @@ static PyMethodDef Packer_methods[] = {
     {"scan", (PyCFunction)Packer_scan, METH_VARARGS, "scan(buf, pos, base[, limit]) -> (pos, last_header, last_size)"},
     {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS, "scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size)"},
     {"scan_stream", (PyCFunction)Packer_scan_stream, METH_VARARGS,
-     "scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base) -> (tail_offset, tail, next_header, last_header, last_size, received)"},
+     "scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base) -> (tail_offset, tail, next_header, last_header, last_size, received, timed_out)"},
     {"add", (PyCFunction)Packer_add, METH_VARARGS, "add(name, header_offset, data_offset, size[, data])"},
     {"take", (PyCFunction)Packer_take, METH_NOARGS, "take() -> ([sample_offset, ...], [sample dict, ...])"},
     {"finish", (PyCFunction)Packer_finish, METH_NOARGS, "finish() -> the offset tables; raises a recorded duplicate"},

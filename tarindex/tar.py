@@ -325,8 +325,9 @@ class DirectSource(Protocol):
         by :meth:`read`, else ``None``."""
         ...
 
-    def advance(self, n: int, /) -> None:
-        """``n`` bytes were read from the descriptor."""
+    def advance(self, n: int, timed_out: bool = False, /) -> None:
+        """``n`` bytes were read from the descriptor; ``timed_out``: then a wait for more timed out
+        (the next :meth:`read` fails as a timed-out read would, without waiting again)."""
         ...
 
 
@@ -495,11 +496,11 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | N
             if live is not None:  # the sink reads the socket or pipe itself, member data straight into its bytes
                 fd, left, timeout_ms = live
                 here = cur.base + pos
-                tail_at, tail, after, last_at, last_size, received = sink_stream(  # type: ignore[misc]
+                tail_at, tail, after, last_at, last_size, received, timed_out = sink_stream(  # type: ignore[misc]
                     fd, timeout_ms, left, _BATCH_BYTES, cur.buf, pos, cur.base
                 )
-                if received:
-                    cur.source.advance(received)  # type: ignore[union-attr]  # a _StreamCursor
+                if received or timed_out:
+                    cur.source.advance(received, timed_out)  # type: ignore[union-attr]  # a _StreamCursor
                 if tail is not None:  # what it received and did not walk is the cursor's window now
                     cur.buf, cur.base = tail, tail_at
                     pos = cur.skip(0, after - tail_at)

@@ -269,9 +269,9 @@ class _CountingHTTPSource(tarindex.sources.HTTPSource):
 
     direct_bytes = 0
 
-    def advance(self, n: int) -> None:
+    def advance(self, n: int, timed_out: bool = False) -> None:
         type(self).direct_bytes += n
-        super().advance(n)
+        super().advance(n, timed_out)
 
 
 class _CountingPipeSource(tarindex.sources.PipeSource):
@@ -279,9 +279,9 @@ class _CountingPipeSource(tarindex.sources.PipeSource):
 
     direct_bytes = 0
 
-    def advance(self, n: int) -> None:
+    def advance(self, n: int, timed_out: bool = False) -> None:
         type(self).direct_bytes += n
-        super().advance(n)
+        super().advance(n, timed_out)
 
 
 def _stream_direct(url: str, **options: float) -> list[dict]:
@@ -505,15 +505,35 @@ def test_stopping_early_on_a_stalled_server_returns_at_once(drop_server, tmp_pat
 
     shard = make_shard_set(tmp_path / "big", n_shards=1, per=800)[0]
     data = shard.read_bytes()
-    # the parser yields its first batch once it has seen 1,024 headers; the server stalls soon after,
-    # where the reader thread (up to 8 blocks ahead) is sure to be waiting for bytes
-    stall_at = [h for _, h, _, _, _ in iter_tar([data], "x")][1100]
+    stall_at = [h for _, h, _, _, _ in iter_tar([data], "x")][1100]  # well inside the shard
     server = drop_server(data, drop_at=stall_at, mode="always", stall=30)
-    it = iter(TarStream([server.url], block_size=1 << 16))
-    assert next(it)["__key__"] == "s00i000"
     t0 = time.monotonic()
-    it.close()  # the reader thread is blocked in a read that the server never answers
+    it = iter(TarStream([server.url], block_size=1 << 16))
+    assert next(it)["__key__"] == "s00i000"  # the samples before the stall do not wait for it
+    it.close()
     assert time.monotonic() - t0 < 10
+    zst = tmp_path / "big.tar.zst"  # zstd goes through the reader thread: blocked in a read the server never answers
+    tarindex.compress_shard(shard, zst)  # frames: samples come out before the stall
+    packed = zst.read_bytes()
+    server = drop_server(packed, drop_at=len(packed) * 3 // 4, mode="always", stall=30)
+    t0 = time.monotonic()
+    it = iter(TarStream([server.url], block_size=1 << 12))
+    assert next(it)["__key__"] == "s00i000"
+    it.close()
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_stall_times_out_once_not_twice(drop_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The C walk's wait for bytes counts as the read's timeout: Python does not wait a second time."""
+    import time
+
+    shard = tmp_path / "big.tar"
+    big = {m.name: m for m in _large_member_shard(shard)}["s007.bin"]
+    server = drop_server(shard.read_bytes(), drop_at=big.offset_data + 50_000, mode="always", stall=30)
+    t0 = time.monotonic()
+    with pytest.raises(SourceError, match=rf"read failed after 0 retries \(TimeoutError: .*at byte offset {big.offset_data + 50_000}"):
+        list(TarStream([server.url], timeout=2.0, retries=0))
+    assert 2.0 <= time.monotonic() - t0 < 3.8  # one wait of 2 s, not two
 
 
 def test_webdataset_fluent_pipeline_drop_in(shards: list[Path], tmp_path: Path) -> None:
