@@ -7,6 +7,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
 #include <poll.h>
@@ -159,7 +160,8 @@ fail:
  *       unread), the bytes it read from fd, and whether a wait for bytes timed out. Any trouble
  *       reading (the end, an error, a timeout, a signal) just stops it: the Python read that follows
  *       says which. Between members, once samples are complete, it returns rather than wait for the
- *       network (a non-blocking socket answered EAGAIN): the consumer gets them at once.
+ *       stream (a socket answered EAGAIN, or poll() says a pipe has nothing yet): the consumer gets
+ *       them at once.
  *   All three stop once `limit` data bytes are done, or at a repeated extension.
  *   take() -> ([sample_offset, ...], [dict, ...]) completed so far (no tuple per sample: the cyclic GC
  *       tracks tuples of dicts, and 16 MiB of small samples lived long enough to cost full collections); raises the recorded duplicate once
@@ -632,6 +634,7 @@ typedef struct {
     long long remaining;          /* bytes the stream may still deliver; < 0: until the end */
     unsigned long long received;  /* bytes read in this call */
     int yield_ok;                 /* samples are ready: return rather than wait for more bytes */
+    int blocking;                 /* a blocking descriptor (a pipe): readiness is asked with poll() */
     int timed_out;                /* poll() waited timeout_ms for nothing */
 } Stream;
 
@@ -643,6 +646,10 @@ typedef struct {
 static Py_ssize_t stream_read(Stream *s, char *p, size_t n) {
     if (s->remaining >= 0 && (unsigned long long)s->remaining < n) n = (size_t)s->remaining;
     if (n == 0) return 0;
+    if (s->yield_ok && s->blocking) {
+        struct pollfd now = {s->fd, POLLIN, 0};
+        if (poll(&now, 1, 0) == 0) return 0; /* nothing yet: the samples ready go first */
+    }
     for (;;) {
         ssize_t r = read(s->fd, p, n);
         if (r > 0) {
@@ -695,7 +702,7 @@ static int stream_fill(Stream *s, unsigned char *win, const unsigned char **src,
 }
 
 static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
-    Stream s = {.received = 0, .yield_ok = 0, .timed_out = 0};
+    Stream s = {.received = 0, .yield_ok = 0, .blocking = 0, .timed_out = 0};
     long long limit;
     unsigned long long base;
     Py_buffer view;
@@ -718,6 +725,8 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
+    int flags = fcntl(s.fd, F_GETFL);
+    s.blocking = flags >= 0 && !(flags & O_NONBLOCK);
     /* src[0:avail]: unconsumed bytes at absolute offset `at` (the caller's buffer, then the window);
      * `skip` bytes after them (padding) are still to be read and dropped */
     const unsigned char *src = (const unsigned char *)view.buf + pos;

@@ -523,6 +523,20 @@ def test_stopping_early_on_a_stalled_server_returns_at_once(drop_server, tmp_pat
     assert time.monotonic() - t0 < 10
 
 
+def test_samples_before_a_stalled_pipe_do_not_wait_for_it(tmp_path: Path) -> None:
+    import time
+
+    from tarindex.tar import iter_tar
+
+    shard = make_shard_set(tmp_path / "big", n_shards=1, per=800)[0]
+    stall_at = [h for _, h, _, _, _ in iter_tar([shard.read_bytes()], "x")][1100]
+    t0 = time.monotonic()
+    it = iter(TarStream([f"pipe:head -c {stall_at} {shard}; sleep 30; cat {shard}"]))
+    assert next(it)["__key__"] == "s00i000"
+    it.close()  # ends the command's whole process group
+    assert time.monotonic() - t0 < 10
+
+
 def test_a_stall_times_out_once_not_twice(drop_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The C walk's wait for bytes counts as the read's timeout: Python does not wait a second time."""
     import time
