@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 from urllib.parse import urljoin, urlsplit
 
-from ._source import DEFAULT_BLOCK_SIZE, Source, _full_blocks
+from ._source import DEFAULT_BLOCK_SIZE, Source, _reads
 from .errors import ShardNotFoundError, SourceError, StaleIndexError, TarIndexError
 
 __all__ = ["FsspecSource", "HTTPSource", "RangeReader"]
@@ -95,7 +95,7 @@ class _Retrying(Source):
         time.sleep(min(self.backoff * 2 ** (self._failures - 1), 30.0))
 
     def _chunks(self) -> Iterator[bytes]:
-        return _full_blocks(self.read, self.block_size)
+        return _reads(self.read, self.block_size)
 
     def _drop(self) -> None:
         stream, self._stream = self._stream, None

@@ -178,19 +178,11 @@ def _read_ahead(chunks: Iterator[bytes], depth: int, interrupt: Callable[[], Non
         thread.join()
 
 
-def _full_blocks(read: Callable[[int], bytes], size: int) -> Iterator[bytes]:
-    """``size``-byte blocks (the last one shorter) from a ``read`` that may return less."""
-    while True:
-        parts: list[bytes] = []
-        got = 0
-        while got < size and (data := read(size - got)):
-            parts.append(data)
-            got += len(data)
-        if not parts:
-            return
-        yield parts[0] if len(parts) == 1 else b"".join(parts)
-        if got < size:
-            return
+def _reads(read: Callable[[int], bytes], size: int) -> Iterator[bytes]:
+    """What each ``read(size)`` returns, until an empty one: a slow source's bytes go to the parser as
+    they come, never held back to fill a block."""
+    while chunk := read(size):
+        yield chunk
 
 
 def iter_archive(chunks: Iterable[Any], url: str, *, frames: list[Any] | None = None) -> Iterator[bytes]:

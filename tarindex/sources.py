@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._network import FsspecSource, HTTPSource, RangeReader
-from ._source import DEFAULT_BLOCK_SIZE, Source, _full_blocks, is_url, iter_archive
+from ._source import DEFAULT_BLOCK_SIZE, Source, _reads, is_url, iter_archive
 from .errors import ShardNotFoundError, SourceError
 
 __all__ = [
@@ -107,7 +107,7 @@ class StdinSource(Source):
         return None if self._fresh else (sys.stdin.buffer.fileno(), -1, -1)
 
     def _chunks(self) -> Iterator[bytes]:
-        return _full_blocks(self.read, self.block_size)
+        return _reads(self.read, self.block_size)
 
 
 class PipeSource(Source):
@@ -163,7 +163,7 @@ class PipeSource(Source):
         return (proc.stdout.fileno(), -1, -1) if proc is not None and proc.stdout is not None else None
 
     def _chunks(self) -> Iterator[bytes]:
-        return _full_blocks(self.read, self.block_size)
+        return _reads(self.read, self.block_size)
 
     def _interrupt(self) -> None:
         proc, self._proc = self._proc, None

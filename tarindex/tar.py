@@ -300,6 +300,15 @@ class _FileCursor:
         self.base, self.buf, self.large = offset, b"", False
         return 0
 
+    def walk_direct(self, sink: Any, pos: int) -> tuple[int, bool, int, int]:
+        """Let a sample sink's C walk read the file from the header at ``pos`` (``scan_file``):
+        ``(pos, whether it took members, last header, its size)``."""
+        here = self.base + pos
+        after, last_at, last_size = sink.scan_file(self.fd, here, self.size, _BATCH_BYTES, self.buf, pos)
+        if after == here:
+            return pos, False, 0, 0
+        return self.seek(after), True, last_at, last_size
+
     def skip(self, pos: int, count: int) -> int:
         pos += count
         if pos <= len(self.buf):
@@ -371,10 +380,25 @@ class _StreamCursor(_Cursor):
         self.need = need  # read about what the Python walker needs, no more
         return super().fill(pos, need)
 
-    def direct(self) -> tuple[int, int, int] | None:
-        """``(fd, bytes left, timeout_ms)`` once every byte taken from the source is in ``buf``
-        (``None`` while part of a chunk waits in ``spill``: the C scan of ``buf`` goes first)."""
-        return None if self.spill is not None else self.source.direct()
+    def walk_direct(self, sink: Any, pos: int) -> tuple[int, bool, int, int] | None:
+        """Let a sample sink's C walk read the descriptor from the header at ``pos`` (``scan_stream``),
+        once every byte taken from the source is in ``buf`` (``None`` until then, or when the source
+        cannot: a chunk's rest waiting in ``spill``, HTTPS...): ``(pos, whether it took members, last
+        header, its size)``; what it received and did not walk becomes the window."""
+        live = None if self.spill is not None else self.source.direct()
+        if live is None:
+            return None
+        fd, left, timeout_ms = live
+        here = self.base + pos
+        tail_at, tail, after, last_at, last_size, received, timed_out = sink.scan_stream(
+            fd, timeout_ms, left, _BATCH_BYTES, self.buf, pos, self.base
+        )
+        if received or timed_out:
+            self.source.advance(received, timed_out)
+        if tail is not None:
+            self.buf, self.base = tail, tail_at
+            pos = self.skip(0, after - tail_at)
+        return pos, after != here, last_at, last_size
 
 
 def iter_tar(chunks: Iterable[Buffer], path: str, *, with_data: bool = False) -> Iterator[Entry]:
@@ -470,8 +494,7 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | N
     scan = _scan_headers
     sink_scan = getattr(sink, "scan", None) if _scan_headers is not None else None
     taking = with_data and sink is not None  # a sample sink: it completes samples, which this yields
-    sink_file = getattr(sink, "scan_file", None) if sink_scan is not None and taking and isinstance(cur, _FileCursor) else None
-    sink_stream = getattr(sink, "scan_stream", None) if sink_scan is not None and taking and isinstance(cur, _StreamCursor) else None
+    walk_direct = getattr(cur, "walk_direct", None) if sink_scan is not None and taking else None  # file, socket, pipe
 
     def fail(at: int, what: str) -> CorruptArchiveError:
         _verify(blocks, block_offsets, path)  # an earlier bad checksum explains more
@@ -492,20 +515,11 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | N
                     raise fail(here, "truncated archive: no end-of-archive marker")
                 raise fail(here, f"truncated header ({len(buf)} of {BLOCK} bytes)")
         if scan is not None and start < 0 and not pax and not global_pax and long_name is None:
-            live = cur.direct() if sink_stream is not None else None  # type: ignore[union-attr]  # a _StreamCursor
-            if live is not None:  # the sink reads the socket or pipe itself, member data straight into its bytes
-                fd, left, timeout_ms = live
-                here = cur.base + pos
-                tail_at, tail, after, last_at, last_size, received, timed_out = sink_stream(  # type: ignore[misc]
-                    fd, timeout_ms, left, _BATCH_BYTES, cur.buf, pos, cur.base
-                )
-                if received or timed_out:
-                    cur.source.advance(received, timed_out)  # type: ignore[union-attr]  # a _StreamCursor
-                if tail is not None:  # what it received and did not walk is the cursor's window now
-                    cur.buf, cur.base = tail, tail_at
-                    pos = cur.skip(0, after - tail_at)
+            moved = walk_direct(sink, pos) if walk_direct is not None else None
+            if moved is not None:  # the sink read the file, socket or pipe itself, member data into its bytes
+                pos, progressed, last_at, last_size = moved
                 buf = cur.buf
-                if after != here:
+                if progressed:
                     if pos < 0:
                         raise fail(last_at, f"truncated archive: member data needs {last_size} bytes, input ends at {cur.base}")
                     _verify(blocks, block_offsets, path)
@@ -513,17 +527,6 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | N
                     yield from _taken(sink)  # type: ignore[misc]  # samples, from a sample sink
                     continue
                 got: list[Entry] = []  # not one member: the header is the Python walker's
-                after = pos
-            elif sink_file is not None:  # the sink reads the file itself, member data straight into its bytes
-                here = cur.base + pos
-                after, _, _ = sink_file(cur.fd, here, cur.size, _BATCH_BYTES, buf, pos)  # type: ignore[union-attr]  # a _FileCursor
-                if after != here:
-                    pos = cur.seek(after)  # type: ignore[union-attr]
-                    _verify(blocks, block_offsets, path)
-                    blocks, block_offsets = [], []
-                    yield from _taken(sink)  # type: ignore[misc]  # samples, from a sample sink
-                    continue
-                got = []
                 after = pos
             elif sink_scan is not None:  # the sink packs the members itself
                 got = []
