@@ -122,7 +122,8 @@ class _HTTPBody:
         plain = sock is not None and not isinstance(sock, ssl.SSLSocket) and not resp.chunked and resp.length
         self.sock: socket.socket | None = sock if plain else None
         self.left = resp.length or 0  # with sock: bytes still to come
-        self.fresh = True  # with sock: http.client may hold bytes it read with the headers
+        self.fresh = True  # with sock: http.client may hold bytes it read with the headers ...
+        self.head = b""  # ... which the first read takes out, all of them
         self.timed_out = False  # with sock: the C walk's wait for bytes timed out
 
     def read(self, n: int) -> bytes:
@@ -131,15 +132,19 @@ class _HTTPBody:
             if not data and self.resp.length:  # http.client returns b"" when Content-Length is not met
                 raise http.client.IncompleteRead(b"", self.resp.length)
             return data
+        if self.fresh:  # all that http.client's reader holds (or one read of it), then the socket itself
+            self.fresh = False
+            fp = self.resp.fp
+            self.head = fp.read1(len(fp.peek())) if fp is not None and self.left else b""
+            self.left -= len(self.head)
+        if self.head:
+            data, self.head = self.head[:n], self.head[n:]
+            return data
         if not self.left:
             return b""
         if self.timed_out:  # the C walk already waited the socket's timeout for these bytes
             raise TimeoutError(f"no data for {self.sock.gettimeout()} s")
-        if self.fresh:  # first what http.client buffered (or one read), then the socket itself
-            self.fresh = False
-            data = self.resp.fp.read1(min(n, self.left))
-        else:
-            data = self.sock.recv(min(n, self.left))
+        data = self.sock.recv(min(n, self.left))
         if not data:
             raise http.client.IncompleteRead(b"", self.left)
         self.left -= len(data)
@@ -147,9 +152,9 @@ class _HTTPBody:
 
     def direct(self) -> tuple[int, int, int] | None:
         """``(fd, bytes left, timeout in ms or -1)`` for reads that bypass Python (report them with
-        :meth:`advance`), or ``None``: HTTPS, chunked, before the first :meth:`read`, or after a
-        timed-out wait (the next :meth:`read` raises)."""
-        if self.sock is None or self.fresh or self.timed_out:
+        :meth:`advance`), or ``None``: HTTPS, chunked, until :meth:`read` has returned every byte
+        http.client buffered, or after a timed-out wait (the next :meth:`read` raises)."""
+        if self.sock is None or self.fresh or self.head or self.timed_out:
             return None
         timeout = self.sock.gettimeout()
         return self.sock.fileno(), self.left, -1 if timeout is None else int(timeout * 1000)

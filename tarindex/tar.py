@@ -350,14 +350,14 @@ class Stream:
     """The archive's first bytes."""
 
 
-_STREAM_READ = 64 << 10  # the Python walker's smallest read of a Stream: the C walk takes the rest
+_STREAM_READ = 4 << 10  # the Python walker's smallest read of a Stream (a header and a bit): the C walk takes the rest
 
 
 def stream_chunks(stream: Stream) -> Iterator[bytes]:
     """A :class:`Stream`'s bytes as chunks (for walkers that do not read descriptors)."""
     if stream.first:
         yield stream.first
-    while chunk := stream.source.read(16 * _STREAM_READ):
+    while chunk := stream.source.read(256 * _STREAM_READ):
         yield chunk
 
 
@@ -374,11 +374,16 @@ class _StreamCursor(_Cursor):
 
     def _reads(self) -> Iterator[bytes]:
         while chunk := self.source.read(max(self.need, _STREAM_READ)):
+            self.need -= len(chunk)
             yield chunk
 
     def fill(self, pos: int, need: int) -> int:
-        self.need = need  # read about what the Python walker needs, no more
-        return super().fill(pos, need)
+        held = max(0, len(self.buf) - pos) + (len(self.spill) - self.spill_at if self.spill is not None else 0)
+        self.need = need - held  # read what the Python walker misses (at least a few KiB), no more
+        try:
+            return super().fill(pos, need)
+        finally:
+            self.need = 0
 
     def walk_direct(self, sink: Any, pos: int) -> tuple[int, bool, int, int] | None:
         """Let a sample sink's C walk read the descriptor from the header at ``pos`` (``scan_stream``),
