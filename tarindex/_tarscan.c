@@ -551,6 +551,12 @@ fail:
 #define WINDOW_LARGE (64 << 10) /* headers of small members: several per read */
 #define WINDOW_SMALL (4 << 10)  /* after a member larger than this outgrew the window: little data read twice */
 
+/* The next window's size once a member of `padded` bytes (padding included) ended, `in_hand` of its
+ * data bytes having come with its header's window: both walks (file and stream) follow this rule. */
+static size_t next_window(uint64_t in_hand, uint64_t padded) {
+    return in_hand < padded && padded > WINDOW_SMALL ? WINDOW_SMALL : WINDOW_LARGE;
+}
+
 /* pread all of it unless the file ends (GIL released); the bytes read, or -1 with errno. */
 static Py_ssize_t pread_full(int fd, void *buf, size_t n, uint64_t offset) {
     size_t got = 0;
@@ -599,7 +605,7 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
         uint64_t padded = (size + 511) & ~(uint64_t)511, data = offset + 512;
         if (size > (uint64_t)PY_SSIZE_T_MAX || padded > file_size || data > file_size - padded) break; /* truncated: Python says so */
         Py_ssize_t in_window = (Py_ssize_t)(wbase + (unsigned long long)wlen - data); /* >= 0: the header fits */
-        want = (uint64_t)in_window < padded && padded > WINDOW_SMALL ? WINDOW_SMALL : WINDOW_LARGE;
+        want = (Py_ssize_t)next_window((uint64_t)in_window, padded);
         if (regular) {
             PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
             if (!bytes) return NULL;
@@ -780,7 +786,7 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
         src += 512 + used;
         avail = here - used;
         at += 512 + padded;
-        want = (uint64_t)here < padded && padded > WINDOW_SMALL ? WINDOW_SMALL : WINDOW_LARGE;
+        want = next_window((uint64_t)here, padded);
     }
     /* the unconsumed bytes start at `at - skip` when skip > 0 (then none are in hand) */
     uint64_t tail_at = tail ? at : at - skip;
@@ -824,14 +830,10 @@ static PyObject *Packer_take(Packer *self, PyObject *unused) {
         Py_XDECREF(fresh_offsets);
         return NULL;
     }
-    PyObject *out = Py_BuildValue("(NN)", self->offsets, self->completed);
-    if (!out) { /* Py_BuildValue's N took both references either way */
-        self->offsets = fresh_offsets;
-        self->completed = fresh;
-        return NULL;
-    }
+    PyObject *out = Py_BuildValue("(NN)", self->offsets, self->completed); /* N takes both, even on failure */
     self->offsets = fresh_offsets;
     self->completed = fresh;
+    if (!out) return NULL;
     self->held = 0;
     return out;
 }

@@ -323,7 +323,7 @@ class _FileCursor:
 
 
 class DirectSource(Protocol):
-    """A sequential source whose socket or pipe the C walk may read itself (:class:`tarindex.sources.HTTPSource`)."""
+    """A sequential source whose socket or pipe the C walk may read itself (plain HTTP, ``pipe:``, ``-``)."""
 
     def read(self, n: int, /) -> bytes:
         """Up to ``n`` more bytes; ``b""`` at the end."""
@@ -362,7 +362,7 @@ def stream_chunks(stream: Stream) -> Iterator[bytes]:
 
 
 class _StreamCursor(_Cursor):
-    """A :class:`_Cursor` over a :class:`Stream` whose descriptor the C walk may read too (:meth:`direct`)."""
+    """A :class:`_Cursor` over a :class:`Stream` whose descriptor the C walk may read too (:meth:`walk_direct`)."""
 
     __slots__ = ("need", "source")
 
