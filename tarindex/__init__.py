@@ -25,7 +25,7 @@ from .errors import (
 )
 from .index.reader import IndexReader
 from .sampler import ShardSampler
-from .writer import ShardWriter, compress_shard
+from .shard_writer import ShardWriter, compress_shard
 
 __version__ = "0.1.0"
 

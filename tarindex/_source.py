@@ -14,12 +14,10 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from .zstd import is_zstd, iter_decompressed
-
-__all__ = ["DEFAULT_BLOCK_SIZE", "Source", "is_url", "iter_archive"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "Source", "is_url"]
 
 DEFAULT_BLOCK_SIZE = 1 << 20
 
@@ -70,22 +68,14 @@ class Source:
     def __iter__(self) -> Iterator[Any]:
         return self._run(self._chunks())
 
-    def archive(
-        self,
-        tap: Callable[[Iterator[bytes]], Iterator[bytes]] | None = None,
-        *,
-        frames: list[Any] | None = None,
-        first: bytes = b"",
-    ) -> Iterator[bytes]:
-        """The uncompressed tar stream (see :func:`iter_archive`), decompressed in the reader thread too.
-
-        ``tap`` wraps the raw chunks before decompression (it runs in the reader thread); ``frames``
-        collects a zstd stream's frame table; ``first``: bytes already read from the source.
-        """
+    def raw(self, first: bytes = b"") -> Iterator[bytes]:
+        """The raw chunks, after ``first`` (bytes already read from the source), in the caller's thread."""
         raw = self._chunks()
-        if first:
-            raw = itertools.chain((first,), raw)
-        return self._run(iter_archive(tap(raw) if tap is not None else raw, self.url, frames=frames))
+        return itertools.chain((first,), raw) if first else raw
+
+    def threaded(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """``chunks`` (made from :meth:`raw`) computed in this source's reader thread, ``prefetch`` ahead."""
+        return self._run(chunks)
 
     def _run(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
         if self.prefetch <= 0:
@@ -183,23 +173,3 @@ def _reads(read: Callable[[int], bytes], size: int) -> Iterator[bytes]:
     they come, never held back to fill a block."""
     while chunk := read(size):
         yield chunk
-
-
-def iter_archive(chunks: Iterable[Any], url: str, *, frames: list[Any] | None = None) -> Iterator[bytes]:
-    """The uncompressed tar stream of a source's chunks: zstd is detected by its first bytes and decompressed.
-
-    ``frames``, when given, receives the frame table of a zstd stream (see
-    :func:`tarindex.zstd.iter_decompressed`) and stays empty for a plain tar.
-
-    Raises:
-        CorruptArchiveError: bad zstd data.
-    """
-    chunks = iter(chunks)
-    first = next(chunks, None)
-    if first is None:
-        return
-    if is_zstd(bytes(first[:4])):
-        yield from iter_decompressed(itertools.chain((first,), chunks), url, frames=frames)
-    else:
-        yield first
-        yield from chunks

@@ -2,7 +2,7 @@
  *
  * Part of the optional _speedups extension (module init in _speedups.c calls tarscan_add). The
  * Python walker, tarindex.tar._walk, stays the authority on everything unusual; the references are
- * tarindex.samples.TablePacker and tarindex.tar.iter_tar + tarindex.samples.group_members.
+ * tarindex.grouping.TablePacker and tarindex.tar.iter_tar + tarindex.grouping.group_members.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -167,7 +167,7 @@ fail:
  *       tracks tuples of dicts, and 16 MiB of small samples lived long enough to cost full collections); raises the recorded duplicate once
  *       the samples before it are taken. finish() completes the last sample (take() it after).
  *
- * tarindex.samples.TablePacker is the reference. Names in the common case (a dot in the base
+ * tarindex.grouping.TablePacker is the reference. Names in the common case (a dot in the base
  * name after its first character, no leading "__") are split here, on bytes (the same split as
  * on the decoded str: '.' and '/' are ASCII); any other name goes to sample_key(name) (the exact
  * Python rules, metadata files included). A repeated extension in a sample stops the packing;

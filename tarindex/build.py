@@ -5,19 +5,19 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from .errors import CorruptArchiveError, IndexFormatError, IndexNotFoundError, ShardNotFoundError, TarIndexError
+from .errors import IndexFormatError, IndexNotFoundError, ShardNotFoundError, TarIndexError
 from .index.format import ShardInfo, ShardTable
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
-from .shards import FINGERPRINT_SPAN, INDEX_SUFFIX, default_index_path, expand_shards, fingerprint, fingerprint_stream
-from .sources import is_url, open_source
-from .zstd import frame_array, is_zstd, random_access, scan_zstd
+from .scan import scan_shard
+from .shards import INDEX_SUFFIX, default_index_path, expand_shards
+from .sources import is_url
 
-__all__ = ["BuildReport", "build_index", "merge_indexes", "scan_shard", "scan_stream"]
+__all__ = ["BuildReport", "build_index", "merge_indexes"]
 
 Progress = Callable[[int], None]
 
@@ -32,77 +32,6 @@ class BuildReport:
 
     def __repr__(self) -> str:
         return f"BuildReport({str(self.path)!r}, scanned={len(self.scanned)}, reused={len(self.reused)})"
-
-
-def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
-    """Scan one shard (plain tar, or zstd by content) into its offset tables (``ShardInfo.path`` is ``path``).
-
-    A URL (``http(s)://``, ``pipe:``, fsspec) is read once, sequentially
-    (see :func:`scan_stream`).
-
-    Raises:
-        ShardNotFoundError: the shard does not exist.
-        CorruptArchiveError: the shard is not a valid tar archive.
-        SourceError: a URL could not be read (after retries).
-    """
-    if is_url(path):
-        return scan_stream(path)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError as exc:
-        raise ShardNotFoundError(f"{path}: no such shard") from exc
-    try:
-        st = os.fstat(fd)
-        if st.st_size == 0:
-            raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
-        table = scan_zstd(fd, path) if is_zstd(os.pread(fd, 4, 0)) else ShardTable.from_tar_file(fd, path)
-        return _shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table), table
-    finally:
-        os.close(fd)
-
-
-def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
-    """Index a shard in one sequential pass over its stream (HTTP, ``pipe:``, fsspec, zstd or not).
-
-    ``ShardInfo.size`` is the number of bytes read (the whole stream),
-    ``mtime_ns`` the ``Last-Modified`` time or 0, and the fingerprint is the
-    one :func:`tarindex.shards.fingerprint` gives for the same bytes on disk.
-
-    Raises:
-        ShardNotFoundError: the server says the shard does not exist.
-        CorruptArchiveError: the stream is not a valid tar archive, or ends early.
-        SourceError: the stream could not be read (after retries), or a ``pipe:`` command failed.
-    """
-    span = FINGERPRINT_SPAN
-    head = bytearray()
-    tail = b""
-
-    def tapped(source: Iterable[bytes]) -> Iterator[bytes]:
-        nonlocal tail
-        for chunk in source:
-            if len(head) < span:
-                head.extend(chunk[: span - len(head)])
-            tail = (tail + chunk[-2 * span :])[-2 * span :]
-            yield chunk
-
-    rows: list[tuple[int, int, int, int]] = []
-    with open_source(url) as source:
-        raw = source.archive(tapped, frames=rows)
-        table = ShardTable.from_tar(raw, url)
-        for _ in raw:  # the rest (end-of-archive padding): the size and fingerprint cover the whole stream
-            pass
-        size = source.position
-    if is_zstd(bytes(head[:4])):  # the frame table, as for a local zstd shard
-        table.frames = frame_array(rows)
-    return _shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table), table
-
-
-def _shard_info(path: str, size: int, mtime_ns: int, fp: str, table: ShardTable) -> ShardInfo:
-    """A scanned shard's record; a zstd shard (one with a frame table) says so, and whether random access is cheap."""
-    info = ShardInfo(path, size, mtime_ns, fp, table.n_samples, table.n_members)
-    if table.frames is not None:
-        info = dataclasses.replace(info, compression="zstd", random_access=random_access(table.frames))
-    return info
 
 
 def _relative(shard: str, index_dir: Path) -> str:

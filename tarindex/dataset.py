@@ -12,12 +12,11 @@ from ._native import SPEEDUPS
 from ._process import FORK
 from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, IndexFormatError, ShardNotFoundError, StaleIndexError
-from .index.format import ShardInfo
 from .index.reader import IndexReader
 from .index.records import unpack as unpack_record
+from .opener import close_handle, open_url, open_zstd_shard
 from .shards import resolve_index
-from .sources import RangeReader, is_url
-from .zstd import open_zstd_shard
+from .sources import is_url
 
 _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
 
@@ -26,29 +25,6 @@ __all__ = ["TarDataset"]
 _pread = os.pread
 
 Sample = dict[str, Any]
-
-
-def _open_url(url: str, info: ShardInfo) -> RangeReader:
-    """A ranged reader for a URL shard, checked against its index entry (size; mtime when both know one).
-
-    Raises:
-        StaleIndexError: the server's size or Last-Modified differs from the index.
-    """
-    reader = RangeReader(url)
-    if reader.size >= 0 and reader.size != info.size:
-        reader.close()
-        raise StaleIndexError(url, f"size {info.size} -> {reader.size}")
-    if reader.mtime_ns and info.mtime_ns and reader.mtime_ns != info.mtime_ns:
-        reader.close()
-        raise StaleIndexError(url, f"mtime {info.mtime_ns} -> {reader.mtime_ns}")
-    return reader
-
-
-def _close(handle: Any) -> None:
-    if type(handle) is int:
-        os.close(handle)
-    else:
-        handle.close()
 
 
 class TarDataset:
@@ -150,7 +126,7 @@ class TarDataset:
         path = self.urls[shard]
         info = self.index.shards[shard]
         if path.startswith(("http://", "https://")):  # an index built from URLs: Range requests
-            return _open_url(path, info)
+            return open_url(path, info)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:
@@ -180,7 +156,7 @@ class TarDataset:
             if self._reading(evicted):  # another thread is reading it: its number must not be reused yet
                 self._closing.append((evicted, old))
             else:
-                _close(old)
+                close_handle(old)
         fds[shard] = handle
         if self._fast is not None:
             self._fast.adopt(shard, handle)
@@ -193,7 +169,7 @@ class TarDataset:
             if self._reading(shard):
                 busy.append((shard, handle))
             else:
-                _close(handle)
+                close_handle(handle)
         self._closing = busy
 
     def _reading(self, shard: int) -> bool:
@@ -210,7 +186,7 @@ class TarDataset:
         for shard, handle in [*self._fds.items(), *self._closing]:
             if self._fast is not None:
                 self._fast.forget(shard)
-            _close(handle)
+            close_handle(handle)
         self._fds.clear()
         self._closing.clear()
 

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._network import FsspecSource, HTTPSource, RangeReader
-from ._source import DEFAULT_BLOCK_SIZE, Source, _reads, is_url, iter_archive
+from ._source import DEFAULT_BLOCK_SIZE, Source, _reads, is_url
 from .errors import ShardNotFoundError, SourceError
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
     "RangeReader",
     "Source",
     "is_url",
-    "iter_archive",
     "open_source",
 ]
 

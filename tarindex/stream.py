@@ -3,7 +3,7 @@
 The same parser as the index builder (:func:`tarindex.tar.iter_tar` over the
 chunks of a :mod:`tarindex.sources` source, zstd decompressed on the way; a
 local plain tar is read with ``pread``), the same grouping
-(:func:`tarindex.samples.iter_samples`) and the same decoders as
+(:func:`tarindex.grouping.iter_samples`) and the same decoders as
 :class:`tarindex.TarDataset`. Importing this module imports torch.
 """
 
@@ -23,8 +23,9 @@ from ._split import Slot, buffer_shuffle, shard_order, shards_for_slot, worker_s
 from .collate import batched, collate
 from .decode import DecodeMode, Decoder
 from .errors import DecodeError, StreamWarning, TarIndexError
+from .grouping import fused, iter_samples
 from .index.reader import IndexReader
-from .samples import fused, iter_samples
+from .scan import archive
 from .shards import INDEX_SUFFIX, expand_shards
 from .sources import DEFAULT_BLOCK_SIZE, FileSource, is_url, open_source
 from .tar import Stream
@@ -288,7 +289,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                     while source.read(source.block_size):  # to the end: the body's length is checked there
                         pass
                     return
-            raw = source.archive(first=first)
+            raw = archive(source, first=first)
             yield from iter_samples(raw, url, index=index)
             for _ in raw:  # to the end: a pipe's exit status and an HTTP body's length are checked there
                 pass

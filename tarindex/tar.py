@@ -73,7 +73,7 @@ class Buffer(Protocol):
 
 
 class Sink(Protocol):
-    """Where :func:`index_tar` puts each regular member (:class:`tarindex.samples.Packer`).
+    """Where :func:`index_tar` puts each regular member (:class:`tarindex.grouping.Packer`).
 
     A sink may also have ``scan(buf, pos, base[, limit]) -> (pos, last_header, last_size)``
     (the C packer): it then walks runs of plain headers itself, as the C walk

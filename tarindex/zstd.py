@@ -23,7 +23,6 @@ import mmap
 import os
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,30 +30,30 @@ import zstandard
 
 from ._native import SPEEDUPS as _speedups
 from ._process import FORK
-from .errors import CorruptArchiveError, CorruptFrameError, IndexFormatError, RandomAccessError
-from .index.format import ShardInfo, ShardTable
+from .errors import CorruptFrameError
 
 __all__ = [
     "FRAME_FIELDS",
+    "MAP_SLICE",
     "MAX_FRAME_BYTES",
+    "PIECE_LIMIT",
     "RANDOM_ACCESS_FRAME_LIMIT",
     "SEED_BYTES",
     "SEEKABLE_MAGIC",
     "ZSTD_MAGIC",
     "FrameCache",
+    "SeekTableMismatch",
     "ZstdShardReader",
+    "by_seek_table",
     "check_seek_table",
     "close_map",
     "decompress_frames",
-    "fix_command",
     "frame_array",
     "frame_cache",
     "is_zstd",
     "iter_decompressed",
-    "open_zstd_shard",
     "random_access",
     "read_seek_table",
-    "scan_zstd",
     "seek_table_frame",
     "zstd_reader",
 ]
@@ -77,7 +76,8 @@ FRAME_FIELDS = ("c_offset", "c_size", "d_offset", "d_size")
 """Columns of a frame table."""
 
 _PIECE_BLOCKS = 32  # blocks per scanner piece (4 MiB of output at most)
-_MAP_SLICE = 16 << 20  # compressed bytes handed to the scanner at a time when indexing a file
+PIECE_LIMIT = _PIECE_BLOCKS * (128 << 10)  # the most one scanner piece decompresses to
+MAP_SLICE = 16 << 20  # compressed bytes handed to the scanner at a time when indexing a file
 _HOLD_BYTES = 32 << 20  # a frame's output is held back until its end is verified, up to this much
 _OUT_PIECE = 1 << 20  # decompressed bytes per read of a frame that arrives in several pieces
 
@@ -693,15 +693,15 @@ def close_map(buf: mmap.mmap) -> None:
         pass
 
 
-class _SeekTableMismatch(Exception):
+class SeekTableMismatch(Exception):
     """The seek table does not describe the file exactly: index it by walking its frames instead."""
 
 
-def _by_seek_table(mv: memoryview, seek: np.ndarray, rows: list[tuple[int, int, int, int]]) -> Iterator[bytes]:
+def by_seek_table(mv: memoryview, seek: np.ndarray, rows: list[tuple[int, int, int, int]]) -> Iterator[bytes]:
     """Decompress the frames the seek table lists, one call each, checking every size and frame end.
 
     Raises:
-        _SeekTableMismatch: any disagreement or damage (the frame walk then names it precisely).
+        SeekTableMismatch: any disagreement or damage (the frame walk then names it precisely).
     """
     dctx = zstandard.ZstdDecompressor()
     off = d_off = 0
@@ -709,173 +709,15 @@ def _by_seek_table(mv: memoryview, seek: np.ndarray, rows: list[tuple[int, int, 
         frame = mv[off : off + c_size]
         try:
             if len(frame) != c_size or zstandard.frame_content_size(frame) not in (-1, d_size):
-                raise _SeekTableMismatch
+                raise SeekTableMismatch
             out = dctx.decompress(frame, max_output_size=d_size, allow_extra_data=False)
         except zstandard.ZstdError as exc:
-            raise _SeekTableMismatch from exc
+            raise SeekTableMismatch from exc
         if len(out) != d_size:
-            raise _SeekTableMismatch
+            raise SeekTableMismatch
         rows.append((off, c_size, d_off, d_size))
         off += c_size
         d_off += d_size
         yield out
     if off + 8 + len(seek) * 8 + _FOOTER != len(mv):  # the seek table frame (no checksums) must follow at once
-        raise _SeekTableMismatch
-
-
-def scan_zstd(fd: int, path: str) -> ShardTable:
-    """Index a zstd shard: one streaming decompression, the tar parser on its output, the frame table.
-
-    With a seek table (seekable format) whose frames are at most 4 MiB, the
-    frames are decompressed where the table puts them, one call each, and
-    every size is checked; any disagreement, and any file without such a
-    table, is indexed by walking the frames' headers, which also names the
-    frame at fault.
-
-    Raises:
-        CorruptFrameError: corrupt or truncated zstd data, or a seek table that
-            disagrees with the frames (compressed offsets).
-        CorruptArchiveError: a decompressed stream that is not a valid tar.
-    """
-    buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    try:
-        if hasattr(mmap, "MADV_SEQUENTIAL"):
-            buf.madvise(mmap.MADV_SEQUENTIAL)
-        seek = read_seek_table(buf, path)
-        mv = memoryview(buf)
-        rows: list[tuple[int, int, int, int]] = []
-        table = None
-        if seek is not None and len(seek) and int(seek[:, 1].max()) <= _PIECE_BLOCKS * _BLOCK_MAX:
-            try:
-                table = _scan_chunks(_by_seek_table(mv, seek, rows), path)
-            except _SeekTableMismatch:
-                rows.clear()
-        if table is None:
-            pieces = (mv[i : i + _MAP_SLICE] for i in range(0, len(mv), _MAP_SLICE))
-            table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False), path)
-            del pieces
-        mv.release()
-    finally:
-        close_map(buf)
-    frames = frame_array(rows)
-    if seek is not None:
-        check_seek_table(frames, seek, path)
-    table.frames = frames
-    return table
-
-
-def _scan_chunks(chunks: Iterator[bytes], path: str) -> ShardTable:
-    """The tar parser over decompressed pieces; the pieces after the end-of-archive marker are drained too.
-
-    Raises:
-        CorruptFrameError: damaged zstd data (compressed offset).
-        CorruptArchiveError: the decompressed stream is not a valid tar (the
-            message says the offset is in the decompressed tar).
-    """
-    try:
-        table = ShardTable.from_tar(chunks, path)
-    except CorruptFrameError:
-        raise
-    except CorruptArchiveError as exc:
-        raise type(exc)(path, exc.offset, f"{exc.what} (in the decompressed tar)") from exc
-    for _ in chunks:  # the frames after the end-of-archive marker
-        pass
-    return table
-
-
-# -- opening a zstd shard for random access ---------------------------------------
-
-
-def fix_command(path: str) -> str:
-    """The command that rewrites ``path`` with sample-aligned frames."""
-    return f"tarindex compress {path} {path}"
-
-
-def open_zstd_shard(
-    path: str,
-    fd: int,
-    info: ShardInfo,
-    frames: np.ndarray | None,
-    *,
-    cache_dir: str | None = None,
-    cache_bytes: int = 16 << 30,
-) -> Any:
-    """A handle for random reads of an indexed zstd shard: a :class:`ZstdShardReader`, or the
-    ``int`` descriptor of a decompressed copy in ``cache_dir`` for a shard whose frames are too
-    large to decompress per sample. Takes ownership of ``fd``.
-
-    Raises:
-        IndexFormatError: the index has no frame table for the shard.
-        RandomAccessError: the shard is one large frame and no ``cache_dir`` was given.
-        CorruptArchiveError: the shard is corrupt or does not decompress to the indexed size.
-    """
-    if frames is None:
-        os.close(fd)
-        raise IndexFormatError(f"{path}: the index has no zstd frame table for this shard; rebuild the index")
-    if info.random_access:
-        return zstd_reader(path, fd, frames)
-    largest = int(frames[:, 3].max())
-    if cache_dir is None:
-        os.close(fd)
-        raise RandomAccessError(
-            path,
-            f"{len(frames)} zstd frame(s), the largest {largest} bytes uncompressed: random access would "
-            f"decompress that much per sample. Rewrite the shard with sample-aligned frames "
-            f"('{fix_command(path)}') and rebuild the index, or opt in to a local cache of decompressed "
-            f"shards with TarDataset(..., zstd_cache_dir=DIR)",
-        )
-    try:
-        return _cached_copy(path, fd, info, frames, cache_dir, cache_bytes)
-    finally:
-        os.close(fd)
-
-
-def _cached_copy(path: str, fd: int, info: ShardInfo, frames: np.ndarray, cache_dir: str, cache_bytes: int) -> int:
-    """The descriptor of ``cache_dir/<fingerprint>.tar``, decompressing the shard there first if needed."""
-    total = int(frames[-1, 2] + frames[-1, 3]) if len(frames) else 0
-    if total > cache_bytes:
-        raise RandomAccessError(path, f"decompressed size {total} exceeds zstd_cache_bytes={cache_bytes}")
-    root = Path(cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / f"{info.fingerprint}-{info.size}.tar"
-    try:
-        out = os.open(target, os.O_RDONLY)
-    except FileNotFoundError:
-        pass
-    else:
-        if os.fstat(out).st_size == total:
-            os.utime(target)  # most recently used
-            return out
-        os.close(out)
-    _evict(root, cache_bytes - total)
-    tmp = root / f".{target.name}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            pieces = iter(lambda: os.read(fd, _MAP_SLICE // 4), b"")
-            os.lseek(fd, 0, os.SEEK_SET)
-            for chunk in decompress_frames(pieces, path):
-                f.write(chunk)
-            written = f.tell()
-        if written != total:
-            raise CorruptFrameError(path, 0, f"decompresses to {written} bytes, the index says {total}")
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return os.open(target, os.O_RDONLY)
-
-
-def _evict(root: Path, budget: int) -> None:
-    """Delete least recently used ``*.tar`` files in ``root`` until they total at most ``budget`` bytes."""
-    entries = []
-    for p in root.glob("*.tar"):
-        try:
-            st = p.stat()
-        except FileNotFoundError:
-            continue
-        entries.append((st.st_mtime_ns, st.st_size, p))
-    used = sum(size for _, size, _ in entries)
-    for _, size, p in sorted(entries):
-        if used <= budget:
-            break
-        p.unlink(missing_ok=True)
-        used -= size
+        raise SeekTableMismatch

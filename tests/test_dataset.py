@@ -381,8 +381,8 @@ def test_part_builds_merge_equal_full_build(tmp_path: Path) -> None:
 
 def _damaged_index(tmp_path: Path, damage: Callable[[ShardTable, ShardInfo], None]) -> tuple[Path, TarDataset, int]:
     """A one-shard index that ``damage`` edited before writing: the shard, the dataset and the shard's size."""
-    from tarindex.build import scan_shard
     from tarindex.index.writer import IndexWriter
+    from tarindex.scan import scan_shard
 
     paths = make_shard_set(tmp_path / "short", n_shards=1, per=3)
     info, table = scan_shard(str(paths[0]))

@@ -13,7 +13,8 @@ from _servers import HTTPServer
 
 from conftest import make_shard_set
 from tarindex.errors import ShardNotFoundError, SourceError
-from tarindex.sources import FileSource, HTTPSource, PipeSource, is_url, iter_archive, open_source
+from tarindex.scan import iter_archive
+from tarindex.sources import FileSource, HTTPSource, PipeSource, is_url, open_source
 
 
 def _read(url: str, **options: object) -> bytes:

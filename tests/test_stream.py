@@ -285,7 +285,7 @@ class _CountingPipeSource(tarindex.sources.PipeSource):
 
 
 def _stream_direct(url: str, **options: float) -> list[dict]:
-    from tarindex.samples import iter_samples
+    from tarindex.grouping import iter_samples
     from tarindex.tar import Stream
 
     cls = _CountingPipeSource if url.startswith("pipe:") else _CountingHTTPSource

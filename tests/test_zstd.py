@@ -25,12 +25,12 @@ from hypothesis import strategies as st
 
 import tarindex
 from conftest import make_shard_set, py_tar, require_c_extension, tarfile_members
-from tarindex.build import scan_shard
 from tarindex.cli.main import main
 from tarindex.errors import CorruptArchiveError, CorruptFrameError, RandomAccessError, StaleIndexError
+from tarindex.grouping import split_key
 from tarindex.index.reader import IndexReader
-from tarindex.samples import split_key
-from tarindex.writer import compress_shard
+from tarindex.scan import scan_shard
+from tarindex.shard_writer import compress_shard
 from tarindex.zstd import (
     DEFAULT_CACHE_BYTES,
     SEED_BYTES,
@@ -520,7 +520,7 @@ def test_recompress_in_place_fixes_it(one_frame: tuple[Path, Path], tmp_path: Pa
 
 
 def test_cache_dir_evicts_least_recent(tmp_path: Path) -> None:
-    from tarindex.zstd import _evict
+    from tarindex.opener import _evict
 
     for k, name in enumerate(["a.tar", "b.tar", "c.tar"]):
         (tmp_path / name).write_bytes(bytes(1000))

@@ -384,7 +384,7 @@ def _zstd_copies(paths: list[str], out: Path, frame_size: int | None = None) -> 
     """Each shard as one zstd -3 frame (the CLI's default) and as ``tarindex compress`` output, made once."""
     import subprocess
 
-    from tarindex.writer import DEFAULT_FRAME_SIZE, compress_shard
+    from tarindex.shard_writer import DEFAULT_FRAME_SIZE, compress_shard
 
     out.mkdir(parents=True, exist_ok=True)
     fs = frame_size or DEFAULT_FRAME_SIZE
@@ -427,8 +427,8 @@ def _random_reads(index: Path, order: list[int], cache_bytes: int | None) -> flo
 
 def bench_zstd(paths: list[str], name: str, work: Path, frame_table: bool) -> list[Row]:
     """Indexing zstd shards vs ``zstd -d``; random access vs plain tar; size vs one frame; frame-size table."""
-    from tarindex.build import scan_shard
-    from tarindex.writer import DEFAULT_FRAME_SIZE
+    from tarindex.scan import scan_shard
+    from tarindex.shard_writer import DEFAULT_FRAME_SIZE
 
     rows: list[Row] = []
     zdir = work / f"zstd-{name}"
@@ -567,7 +567,7 @@ def bench_sampler_order(index: str | Path, name: str, *, world: int = 2) -> list
 
 def bench_sampler_zstd(paths: list[str], name: str, work: Path, frame_size: int = 32 << 10) -> list[Row]:
     """``bench_sampler_order`` on ``tarindex compress`` copies of the shards, with several samples per frame."""
-    from tarindex.writer import compress_shard
+    from tarindex.shard_writer import compress_shard
 
     zdir = work / f"zstd-{name}"
     zdir.mkdir(parents=True, exist_ok=True)

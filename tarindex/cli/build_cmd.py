@@ -45,7 +45,7 @@ def command(shards: tuple[str, ...], index: str | None, workers: int | None, par
 def _warn_slow_zstd(index: str) -> None:
     """One line per zstd shard that cannot be read at random cheaply, with the command that fixes it."""
     from ..index.reader import IndexReader
-    from ..zstd import fix_command
+    from ..opener import fix_command
 
     ix = IndexReader(index)
     for i, info in enumerate(ix.shards):

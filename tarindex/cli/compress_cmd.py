@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..writer import DEFAULT_FRAME_SIZE, DEFAULT_LEVEL, compress_shard
+from ..shard_writer import DEFAULT_FRAME_SIZE, DEFAULT_LEVEL, compress_shard
 
 
 @click.command("compress")

@@ -6,9 +6,9 @@ import os
 
 import click
 
-from ..build import scan_shard
 from ..errors import ShardNotFoundError, StaleIndexError
 from ..index.format import ShardTable
+from ..scan import scan_shard
 from ..shards import fingerprint
 from ..sources import is_url
 from ._common import open_index

@@ -5,14 +5,10 @@ See ``docs/design.md`` ("Index layout") for the table of keys.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-
-from ..samples import Columns, Packer, SampleRecord, new_packer, pack_samples
-from ..tar import Buffer, Entry, index_tar, index_tar_file
 
 __all__ = ["COLUMNS", "FORMAT_VERSION", "MAGIC", "ShardInfo", "ShardTable"]
 
@@ -63,7 +59,10 @@ class ShardInfo:
 
 @dataclass(slots=True)
 class ShardTable:
-    """The offset tables of one shard, as produced by a scan (or cut from an index)."""
+    """The offset tables of one shard, as produced by a scan (:mod:`tarindex.scan`) or cut from an index.
+
+    Plain data: this module walks no tar (the scan module makes tables).
+    """
 
     sample_offset: np.ndarray
     """uint64 per sample: offset of its first header."""
@@ -93,54 +92,7 @@ class ShardTable:
         return len(self.member_ext)
 
     @classmethod
-    def from_tar(cls, chunks: Iterable[Buffer], path: str) -> ShardTable:
-        """Index an archive given as consecutive chunks (see :func:`tarindex.tar.index_tar`).
-
-        Members go straight from the walk into a packer (:func:`tarindex.samples.new_packer`):
-        with the C extension, runs of plain headers are walked and packed in C, one call per chunk.
-
-        Raises:
-            CorruptArchiveError: the archive is not valid (from the walk).
-            DuplicateMemberError: two members of one sample have the same extension.
-        """
-        return cls._walked(path, lambda packer: index_tar(chunks, path, packer))
-
-    @classmethod
-    def from_tar_file(cls, fd: int, path: str) -> ShardTable:
-        """:meth:`from_tar` over an open file, reading headers with ``os.pread`` (see :func:`tarindex.tar.iter_tar_file`).
-
-        Raises:
-            CorruptArchiveError: the archive is not valid (from the walk).
-            DuplicateMemberError: two members of one sample have the same extension.
-        """
-        return cls._walked(path, lambda packer: index_tar_file(fd, path, packer))
-
-    @classmethod
-    def _walked(cls, path: str, walk: Callable[[Packer], None]) -> ShardTable:
-        packer = new_packer(path)
-        walk(packer)
-        return cls.from_columns(packer.finish())
-
-    @classmethod
-    def from_entries(cls, entries: Iterable[Entry], path: str) -> ShardTable:
-        """Group a shard's :func:`tarindex.tar.iter_tar` entries into samples and pack them.
-
-        Raises:
-            DuplicateMemberError: two members of one sample have the same extension.
-            CorruptArchiveError: the entries' archive is not valid (from the walk).
-        """
-        packer = new_packer(path)
-        for name, header_offset, offset, size, _ in entries:
-            packer.add(name, header_offset, offset, size)
-        return cls.from_columns(packer.finish())
-
-    @classmethod
-    def from_samples(cls, samples: Iterable[SampleRecord]) -> ShardTable:
-        """Pack sample records into arrays."""
-        return cls.from_columns(pack_samples(samples))
-
-    @classmethod
-    def from_columns(cls, columns: Columns) -> ShardTable:
+    def from_columns(cls, columns: tuple[Any, ...]) -> ShardTable:
         """A table from a packer's columns (lists of ints or little-endian buffers)."""
         s_off, s_size, s_n, m_ext, m_off, m_size, keys, exts = columns
         return cls(

@@ -14,7 +14,7 @@ import pytest
 
 import tarindex
 from conftest import gnu_tar, tarfile_members, write_tree
-from tarindex.writer import ShardWriter, compress_shard
+from tarindex.shard_writer import ShardWriter, compress_shard
 
 HAVE_ZSTD = shutil.which("zstd") is not None
 

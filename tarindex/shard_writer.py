@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Literal
 import zstandard
 
 from .errors import CorruptArchiveError, ShardNotFoundError
-from .samples import group_members
+from .grouping import group_members
 from .tar import BLOCK, iter_tar
 from .zstd import MAX_FRAME_BYTES, close_map, is_zstd, iter_decompressed, seek_table_frame
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import tarindex
 from conftest import PY_FORMATS, py_tar, require_c_extension, tarfile_members, wds_write
-from tarindex.samples import group_members, split_key
+from tarindex.grouping import group_members, split_key
 from tarindex.tar import iter_tar
 
 
@@ -155,28 +155,28 @@ def _table(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> dict:
     import dataclasses
     import os
 
-    import tarindex.samples
+    import tarindex.grouping
     import tarindex.tar
-    from tarindex.index.format import ShardTable
+    from tarindex.scan import table_from_chunks, table_from_entries, table_from_file
 
     buf = path.read_bytes()
     with monkeypatch.context() as m:
         if way in ("c-add", "python"):
             m.setattr(tarindex.tar, "_scan_headers", None)
         if way == "python":
-            m.setattr(tarindex.samples, "_CPacker", None)
+            m.setattr(tarindex.grouping, "_CPacker", None)
         if way == "c-file":
             fd = os.open(path, os.O_RDONLY)
             try:
-                table = ShardTable.from_tar_file(fd, str(path))
+                table = table_from_file(fd, str(path))
             finally:
                 os.close(fd)
         elif way == "c-chunks":
-            table = ShardTable.from_tar((buf[i : i + 700] for i in range(0, len(buf), 700)), str(path))
+            table = table_from_chunks((buf[i : i + 700] for i in range(0, len(buf), 700)), str(path))
         elif way == "c-entries":
-            table = ShardTable.from_entries(iter_tar((buf,), str(path)), str(path))
+            table = table_from_entries(iter_tar((buf,), str(path)), str(path))
         else:
-            table = ShardTable.from_tar((buf,), str(path))
+            table = table_from_chunks((buf,), str(path))
     return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in dataclasses.asdict(table).items()}
 
 
@@ -286,7 +286,7 @@ def test_c_packer_equals_the_reference_property(names: list[tuple[str, int]], fm
 def test_c_packer_api(tmp_path: Path) -> None:
     require_c_extension()
     from tarindex._speedups import Packer
-    from tarindex.samples import sample_key
+    from tarindex.grouping import sample_key
 
     p = Packer(sample_key, lambda *a: tarindex.DuplicateMemberError("x", a[0], repr(a)))
     p.add("d/k.a.b", 0, 512, 5)
@@ -314,7 +314,7 @@ def test_sample_batches_hold_nothing_the_cyclic_gc_tracks(tmp_path: Path) -> Non
     import os
 
     from tarindex._speedups import Packer
-    from tarindex.samples import iter_samples, sample_key
+    from tarindex.grouping import iter_samples, sample_key
 
     p = Packer(sample_key, lambda *a: tarindex.DuplicateMemberError("x", a[0], repr(a)), "u.tar", 7)
     p.add("k.a", 0, 512, 1, b"x")
@@ -345,9 +345,9 @@ def _samples_outcome(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> t
     """The samples (offset, dict) yielded, and the error after them (type and message) or None."""
     import os
 
-    import tarindex.samples
+    import tarindex.grouping
     import tarindex.tar
-    from tarindex.samples import iter_samples
+    from tarindex.grouping import iter_samples
 
     buf = path.read_bytes()
     got: list = []
@@ -355,7 +355,7 @@ def _samples_outcome(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> t
         if way in ("c-add", "python"):
             m.setattr(tarindex.tar, "_scan_headers", None)
         if way == "python":
-            m.setattr(tarindex.samples, "_CPacker", None)
+            m.setattr(tarindex.grouping, "_CPacker", None)
         if way.endswith("-batches"):
             m.setattr(tarindex.tar, "_BATCH_BYTES", 3000)
             m.setattr(tarindex.tar, "_BATCH_HEADERS", 5)
