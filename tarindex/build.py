@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import multiprocessing
+import operator
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -17,9 +19,13 @@ from .scan import scan_shard
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards
 from .sources import is_url
 
-__all__ = ["BuildReport", "build_index", "merge_indexes"]
+__all__ = ["BuildReport", "build_index", "merge_indexes", "parse_part", "part_slice"]
 
 Progress = Callable[[int], None]
+Part = tuple[int, int] | str
+
+_log = logging.getLogger(__name__)
+_NAMED_DROPS = 20  # dropped shards named one by one in the log; more are counted
 
 
 class BuildReport:
@@ -61,10 +67,30 @@ def _unchanged(shard: str, info: ShardInfo) -> bool:
     return st.st_size == info.size and st.st_mtime_ns == info.mtime_ns
 
 
-def _slice(shards: list[str], part: tuple[int, int]) -> list[str]:
-    k, n = part
+def parse_part(part: Part) -> tuple[int, int]:
+    """``(K, N)`` from ``"K/N"`` or ``(K, N)``: the K-th of N slices, 1-based.
+
+    Raises:
+        ValueError: not of that form, or K is not between 1 and N.
+    """
+    if isinstance(part, str):
+        try:
+            k, n = (int(x) for x in part.split("/"))
+        except ValueError:
+            raise ValueError(f"part {part!r}: expected K/N, for example 1/4") from None
+    else:
+        try:
+            k, n = (operator.index(x) for x in part)
+        except (TypeError, ValueError):
+            raise ValueError(f"part {part!r}: expected (K, N) or 'K/N', for example (1, 4)") from None
     if not 1 <= k <= n:
         raise ValueError(f"part {k}/{n}: K must be between 1 and N")
+    return k, n
+
+
+def part_slice(shards: list[str], part: tuple[int, int]) -> list[str]:
+    """The shards of part ``(K, N)``: the K-th of N contiguous slices of ``shards``."""
+    k, n = part
     return shards[(k - 1) * len(shards) // n : k * len(shards) // n]
 
 
@@ -91,7 +117,7 @@ def build_index(
     *,
     index: str | os.PathLike[str] | None = None,
     workers: int | None = None,
-    part: tuple[int, int] | None = None,
+    part: Part | None = None,
     progress: Progress | None = None,
 ) -> BuildReport:
     """Index tar shards into one LMDB index file.
@@ -105,15 +131,23 @@ def build_index(
         index: where to write the index; default beside the shards (see
             :func:`tarindex.shards.default_index_path`).
         workers: processes that scan shards; default ``os.cpu_count()``.
-        part: ``(K, N)`` to index only the K-th of N contiguous slices of the
-            shard list (1-based), for builds spread over machines; combine the
-            parts with :func:`merge_indexes`.
-        progress: called with the number of shards done since the last call.
+        part: ``(K, N)`` or ``"K/N"`` to index only the K-th of N contiguous
+            slices of the shard list (1-based), for builds spread over
+            machines; combine the parts with :func:`merge_indexes`.
+        progress: called with the number of shards done (scanned, or found
+            unchanged) since the last call; the index is written after the last.
+
+    Shards of the existing index that are no longer in the list are dropped
+    from it, each with a logged warning naming it. When nothing changed (the
+    same shards in the same order, each with its indexed size and mtime), the
+    index is left as it is: the build costs a ``stat`` per shard.
 
     Raises:
         ShardNotFoundError: a shard does not exist.
         CorruptArchiveError: a shard is not a valid tar archive.
+        ValueError: a malformed ``part``.
     """
+    k_n = parse_part(part) if part is not None else None
     paths = expand_shards(shards)
     if not paths:
         raise ShardNotFoundError("no shards given")
@@ -123,10 +157,10 @@ def build_index(
         raise TarIndexError(f"{next(p for p in paths if is_url(p))}: URL shards need an index path (index=..., or -o)")
     else:
         out = default_index_path(paths)
-        if part is not None:
-            out = out.with_name(out.name[: -len(INDEX_SUFFIX)] + f".part-{part[0]}-of-{part[1]}{INDEX_SUFFIX}")
-    if part is not None:
-        paths = _slice(paths, part)
+        if k_n is not None:
+            out = out.with_name(out.name[: -len(INDEX_SUFFIX)] + f".part-{k_n[0]}-of-{k_n[1]}{INDEX_SUFFIX}")
+    if k_n is not None:
+        paths = part_slice(paths, k_n)
     index_dir = out.absolute().parent
     rel = [_relative(s, index_dir) for s in paths]
     if len(set(rel)) != len(rel):
@@ -135,6 +169,10 @@ def build_index(
     todo = [s for s, r in zip(paths, rel) if not (r in previous and _unchanged(s, previous[r][0].shards[previous[r][1]]))]
     if progress and len(todo) < len(paths):
         progress(len(paths) - len(todo))
+    _warn_dropped(out, previous, rel)
+    if not todo and list(previous) == rel:  # nothing changed: the index stands as it is
+        _close_all(previous)
+        return BuildReport(out, [], list(paths))
     scanned = _scan_all(todo, workers or os.cpu_count() or 1, progress)
     with IndexWriter(out) as writer:
         for s, r in zip(paths, rel):
@@ -144,9 +182,23 @@ def build_index(
             else:
                 reader, i = previous[r]
                 writer.add(reader.shards[i], reader.shard_table(i))
+    _close_all(previous)
+    return BuildReport(out, [s for s in paths if s in scanned], [s for s in paths if s not in scanned])
+
+
+def _warn_dropped(out: Path, previous: dict[str, tuple[IndexReader, int]], rel: list[str]) -> None:
+    """Log each shard of the existing index that the new shard list no longer names."""
+    kept = set(rel)
+    dropped = [path for path in previous if path not in kept]
+    for path in dropped[:_NAMED_DROPS]:
+        _log.warning("%s: shard %s is no longer in the shard list; dropped from the index", out, path)
+    if len(dropped) > _NAMED_DROPS:
+        _log.warning("%s: %d more shards are no longer in the shard list; dropped from the index", out, len(dropped) - _NAMED_DROPS)
+
+
+def _close_all(previous: dict[str, tuple[IndexReader, int]]) -> None:
     for reader in {id(r): r for r, _ in previous.values()}.values():
         reader.close()
-    return BuildReport(out, [s for s in paths if s in scanned], [s for s in paths if s not in scanned])
 
 
 def _with_path(info: ShardInfo, path: str) -> ShardInfo:

@@ -11,10 +11,10 @@ from typing import Any
 from ._native import SPEEDUPS
 from ._process import FORK
 from .decode import DecodeMode, Decoder
-from .errors import CorruptArchiveError, IndexFormatError, ShardNotFoundError, StaleIndexError
+from .errors import CorruptArchiveError, IndexFormatError, RandomAccessError, ShardNotFoundError, StaleIndexError
 from .index.reader import IndexReader
 from .index.records import unpack as unpack_record
-from .opener import close_handle, open_url, open_zstd_shard
+from .opener import check_unchanged, close_handle, no_random_access, open_url, open_zstd_shard
 from .shards import resolve_index
 from .sources import is_url
 
@@ -127,17 +127,18 @@ class TarDataset:
         info = self.index.shards[shard]
         if path.startswith(("http://", "https://")):  # an index built from URLs: Range requests
             return open_url(path, info)
+        if is_url(path):  # pipe:, -, and schemes without ranged reads: not a missing file
+            raise RandomAccessError(path, no_random_access(path))
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:
             raise ShardNotFoundError(f"{path}: shard named by {self.index_path} is missing") from exc
         st = os.fstat(fd)
-        if st.st_size != info.size or st.st_mtime_ns != info.mtime_ns:
+        try:
+            check_unchanged(path, info, st.st_size, st.st_mtime_ns)
+        except StaleIndexError:
             os.close(fd)
-            what = (
-                f"size {info.size} -> {st.st_size}" if st.st_size != info.size else f"mtime {info.mtime_ns} -> {st.st_mtime_ns}"
-            )
-            raise StaleIndexError(path, what)
+            raise
         handle: Any = fd
         if info.compression == "zstd":
             handle = open_zstd_shard(

@@ -96,7 +96,8 @@ class IndexFormatError(TarIndexError, ValueError):
 
 
 class RandomAccessError(TarIndexError, ValueError):
-    """A shard cannot be read at random cheaply (a zstd shard made of one large frame)."""
+    """A shard cannot be read at random cheaply (a zstd shard made of one large frame), or at all
+    (a ``pipe:`` shard, or a URL scheme without ranged reads)."""
 
     def __init__(self, path: str, what: str) -> None:
         self.path = str(path)

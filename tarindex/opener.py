@@ -18,12 +18,40 @@ from .index.format import ShardInfo
 from .sources import RangeReader
 from .zstd import MAP_SLICE, decompress_frames, zstd_reader
 
-__all__ = ["close_handle", "fix_command", "open_url", "open_zstd_shard"]
+__all__ = ["check_unchanged", "close_handle", "fix_command", "no_random_access", "open_url", "open_zstd_shard"]
 
 
 def fix_command(path: str) -> str:
     """The command that rewrites ``path`` with sample-aligned frames."""
     return f"tarindex compress {path} {path}"
+
+
+def no_random_access(url: str) -> str:
+    """Why ``TarDataset`` cannot read the indexed shard ``url`` at random, and what to do instead."""
+    if url == "-" or url.startswith("pipe:"):
+        what = "standard input" if url == "-" else "a pipe: command's output"
+        return (
+            f"{what} can be read only once, from start to end: random access (TarDataset) is unsupported for "
+            f"such shards; stream the index with TarStream, or index the shards by path or URL"
+        )
+    scheme = url.split("://", 1)[0]
+    return (
+        f"random access (TarDataset) over {scheme}:// is unsupported; stream the index with TarStream, "
+        f"or index the shards by path or http(s):// URL"
+    )
+
+
+def check_unchanged(url: str, info: ShardInfo, size: int | None, mtime_ns: int) -> None:
+    """Check an opened shard against its index entry: size when known (``None`` or negative: unknown),
+    modification time when both know one (0: unknown).
+
+    Raises:
+        StaleIndexError: the size or the modification time differs from the index.
+    """
+    if size is not None and size >= 0 and size != info.size:
+        raise StaleIndexError(url, f"size {info.size} -> {size}")
+    if mtime_ns and info.mtime_ns and mtime_ns != info.mtime_ns:
+        raise StaleIndexError(url, f"mtime {info.mtime_ns} -> {mtime_ns}")
 
 
 def open_url(url: str, info: ShardInfo) -> RangeReader:
@@ -33,12 +61,11 @@ def open_url(url: str, info: ShardInfo) -> RangeReader:
         StaleIndexError: the server's size or Last-Modified differs from the index.
     """
     reader = RangeReader(url)
-    if reader.size >= 0 and reader.size != info.size:
+    try:
+        check_unchanged(url, info, reader.size, reader.mtime_ns)
+    except StaleIndexError:
         reader.close()
-        raise StaleIndexError(url, f"size {info.size} -> {reader.size}")
-    if reader.mtime_ns and info.mtime_ns and reader.mtime_ns != info.mtime_ns:
-        reader.close()
-        raise StaleIndexError(url, f"mtime {info.mtime_ns} -> {reader.mtime_ns}")
+        raise
     return reader
 
 

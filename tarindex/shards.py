@@ -13,11 +13,22 @@ from .errors import IndexNotFoundError, ShardNotFoundError
 
 __all__ = [
     "FINGERPRINT_SPAN",
-    "INDEX_SUFFIX", "default_index_path", "expand_braces", "expand_shards", "fingerprint", "fingerprint_stream", "resolve_index"]
+    "INDEX_SUFFIX",
+    "default_index_path",
+    "expand_braces",
+    "expand_shards",
+    "fingerprint",
+    "fingerprint_stream",
+    "is_index_file",
+    "resolve_index",
+]
 
 INDEX_SUFFIX = ".tarindex"
 _RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)\}")
 FINGERPRINT_SPAN = 64 << 10
+# An index is an LMDB file: its first meta page holds MDB_MAGIC (0xBEEFC0DE) after a 16-byte page header.
+_LMDB_MAGIC_AT = 16
+_LMDB_MAGICS = (0xBEEFC0DE .to_bytes(4, "little"), 0xBEEFC0DE .to_bytes(4, "big"))
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -61,6 +72,9 @@ def expand_shards(specs: str | os.PathLike[str] | Iterable[str | os.PathLike[str
                     raise ShardNotFoundError(f"{s}: no shard matches this pattern")
                 out.extend(matches)
             else:
+                if must_exist and os.path.isdir(s):
+                    example = os.path.join(s, "*.tar")
+                    raise ShardNotFoundError(f"{s}: is a directory, not a shard; name its shards, for example '{example}'")
                 if must_exist and not os.path.isfile(s):
                     raise ShardNotFoundError(f"{s}: no such shard")
                 out.append(s)
@@ -103,6 +117,23 @@ def fingerprint_stream(size: int, head: bytes, tail: bytes) -> str:
     return h.hexdigest()
 
 
+def is_index_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names an index rather than a shard, decided by content, not by name.
+
+    An existing file is an index when it starts as an LMDB file does (a shard starts with a tar
+    header or a zstd or gzip frame, whatever it is called), or when it is named ``*.tarindex``
+    and is not a readable LMDB file (then opening it says why it is no index). A path that does
+    not exist is an index when it is named ``*.tarindex``.
+    """
+    p = os.fspath(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(_LMDB_MAGIC_AT + 4)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return p.endswith(INDEX_SUFFIX) and not os.path.isdir(p)
+    return head[_LMDB_MAGIC_AT:] in _LMDB_MAGICS or p.endswith(INDEX_SUFFIX)
+
+
 def resolve_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Path:
     """An index given as its file, or as the shards (list, glob, brace pattern) it sits beside.
 
@@ -110,10 +141,8 @@ def resolve_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[st
         IndexNotFoundError: shards were given and no index sits beside them.
         ShardNotFoundError: a shard pattern matches nothing.
     """
-    if isinstance(source, (str, os.PathLike)):
-        p = Path(source)
-        if p.suffix == INDEX_SUFFIX or (p.is_file() and not str(p).endswith((".tar", ".tar.zst", ".tzst"))):
-            return p
+    if isinstance(source, (str, os.PathLike)) and is_index_file(source):
+        return Path(source)
     index = default_index_path(expand_shards(source))
     if not index.is_file():
         raise IndexNotFoundError(f"{index}: no index beside these shards (build one with 'tarindex build')")

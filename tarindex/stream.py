@@ -24,9 +24,11 @@ from .collate import batched, collate
 from .decode import DecodeMode, Decoder
 from .errors import DecodeError, StreamWarning, TarIndexError
 from .grouping import fused, iter_samples
+from .index.format import ShardInfo
 from .index.reader import IndexReader
+from .opener import check_unchanged
 from .scan import archive
-from .shards import INDEX_SUFFIX, expand_shards
+from .shards import expand_shards, is_index_file
 from .sources import DEFAULT_BLOCK_SIZE, FileSource, is_url, open_source
 from .tar import Stream
 from .zstd import is_zstd
@@ -38,22 +40,21 @@ Handler = Literal["raise", "warn", "skip_shard"] | Callable[[Exception], bool]
 _HANDLERS = ("raise", "warn", "skip_shard")
 
 
-def _shard_list(urls: Any) -> tuple[list[str], list[int] | None]:
-    """Shard names, and each shard's first global sample number when ``urls`` is an index."""
+def _shard_list(urls: Any) -> tuple[list[str], list[int] | None, list[ShardInfo] | None]:
+    """Shard names, and each shard's first global sample number and index entry when ``urls`` is an index."""
     reader: IndexReader | None = None
     if isinstance(urls, IndexReader):
         reader = urls
-    elif isinstance(urls, (str, os.PathLike)):
-        p = os.fspath(urls)
-        if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not p.endswith((".tar", ".tar.zst", ".tzst"))):
-            reader = IndexReader(p)
+    elif isinstance(urls, (str, os.PathLike)) and is_index_file(urls):  # by content: a shard may have any name
+        reader = IndexReader(urls)
     if reader is None:
-        return expand_shards(urls), None
+        return expand_shards(urls), None, None
     names = [info.path if is_url(info.path) else str(reader.shard_path(i)) for i, info in enumerate(reader.shards)]
     starts = [int(x) for x in reader.array("shard_start").tolist()]
+    infos = list(reader.shards)
     if reader is not urls:
         reader.close()
-    return names, starts
+    return names, starts, infos
 
 
 def read_ahead_for(url: str, read_ahead: int | None) -> int | None:
@@ -124,7 +125,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     Args:
         urls: shard names (list, brace pattern, glob; local paths, ``-``,
             ``pipe:COMMAND``, ``http(s)://``, fsspec URLs), or an index file
-            or :class:`~tarindex.IndexReader` whose shards are streamed.
+            or :class:`~tarindex.IndexReader` whose shards are streamed. A single
+            file is taken for an index by its content (an LMDB file), whatever its name.
         decode, decoders, transform, allow_pickle: as for :class:`~tarindex.TarDataset`.
         shuffle: size of the sample shuffle buffer (0: no sample shuffling).
         shuffle_shards: shuffle the shard order each epoch; default ``shuffle > 0``.
@@ -150,6 +152,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     Raises:
         ShardNotFoundError: a local shard or pattern matches nothing.
         ValueError: a bad option value.
+        StaleIndexError: (when iterating) streaming from an index, a shard's size or
+            modification time differs from the index's (its ``__index__`` numbers would be wrong).
     """
 
     def __init__(
@@ -181,7 +185,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             raise ValueError(f"shuffle must be >= 0, not {shuffle}")
         if epoch_size is not None and epoch_size < 0:
             raise ValueError(f"epoch_size must be >= 0, not {epoch_size}")
-        self.urls, self._starts = _shard_list(urls)
+        self.urls, self._starts, self._infos = _shard_list(urls)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
         self.shuffle_size = shuffle
@@ -276,6 +280,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         index = self._starts[shard] if self._starts is not None else None
         source = open_source(url, **self._source_options, read_ahead=read_ahead_for(url, self.read_ahead))
         try:
+            if self._infos is not None:  # from an index: its sample numbers hold only for the indexed shard
+                check_unchanged(url, self._infos[shard], source.size, source.mtime_ns)
             fd = source.fileno() if isinstance(source, FileSource) and source.size is not None and fused() else -1
             if fd >= 0 and not is_zstd(os.pread(fd, 4, 0)):  # a local tar: the C walk reads it, one copy, no thread
                 yield from iter_samples(fd, url, index=index)

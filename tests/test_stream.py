@@ -636,3 +636,44 @@ def test_read_ahead_thread_policy(shards: list[Path]) -> None:
     assert set(in_worker) == {0}  # local files in DataLoader workers: no thread, the workers use the cores
     piped = TarStream([f"pipe:cat {shards[0]}"], transform=_policy)
     assert set(torch.utils.data.DataLoader(piped, batch_size=None, num_workers=1)) == {None}  # I/O waits overlap
+
+
+def test_a_single_file_is_an_index_or_a_shard_by_content(shards: list[Path], tmp_path: Path) -> None:
+    odd = tmp_path / "train-0.shard"  # a tar under a name that is neither .tar nor .tar.zst
+    shutil.copyfile(shards[0], odd)
+    assert list(TarStream(odd)) == _oracle([odd])
+    index = build_index([str(p) for p in shards[:2]], index=tmp_path / "train.idx").path  # an index, not named .tarindex
+    assert [s["__index__"] for s in TarStream(index)] == list(range(14))
+    gz = tmp_path / "train-0.tar.gz"
+    gz.write_bytes(b"\x1f\x8b\x08\x00" + bytes(60))
+    assert TarStream(gz).urls == [str(gz)]  # a shard (gzip by content), never "not a tarindex index"
+
+
+def test_a_directory_names_no_shard(shards: list[Path]) -> None:
+    directory = shards[0].parent
+    with pytest.raises(tarindex.ShardNotFoundError, match=rf"{directory}: is a directory, not a shard; name its shards, for example '{directory}/\*\.tar'"):
+        TarStream(directory)
+    with pytest.raises(tarindex.ShardNotFoundError, match="is a directory, not a shard"):
+        build_index(str(directory))
+
+
+def test_stream_from_an_index_notices_a_changed_shard(shards: list[Path], tmp_path: Path) -> None:
+    index = build_index([str(p) for p in shards[:2]], index=tmp_path / "two.tarindex").path
+    assert [s["__index__"] for s in TarStream(index)] == list(range(14))
+    with tarfile.open(shards[0], "a") as tf:  # one more sample in the first shard: later numbers would shift
+        ti = tarfile.TarInfo("appended.txt")
+        ti.size = 3
+        tf.addfile(ti, io.BytesIO(b"new"))
+    with pytest.raises(tarindex.StaleIndexError, match=rf"{shards[0]}: shard changed since it was indexed"):
+        list(TarStream(index))
+    assert len(list(TarStream([str(p) for p in shards[:2]]))) == 15  # without the index: the shards as they are
+
+
+def test_tardataset_over_pipe_shards_says_random_access_is_unsupported(shards: list[Path], tmp_path: Path) -> None:
+    command = f"pipe:cat {shards[0]}"
+    index = build_index([command], index=tmp_path / "piped.tarindex").path
+    ds = TarDataset(index)
+    assert len(ds) == 7
+    with pytest.raises(tarindex.RandomAccessError, match=rf"{command}: a pipe: command's output can be read only once.*TarStream"):
+        ds[0]
+    assert [s["__index__"] for s in TarStream(index)] == list(range(7))  # streaming it works

@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
+from collections.abc import Iterator
 
 import click
 
-from ..build import build_index
+from ..build import build_index, parse_part, part_slice
 
 
 def _part(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
     try:
-        k, n = (int(x) for x in value.split("/"))
-    except ValueError:
-        raise click.BadParameter("expected K/N, for example 1/4") from None
-    if not 1 <= k <= n:
-        raise click.BadParameter("K must be between 1 and N")
-    return k, n
+        return parse_part(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.command("build")
@@ -33,13 +33,34 @@ def command(shards: tuple[str, ...], index: str | None, workers: int | None, par
     from ..shards import expand_shards
 
     paths = expand_shards(shards)
-    total = len(paths) if part is None else len(paths[(part[0] - 1) * len(paths) // part[1] : part[0] * len(paths) // part[1]])
+    total = len(paths if part is None else part_slice(paths, part))
     show = not quiet and sys.stderr.isatty()
-    with click.progressbar(length=total, label="indexing", file=sys.stderr, hidden=not show) as bar:
-        report = build_index(paths, index=index, workers=workers, part=part, progress=bar.update)
+    with _logged_warnings(), click.progressbar(length=total, label="scanning", file=sys.stderr, hidden=not show) as bar:
+
+        def progress(n: int) -> None:
+            bar.update(n)
+            if bar.pos >= total:  # every shard scanned: the index is written next
+                bar.label = "writing index"
+                bar.render_progress()
+
+        report = build_index(paths, index=index, workers=workers, part=part, progress=progress)
     if not quiet:
         click.echo(f"{report.path}: {len(report.scanned)} shards scanned, {len(report.reused)} unchanged")
     _warn_slow_zstd(str(report.path))
+
+
+@contextlib.contextmanager
+def _logged_warnings() -> Iterator[None]:
+    """The library's logged warnings (a dropped shard, a skipped sparse member) as ``tarindex: warning:`` lines."""
+    logger = logging.getLogger("tarindex")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("\ntarindex: warning: %(message)s" if sys.stderr.isatty() else "tarindex: warning: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def _warn_slow_zstd(index: str) -> None:

@@ -1,0 +1,102 @@
+"""build_index: parts, shards dropped from the list, rebuilds with nothing changed."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import make_shard_set
+from tarindex import build_index
+from tarindex.build import parse_part
+from tarindex.cli.main import main
+from tarindex.index.reader import IndexReader
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> list[Path]:
+    return make_shard_set(tmp_path / "data", n_shards=4, per=5)
+
+
+def _shard_paths(index: Path) -> list[str]:
+    reader = IndexReader(index)
+    try:
+        return [info.path for info in reader.shards]
+    finally:
+        reader.close()
+
+
+def test_part_as_a_string_or_a_pair(shards: list[Path], tmp_path: Path) -> None:
+    pattern = str(shards[0].parent / "train-*.tar")
+    a = build_index(pattern, part="2/2", index=tmp_path / "a.tarindex")
+    b = build_index(pattern, part=(2, 2), index=tmp_path / "b.tarindex")
+    assert _shard_paths(a.path) == _shard_paths(b.path) == ["data/train-000002.tar", "data/train-000003.tar"]
+    default = build_index(pattern, part="1/2")
+    assert default.path == shards[0].parent / "train.part-1-of-2.tarindex"
+    assert parse_part(" 3 / 4 ") == (3, 4)
+    for bad, message in [("1-2", r"part '1-2': expected K/N, for example 1/4"), ("3/2", "part 3/2: K must be between 1 and N"),
+                         ((0, 2), "part 0/2: K must be between 1 and N"), ((1.5, 2), r"expected \(K, N\) or 'K/N'")]:
+        with pytest.raises(ValueError, match=message):
+            build_index(pattern, part=bad, index=tmp_path / "bad.tarindex")  # type: ignore[arg-type]
+    assert not (tmp_path / "bad.tarindex").exists()
+
+
+def test_a_shard_left_out_of_the_list_is_dropped_with_a_warning(
+    shards: list[Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    index = tmp_path / "train.tarindex"
+    build_index([str(p) for p in shards], index=index)
+    with caplog.at_level(logging.WARNING, logger="tarindex"):
+        report = build_index([str(p) for p in shards[:3]], index=index)
+    assert report.scanned == [] and len(report.reused) == 3
+    assert _shard_paths(index) == [f"data/{p.name}" for p in shards[:3]]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{index}: shard data/train-000003.tar is no longer in the shard list; dropped from the index"
+    ]
+    result = CliRunner().invoke(main, ["build", str(shards[0]), "-o", str(index), "-q"])
+    assert result.exit_code == 0, result.output
+    assert f"tarindex: warning: {index}: shard data/train-000001.tar is no longer in the shard list" in result.stderr
+
+
+def test_a_rebuild_with_nothing_changed_leaves_the_index_as_it_is(shards: list[Path], tmp_path: Path) -> None:
+    index = tmp_path / "train.tarindex"
+    paths = [str(p) for p in shards]
+    build_index(paths, index=index)
+    before = os.stat(index)
+    report = build_index(paths, index=index)
+    assert report.scanned == [] and report.reused == paths
+    after = os.stat(index)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not rewritten
+    report = build_index(paths[::-1], index=index)  # the same shards in another order: a new index
+    assert report.scanned == [] and _shard_paths(index) == [f"data/{p.name}" for p in shards[::-1]]
+    assert os.stat(index).st_ino != before.st_ino
+    os.utime(shards[1], ns=(before.st_mtime_ns, before.st_mtime_ns + 10**9))
+    assert build_index(paths, index=index).scanned == [paths[1]]
+
+
+def test_progress_bar_on_a_terminal_shows_the_write_phase(shards: list[Path], tmp_path: Path) -> None:
+    import pty
+    import subprocess
+    import sys
+
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "COLUMNS": "100"}
+    cmd = [sys.executable, "-m", "tarindex.cli.main", "build", str(shards[0].parent / "train-*.tar"), "-o", str(tmp_path / "t.tarindex"), "-w", "1"]
+    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=secondary, env=env, timeout=120)
+    os.close(secondary)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(primary, 1 << 16)
+        except OSError:  # the terminal's other end is closed and drained
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(primary)
+    assert proc.returncode == 0, shown
+    assert b"scanning" in shown and b"writing index" in shown, shown
+    assert b"4 shards scanned, 0 unchanged" in proc.stdout
