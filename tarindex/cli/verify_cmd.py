@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import click
+import numpy as np
 
 from ..errors import ShardNotFoundError, StaleIndexError
 from ..index.format import ShardTable
@@ -58,4 +59,12 @@ def _same_tables(table: ShardTable, old: ShardTable) -> bool:
         and (table.member_offset == old.member_offset).all()
         and (table.member_size == old.member_size).all()
         and [table.exts[e] for e in table.member_ext] == [old.exts[e] for e in old.member_ext]
+        and _same_frames(table.frames, old.frames)
     )
+
+
+def _same_frames(frames: np.ndarray | None, old: np.ndarray | None) -> bool:
+    """Whether two zstd frame tables (or their absence) agree: reads go through the indexed one."""
+    if frames is None or old is None:
+        return frames is None and old is None
+    return frames.shape == old.shape and bool((frames == old).all())
