@@ -5,6 +5,8 @@ Importing this package never imports torch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset
 from .errors import (
@@ -26,6 +28,9 @@ from .errors import (
 from .index.reader import IndexReader
 from .sampler import ShardSampler
 from .shard_writer import ShardWriter, compress_shard
+
+if TYPE_CHECKING:  # type checkers and editors see the real class; at run time __getattr__ imports it on use
+    from .stream import TarStream
 
 __version__ = "0.1.0"
 
