@@ -24,6 +24,7 @@ from .errors import (
     StaleIndexError,
     StreamWarning,
     TarIndexError,
+    TarIndexWarning,
 )
 from .index.reader import IndexReader
 from .sampler import ShardSampler
@@ -54,6 +55,7 @@ __all__ = [
     "StreamWarning",
     "TarDataset",
     "TarIndexError",
+    "TarIndexWarning",
     "TarStream",
     "__version__",
     "build_index",
