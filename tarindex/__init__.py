@@ -29,6 +29,7 @@ from .errors import (
 from .index.reader import IndexReader
 from .sampler import ShardSampler
 from .shard_writer import ShardWriter, compress_shard
+from .verify import VerifyReport, verify_index
 
 if TYPE_CHECKING:  # type checkers and editors see the real class; at run time __getattr__ imports it on use
     from .stream import TarStream
@@ -57,10 +58,12 @@ __all__ = [
     "TarIndexError",
     "TarIndexWarning",
     "TarStream",
+    "VerifyReport",
     "__version__",
     "build_index",
     "compress_shard",
     "merge_indexes",
+    "verify_index",
 ]
 
 
