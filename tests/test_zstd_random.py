@@ -94,9 +94,9 @@ def test_verify_deep_compares_frame_tables(small_tar: Path, tmp_path: Path) -> N
     compress_shard(small_tar, shard)
     index = tmp_path / "v.tarindex"
     tarindex.build_index([shard], index=index, workers=1)
-    from tarindex.verify import _same_tables
     from tarindex.index.reader import IndexReader
     from tarindex.scan import scan_shard
+    from tarindex.verify import _same_tables
 
     old = IndexReader(index).shard_table(0)
     _, same = scan_shard(str(shard))
