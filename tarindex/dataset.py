@@ -126,7 +126,7 @@ class TarDataset:
         path = self.urls[shard]
         info = self.index.shards[shard]
         if path.startswith(("http://", "https://")):  # an index built from URLs: Range requests
-            return open_url(path, info)
+            return open_url(path, info, self.index.frame_table(shard))
         if is_url(path):  # pipe:, -, and schemes without ranged reads: not a missing file
             raise RandomAccessError(path, no_random_access(path))
         try:
