@@ -100,3 +100,35 @@ def test_progress_bar_on_a_terminal_shows_the_write_phase(shards: list[Path], tm
     assert proc.returncode == 0, shown
     assert b"scanning" in shown and b"writing index" in shown, shown
     assert b"4 shards scanned, 0 unchanged" in proc.stdout
+
+
+def test_a_url_build_without_an_index_path_is_a_usage_error(shards: list[Path]) -> None:
+    result = CliRunner().invoke(main, ["build", f"pipe:cat {shards[0]}"])
+    assert result.exit_code == 2
+    assert f"Error: pipe:cat {shards[0]}: URL shards need an index path: add -o INDEX" in result.stderr
+
+
+def test_ctrl_c_exits_130_and_keeps_the_previous_index(shards: list[Path], tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    index = tmp_path / "train.tarindex"
+    build_index([str(p) for p in shards], index=index)
+    before = index.read_bytes()
+    started = tmp_path / "started"
+    slow = f"pipe:touch {started}; sleep 30; cat {shards[0]}"  # a shard that takes long to arrive
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tarindex.cli.main", "build", *map(str, shards), slow, "-o", str(index), "-w", "1"],
+        stderr=subprocess.PIPE, env=env, start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:  # the build is under way
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C does: the whole foreground process group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert b"tarindex: interrupted; any previous index is unchanged" in err
+    assert index.read_bytes() == before

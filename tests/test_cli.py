@@ -127,3 +127,14 @@ def test_help_does_not_import_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "build" in proc.stdout
+
+
+def test_shell_completion_completes_commands_and_options() -> None:
+    """docs/cli.md's completion scripts: bash asks the program itself (the lazy group lists every command)."""
+    run = [sys.executable, "-c", "from tarindex.cli.main import main; main(prog_name='tarindex')"]
+    source = subprocess.run(run, env={**os.environ, "_TARINDEX_COMPLETE": "bash_source"}, capture_output=True, text=True)
+    assert source.returncode == 0 and "_tarindex_completion()" in source.stdout
+    for words, cword, expected in [("tarindex b", "1", "plain,build"), ("tarindex build --p", "2", "plain,--part")]:
+        env = {**os.environ, "_TARINDEX_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": cword}
+        done = subprocess.run(run, env=env, capture_output=True, text=True)
+        assert done.returncode == 0 and done.stdout.split() == [expected], done.stdout + done.stderr

@@ -31,8 +31,12 @@ def _part(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
 def command(shards: tuple[str, ...], index: str | None, workers: int | None, part: tuple[int, int] | None, quiet: bool) -> None:
     """Index SHARDS (paths, globs, brace patterns) into one LMDB index."""
     from ..shards import expand_shards
+    from ..sources import is_url
 
     paths = expand_shards(shards)
+    url = next((p for p in paths if is_url(p)), None)
+    if index is None and url is not None:  # no directory to put the index beside
+        raise click.UsageError(f"{url}: URL shards need an index path: add -o INDEX")
     total = len(paths if part is None else part_slice(paths, part))
     show = not quiet and sys.stderr.isatty()
     with _logged_warnings(), click.progressbar(length=total, label="scanning", file=sys.stderr, hidden=not show) as bar:
