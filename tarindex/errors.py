@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "CommandNotAllowedError",
     "CorruptArchiveError",
     "CorruptFrameError",
     "DecodeError",
@@ -117,6 +118,10 @@ class StaleIndexError(TarIndexError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:
         return (type(self), (self.path, self.changed))
+
+
+class CommandNotAllowedError(TarIndexError, PermissionError):
+    """An index names a shard that is a command (``pipe:CMD``) and the caller did not allow commands."""
 
 
 class SampleNotFoundError(TarIndexError, KeyError):

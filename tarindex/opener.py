@@ -8,17 +8,65 @@ or the C ``ZstdReader``; :class:`tarindex.sources.RangeReader` for URL shards).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import CorruptFrameError, IndexFormatError, RandomAccessError, StaleIndexError
+from .errors import CommandNotAllowedError, CorruptFrameError, IndexFormatError, RandomAccessError, StaleIndexError
 from .index.format import ShardInfo
+from .shards import as_path, is_fingerprint, shard_kind
 from .sources import RangeReader
 from .zstd import MAP_SLICE, decompress_frames, zstd_reader
 
-__all__ = ["close_handle", "fix_command", "open_url", "open_zstd_shard"]
+__all__ = ["check_commands", "close_handle", "fix_command", "open_url", "open_zstd_shard", "shard_name"]
+
+
+def shard_name(index_path: str | os.PathLike[str], info: ShardInfo) -> str:
+    """The name a shard of an index is opened by, checked against its recorded kind.
+
+    A ``file`` is a path relative to the index's directory and stays inside it
+    (no ``..``, not absolute) unless the index recorded it as built outside;
+    whatever it looks like, the result reads as a path (``./pipe:x`` for a file
+    named ``pipe:x``). A ``url`` or ``command`` is returned as recorded (a
+    command runs only where :func:`check_commands` allowed it).
+
+    Raises:
+        IndexFormatError: the entry's kind is unknown or does not match its path, or a file's path
+            leaves the index's directory and the index does not say it was built so.
+    """
+    path, kind = info.path, info.kind
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise IndexFormatError(f"{index_path}: a shard entry has no usable path ({path!r}); rebuild the index")
+    if kind == "file":
+        norm = os.path.normpath(path)
+        leaves = os.path.isabs(norm) or norm.split(os.sep)[0] == os.pardir
+        if leaves and not info.outside:
+            raise IndexFormatError(
+                f"{index_path}: shard path {path!r} leaves the index's directory, and the index was not built so; "
+                f"rebuild the index"
+            )
+        return as_path(os.path.join(os.path.dirname(os.fspath(index_path)), path))
+    if kind in ("url", "command") and shard_kind(path) == kind:
+        return path
+    raise IndexFormatError(f"{index_path}: shard {path!r} is recorded as kind {kind!r}, which its name is not; rebuild the index")
+
+
+def check_commands(index_path: str | os.PathLike[str], infos: Sequence[ShardInfo], allow_commands: bool) -> None:
+    """Refuse an index whose shards are commands unless the caller allowed commands (as with pickle).
+
+    Raises:
+        CommandNotAllowedError: a shard is a command and ``allow_commands`` is false.
+    """
+    if allow_commands:
+        return
+    for info in infos:
+        if info.kind == "command":
+            raise CommandNotAllowedError(
+                f"{index_path}: shard {info.path!r} is a command; an index runs commands only when allowed "
+                f"(allow_commands=True, --allow-commands), and only for an index you trust"
+            )
 
 
 def fix_command(path: str) -> str:
@@ -93,6 +141,8 @@ def _cached_copy(path: str, fd: int, info: ShardInfo, frames: np.ndarray, cache_
     total = int(frames[-1, 2] + frames[-1, 3]) if len(frames) else 0
     if total > cache_bytes:
         raise RandomAccessError(path, f"decompressed size {total} exceeds zstd_cache_bytes={cache_bytes}")
+    if not is_fingerprint(info.fingerprint) or type(info.size) is not int or info.size < 0:
+        raise IndexFormatError(f"{path}: the index's fingerprint {info.fingerprint!r} or size {info.size!r} is damaged; rebuild the index")
     root = Path(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     target = root / f"{info.fingerprint}-{info.size}.tar"

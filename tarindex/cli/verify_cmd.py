@@ -7,22 +7,25 @@ import os
 import click
 
 from ..errors import ShardNotFoundError, StaleIndexError
+from ..identity import check_shard
 from ..index.format import ShardTable
+from ..opener import check_commands, shard_name
 from ..scan import scan_shard
-from ..shards import fingerprint
-from ..sources import is_url
 from ._common import open_index
 
 
 @click.command("verify")
 @click.argument("index")
 @click.option("--deep", is_flag=True, help="Rescan every shard and compare its tables with the index.")
-def command(index: str, deep: bool) -> None:
+@click.option("--allow-commands", is_flag=True, help="Run the pipe: commands the index names as shards (trusted indexes only).")
+def command(index: str, deep: bool, allow_commands: bool) -> None:
     """Check that every shard of INDEX is unchanged since indexing."""
     ix = open_index(index)
+    check_commands(ix.path, ix.shards, allow_commands)
+    names = [shard_name(ix.path, info) for info in ix.shards]
     for i, info in enumerate(ix.shards):
-        if is_url(info.path):  # indexed from a URL: one sequential read gives size, fingerprint and tables
-            new, table = scan_shard(info.path)
+        if info.kind != "file":  # a URL or command: one sequential read gives size, fingerprint and tables
+            new, table = scan_shard(names[i])
             if new.size != info.size:
                 raise StaleIndexError(info.path, f"size {info.size} -> {new.size}")
             if new.fingerprint != info.fingerprint:
@@ -30,17 +33,13 @@ def command(index: str, deep: bool) -> None:
             if deep and not _same_tables(table, ix.shard_table(i)):
                 raise StaleIndexError(info.path, "rescan gives different offset tables")
             continue
-        path = str(ix.shard_path(i))
+        path = names[i]
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             raise ShardNotFoundError(f"{path}: shard named by {ix.path} is missing") from None
         try:
-            size = os.fstat(fd).st_size
-            if size != info.size:
-                raise StaleIndexError(path, f"size {info.size} -> {size}")
-            if fingerprint(fd, size) != info.fingerprint:
-                raise StaleIndexError(path, "content fingerprint differs")
+            check_shard(path, fd, info, check="fingerprint")
         finally:
             os.close(fd)
         if deep:
