@@ -19,6 +19,7 @@ __all__ = [
     "StreamWarning",
     "TarIndexError",
     "TarIndexWarning",
+    "WriteError",
 ]
 
 
@@ -133,3 +134,18 @@ class SampleNotFoundError(TarIndexError, KeyError):
 
 class SamplerStateError(TarIndexError, ValueError):
     """A sampler state dict is malformed or belongs to another dataset or configuration."""
+
+
+class WriteError(TarIndexError, OSError):
+    """A file (index, shard, cache entry) could not be written: full disk, read-only directory, I/O error."""
+
+    def __init__(self, path: str, cause: str) -> None:
+        self.path = str(path)
+        self.cause = cause
+        super().__init__(f"{path}: cannot write ({cause})")
+
+    def __str__(self) -> str:  # OSError would format its arguments as (errno, strerror)
+        return f"{self.path}: cannot write ({self.cause})"
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (self.path, self.cause))

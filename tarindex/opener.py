@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
+from ._cache import FileCache
 from .errors import CommandNotAllowedError, CorruptFrameError, IndexFormatError, RandomAccessError, StaleIndexError
 from .index.format import ShardInfo
 from .shards import as_path, is_fingerprint, shard_kind
@@ -136,54 +136,29 @@ def open_zstd_shard(
         os.close(fd)
 
 
+ZSTD_CACHE_ENTRY = r"[0-9a-f]{32}-[0-9]+\.tar"
+"""Entries of the decompressed-shard cache: ``<fingerprint>-<compressed size>.tar``."""
+
+
 def _cached_copy(path: str, fd: int, info: ShardInfo, frames: np.ndarray, cache_dir: str, cache_bytes: int) -> int:
-    """The descriptor of ``cache_dir/<fingerprint>.tar``, decompressing the shard there first if needed."""
+    """The descriptor of the shard's decompressed copy in the cache under ``cache_dir``, decompressing it first if needed."""
     total = int(frames[-1, 2] + frames[-1, 3]) if len(frames) else 0
     if total > cache_bytes:
         raise RandomAccessError(path, f"decompressed size {total} exceeds zstd_cache_bytes={cache_bytes}")
     if not is_fingerprint(info.fingerprint) or type(info.size) is not int or info.size < 0:
         raise IndexFormatError(f"{path}: the index's fingerprint {info.fingerprint!r} or size {info.size!r} is damaged; rebuild the index")
-    root = Path(cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / f"{info.fingerprint}-{info.size}.tar"
-    try:
-        out = os.open(target, os.O_RDONLY)
-    except FileNotFoundError:
-        pass
-    else:
-        if os.fstat(out).st_size == total:
-            os.utime(target)  # most recently used
-            return out
-        os.close(out)
-    _evict(root, cache_bytes - total)
-    tmp = root / f".{target.name}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            pieces = iter(lambda: os.read(fd, MAP_SLICE // 4), b"")
-            os.lseek(fd, 0, os.SEEK_SET)
-            for chunk in decompress_frames(pieces, path):
-                f.write(chunk)
-            written = f.tell()
-        if written != total:
-            raise CorruptFrameError(path, 0, f"decompresses to {written} bytes, the index says {total}")
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return os.open(target, os.O_RDONLY)
+    cache = FileCache(cache_dir, "zstd", ZSTD_CACHE_ENTRY, cache_bytes)
+    name = f"{info.fingerprint}-{info.size}.tar"
+    found = cache.open(name, total)
+    if found is not None:
+        return found
 
+    def fill(f: BinaryIO) -> None:
+        pieces = iter(lambda: os.read(fd, MAP_SLICE // 4), b"")
+        os.lseek(fd, 0, os.SEEK_SET)
+        for chunk in decompress_frames(pieces, path):
+            f.write(chunk)
+        if f.tell() != total:
+            raise CorruptFrameError(path, 0, f"decompresses to {f.tell()} bytes, the index says {total}")
 
-def _evict(root: Path, budget: int) -> None:
-    """Delete least recently used ``*.tar`` files in ``root`` until they total at most ``budget`` bytes."""
-    entries = []
-    for p in root.glob("*.tar"):
-        try:
-            st = p.stat()
-        except FileNotFoundError:
-            continue
-        entries.append((st.st_mtime_ns, st.st_size, p))
-    used = sum(size for _, size, _ in entries)
-    for _, size, p in sorted(entries):
-        if used <= budget:
-            break
-        p.unlink(missing_ok=True)
-        used -= size
+    return cache.add(name, total, fill)
