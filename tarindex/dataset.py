@@ -140,7 +140,7 @@ class TarDataset:
                 path, "a command's output cannot be read at random; stream the index with TarStream(..., allow_commands=True)"
             )
         if info.kind == "url" and path.startswith(("http://", "https://")):  # an index built from URLs: Range requests
-            return open_url(path, info)
+            return open_url(path, info, self.index.frame_table(shard))
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:
