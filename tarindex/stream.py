@@ -24,9 +24,10 @@ from .collate import batched, collate
 from .decode import DecodeMode, Decoder
 from .errors import DecodeError, StreamWarning, TarIndexError
 from .grouping import fused, iter_samples
+from .identity import check_shard, check_source
 from .index.format import ShardInfo
 from .index.reader import IndexReader
-from .opener import check_unchanged
+from .opener import check_commands, shard_name
 from .scan import archive
 from .shards import expand_shards, is_index_file
 from .sources import DEFAULT_BLOCK_SIZE, FileSource, is_url, open_source
@@ -40,8 +41,9 @@ Handler = Literal["raise", "warn", "skip_shard"] | Callable[[Exception], bool]
 _HANDLERS = ("raise", "warn", "skip_shard")
 
 
-def _shard_list(urls: Any) -> tuple[list[str], list[int] | None, list[ShardInfo] | None]:
-    """Shard names, and each shard's first global sample number and index entry when ``urls`` is an index."""
+def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] | None, list[ShardInfo] | None]:
+    """Shard names, and when ``urls`` is an index (checked by its recorded kinds: a command only when
+    ``allow_commands``), each shard's first global sample number and index entry."""
     reader: IndexReader | None = None
     if isinstance(urls, IndexReader):
         reader = urls
@@ -49,11 +51,14 @@ def _shard_list(urls: Any) -> tuple[list[str], list[int] | None, list[ShardInfo]
         reader = IndexReader(urls)
     if reader is None:
         return expand_shards(urls), None, None
-    names = [info.path if is_url(info.path) else str(reader.shard_path(i)) for i, info in enumerate(reader.shards)]
-    starts = [int(x) for x in reader.array("shard_start").tolist()]
-    infos = list(reader.shards)
-    if reader is not urls:
-        reader.close()
+    try:
+        check_commands(reader.path, reader.shards, allow_commands)
+        names = [shard_name(reader.path, info) for info in reader.shards]
+        starts = [int(x) for x in reader.array("shard_start").tolist()]
+        infos = list(reader.shards)
+    finally:
+        if reader is not urls:
+            reader.close()
     return names, starts, infos
 
 
@@ -148,9 +153,13 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             already use the cores (measured: with the cores busy, the thread costs a third of the
             throughput). Plain local tars, plain HTTP, pipes and standard input are read by the C
             walk itself (descriptor to member bytes, no thread) when the extension is built.
+        allow_commands: run the ``pipe:`` commands an index names as shards. Off by default: an
+            index is data, and opening one runs nothing (names you pass yourself always run).
 
     Raises:
         ShardNotFoundError: a local shard or pattern matches nothing.
+        CommandNotAllowedError: the index names a command shard and ``allow_commands`` is false.
+        IndexFormatError: an index's shard entry is damaged or leaves the index's directory.
         ValueError: a bad option value.
         StaleIndexError: (when iterating) streaming from an index, a shard's size or
             modification time differs from the index's (its ``__index__`` numbers would be wrong).
@@ -177,6 +186,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         timeout: float = 60.0,
         storage_options: Mapping[str, Any] | None = None,
         read_ahead: int | None = None,
+        allow_commands: bool = False,
     ) -> None:
         super().__init__()
         if not callable(handler) and handler not in _HANDLERS:
@@ -185,7 +195,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             raise ValueError(f"shuffle must be >= 0, not {shuffle}")
         if epoch_size is not None and epoch_size < 0:
             raise ValueError(f"epoch_size must be >= 0, not {epoch_size}")
-        self.urls, self._starts, self._infos = _shard_list(urls)
+        self.urls, self._starts, self._infos = _shard_list(urls, allow_commands)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
         self.shuffle_size = shuffle
@@ -281,7 +291,10 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         source = open_source(url, **self._source_options, read_ahead=read_ahead_for(url, self.read_ahead))
         try:
             if self._infos is not None:  # from an index: its sample numbers hold only for the indexed shard
-                check_unchanged(url, self._infos[shard], source.size, source.mtime_ns)
+                if isinstance(source, FileSource):
+                    check_shard(url, source.fileno(), self._infos[shard])
+                else:
+                    check_source(url, self._infos[shard], source.size, source.mtime_ns)
             fd = source.fileno() if isinstance(source, FileSource) and source.size is not None and fused() else -1
             if fd >= 0 and not is_zstd(os.pread(fd, 4, 0)):  # a local tar: the C walk reads it, one copy, no thread
                 yield from iter_samples(fd, url, index=index)

@@ -73,8 +73,19 @@ def test_a_rebuild_with_nothing_changed_leaves_the_index_as_it_is(shards: list[P
     report = build_index(paths[::-1], index=index)  # the same shards in another order: a new index
     assert report.scanned == [] and _shard_paths(index) == [f"data/{p.name}" for p in shards[::-1]]
     assert os.stat(index).st_ino != before.st_ino
-    os.utime(shards[1], ns=(before.st_mtime_ns, before.st_mtime_ns + 10**9))
-    assert build_index(paths, index=index).scanned == [paths[1]]
+    build_index(paths, index=index)  # back to the first order
+    rewritten = os.stat(index).st_ino
+    mtime = os.stat(shards[1]).st_mtime_ns + 10**9
+    os.utime(shards[1], ns=(mtime, mtime))  # the same bytes, a new mtime (a copy): not rescanned, recorded anew
+    assert build_index(paths, index=index).scanned == []
+    assert os.stat(index).st_ino != rewritten
+    reader = IndexReader(index)
+    assert reader.shards[1].mtime_ns == mtime
+    reader.close()
+    with open(shards[2], "r+b") as f:  # other bytes: rescanned
+        f.seek(600)
+        f.write(b"X")
+    assert build_index(paths, index=index).scanned == [paths[2]]
 
 
 def test_progress_bar_on_a_terminal_shows_the_write_phase(shards: list[Path], tmp_path: Path) -> None:

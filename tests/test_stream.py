@@ -417,7 +417,9 @@ def test_build_index_from_http_and_pipe(http_server: HTTPServer, shards: list[Pa
         ta, tb = a.shard_table(i), b.shard_table(i)
         for col in ("sample_offset", "sample_size", "sample_nmembers", "member_offset", "member_size", "keys"):
             assert np.array_equal(getattr(ta, col), getattr(tb, col)), col
-    streamed = list(TarStream(remote.path))  # an index of URLs streams its URLs
+    with pytest.raises(tarindex.errors.CommandNotAllowedError, match="is a command"):
+        TarStream(remote.path)  # an index is data: its commands run only when allowed
+    streamed = list(TarStream(remote.path, allow_commands=True))  # an index of URLs streams its URLs
     assert [s["__index__"] for s in streamed] == list(range(21))
     assert [s["__url__"] for s in streamed][:7] == [urls[0]] * 7
     with pytest.raises(tarindex.TarIndexError, match="URL shards need an index path"):
@@ -674,6 +676,16 @@ def test_tardataset_over_pipe_shards_says_random_access_is_unsupported(shards: l
     index = build_index([command], index=tmp_path / "piped.tarindex").path
     ds = TarDataset(index)
     assert len(ds) == 7
-    with pytest.raises(tarindex.RandomAccessError, match=rf"{command}: a pipe: command's output can be read only once.*TarStream"):
+    with pytest.raises(tarindex.RandomAccessError, match=rf"{command}: a command's output cannot be read at random; stream the index with TarStream"):
         ds[0]
-    assert [s["__index__"] for s in TarStream(index)] == list(range(7))  # streaming it works
+    assert [s["__index__"] for s in TarStream(index, allow_commands=True)] == list(range(7))  # streaming it works
+
+
+def test_tardataset_over_a_scheme_without_ranged_reads_says_so(shards: list[Path], tmp_path: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    with fsspec.filesystem("memory").open("/docs-test/train-0.tar", "wb") as f:
+        f.write(shards[0].read_bytes())
+    index = build_index(["memory://docs-test/train-0.tar"], index=tmp_path / "memory.tarindex").path
+    with pytest.raises(tarindex.RandomAccessError, match=r"memory://docs-test/train-0.tar: random access \(TarDataset\) over memory:// is unsupported"):
+        TarDataset(index)[0]
+    assert len(list(TarStream(index))) == 7
