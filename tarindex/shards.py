@@ -42,6 +42,11 @@ FINGERPRINT_SPAN = 64 << 10
 # An index is an LMDB file: its first meta page holds MDB_MAGIC (0xBEEFC0DE) after a 16-byte page header.
 _LMDB_MAGIC_AT = 16
 _LMDB_MAGICS = (0xBEEFC0DE .to_bytes(4, "little"), 0xBEEFC0DE .to_bytes(4, "big"))
+# How a shard starts: a tar header (checksum at 148), or a compressed frame: zstd (and its skippable
+# frames, as the seekable format's), gzip, bzip2, xz, lz4.
+_TAR_BLOCK = 512
+_COMPRESSED_MAGICS = (b"\x28\xb5\x2f\xfd", *(bytes([0x50 + i, 0x2A, 0x4D, 0x18]) for i in range(16)), b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x04\x22\x4d\x18")
+_SHARD_SUFFIXES = (".tar", ".tar.zst", ".tzst")
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -146,20 +151,39 @@ def fingerprint_stream(size: int, head: bytes, tail: bytes) -> str:
 
 
 def is_index_file(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` names an index rather than a shard, decided by content, not by name.
+    """Whether ``path`` names an index rather than a shard, decided by content before name.
 
-    An existing file is an index when it starts as an LMDB file does (a shard starts with a tar
-    header or a zstd or gzip frame, whatever it is called), or when it is named ``*.tarindex``
-    and is not a readable LMDB file (then opening it says why it is no index). A path that does
-    not exist is an index when it is named ``*.tarindex``.
+    An existing file that starts as an LMDB file does is an index; one that starts as a shard does
+    (a tar header with a valid checksum, or a zstd, gzip, bzip2, xz or lz4 frame) is a shard,
+    whatever either is called. A file that is neither is taken by its name: a shard if it is named
+    ``.tar``, ``.tar.zst`` or ``.tzst`` (reading it then says where it is damaged), else an index
+    (opening it then says it is none). A path that does not exist is an index when it is named
+    ``*.tarindex``.
     """
     p = os.fspath(path)
     try:
         with open(p, "rb") as f:
-            head = f.read(_LMDB_MAGIC_AT + 4)
+            head = f.read(_TAR_BLOCK)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return p.endswith(INDEX_SUFFIX) and not os.path.isdir(p)
-    return head[_LMDB_MAGIC_AT:] in _LMDB_MAGICS or p.endswith(INDEX_SUFFIX)
+    if head[_LMDB_MAGIC_AT : _LMDB_MAGIC_AT + 4] in _LMDB_MAGICS:
+        return True
+    if head.startswith(_COMPRESSED_MAGICS) or _is_tar_header(head):
+        return False
+    return not p.endswith(_SHARD_SUFFIXES)
+
+
+def _is_tar_header(block: bytes) -> bool:
+    """Whether ``block`` is a tar header with a valid checksum, or the zero block of an empty archive."""
+    if len(block) < _TAR_BLOCK:
+        return False
+    if block == bytes(_TAR_BLOCK):
+        return True
+    try:
+        recorded = int(block[148:156].strip(b" \0") or b"-1", 8)
+    except ValueError:
+        return False
+    return recorded == sum(block[:148]) + 8 * 0x20 + sum(block[156:_TAR_BLOCK])
 
 
 def resolve_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -649,6 +650,16 @@ def test_a_single_file_is_an_index_or_a_shard_by_content(shards: list[Path], tmp
     gz = tmp_path / "train-0.tar.gz"
     gz.write_bytes(b"\x1f\x8b\x08\x00" + bytes(60))
     assert TarStream(gz).urls == [str(gz)]  # a shard (gzip by content), never "not a tarindex index"
+    zst = tmp_path / "train-0.data"
+    subprocess.run(["zstd", "-q", str(shards[1]), "-o", str(zst)], check=True)
+    assert list(TarStream(zst)) == [{**s, "__url__": str(zst)} for s in _oracle([shards[1]])]
+    v7 = tmp_path / "train-0.v7"  # no "ustar" magic: told by its header checksum
+    subprocess.run(["tar", "--format=v7", "-C", str(shards[2].parent), "-cf", str(v7), shards[2].name], check=True)
+    assert TarStream(v7).urls == [str(v7)]
+    junk = tmp_path / "train.idx.bak"  # neither an index nor a shard: taken by its name, for an index
+    junk.write_bytes(os.urandom(4096))
+    with pytest.raises(tarindex.IndexFormatError, match="not a tarindex index"):
+        TarStream(junk)
 
 
 def test_a_directory_names_no_shard(shards: list[Path]) -> None:
