@@ -166,7 +166,6 @@ def build_index(
     todo = [s for s in paths if kept.get(s) is None]
     if progress and len(todo) < len(paths):
         progress(len(paths) - len(todo))
-    _warn_dropped(out, previous, rel)
     if not todo and list(previous) == rel and all(kept[s] == previous[r][0].shards[previous[r][1]] for s, r in zip(paths, rel)):
         # nothing changed (the same shards, in the same order, with the recorded mtimes): the index stands
         _close_all(previous)
@@ -180,6 +179,7 @@ def build_index(
             else:
                 reader, i = previous[r]
                 writer.add(kept[s] or reader.shards[i], reader.shard_table(i))
+    _warn_dropped(out, previous, rel)  # once the new index has replaced the old one
     _close_all(previous)
     return BuildReport(out, [s for s in paths if s in scanned], [s for s in paths if s not in scanned])
 

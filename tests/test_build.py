@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import make_shard_set
-from tarindex import build_index
+from tarindex import CorruptArchiveError, build_index
 from tarindex.build import parse_part
 from tarindex.cli.main import main
 from tarindex.index.reader import IndexReader
@@ -56,6 +56,12 @@ def test_a_shard_left_out_of_the_list_is_dropped_with_a_warning(
     assert [r.getMessage() for r in caplog.records] == [
         f"{index}: shard data/train-000003.tar is no longer in the shard list; dropped from the index"
     ]
+    caplog.clear()
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"not a tar archive" * 64)
+    with caplog.at_level(logging.WARNING, logger="tarindex"), pytest.raises(CorruptArchiveError):
+        build_index([str(bad)], index=index)  # a failed build keeps the index, and drops nothing
+    assert caplog.records == [] and len(_shard_paths(index)) == 3
     result = CliRunner().invoke(main, ["build", str(shards[0]), "-o", str(index), "-q"])
     assert result.exit_code == 0, result.output
     assert f"tarindex: warning: {index}: shard data/train-000001.tar is no longer in the shard list" in result.stderr
