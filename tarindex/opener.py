@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptFrameError, IndexFormatError, RandomAccessError, StaleIndexError
+from .errors import CorruptFrameError, IndexFormatError, RandomAccessError
 from .index.format import ShardInfo
-from .sources import RangeReader
+from .objstore import open_reader
+from .options import SourceOptions
 from .zstd import MAP_SLICE, decompress_frames, zstd_reader
 
 __all__ = ["close_handle", "fix_command", "open_url", "open_zstd_shard"]
@@ -26,20 +27,15 @@ def fix_command(path: str) -> str:
     return f"tarindex compress {path} {path}"
 
 
-def open_url(url: str, info: ShardInfo) -> RangeReader:
-    """A ranged reader for a URL shard, checked against its index entry (size; mtime when both know one).
+def open_url(url: str, info: ShardInfo, options: SourceOptions | None = None) -> Any:
+    """A random reader for a URL shard (:func:`tarindex.objstore.open_reader`), checked against its index entry.
 
     Raises:
-        StaleIndexError: the server's size or Last-Modified differs from the index.
+        StaleIndexError: the shard's size, ETag or modification time differs from the index.
+        ShardNotFoundError: the shard is gone.
+        SourceError: the server or store cannot be reached, or no credentials.
     """
-    reader = RangeReader(url)
-    if reader.size >= 0 and reader.size != info.size:
-        reader.close()
-        raise StaleIndexError(url, f"size {info.size} -> {reader.size}")
-    if reader.mtime_ns and info.mtime_ns and reader.mtime_ns != info.mtime_ns:
-        reader.close()
-        raise StaleIndexError(url, f"mtime {info.mtime_ns} -> {reader.mtime_ns}")
-    return reader
+    return open_reader(url, size=info.size, etag=info.etag, mtime_ns=info.mtime_ns, options=options or SourceOptions())
 
 
 def close_handle(handle: Any) -> None:

@@ -48,6 +48,8 @@ class ShardInfo:
     """``"zstd"`` for a zstd shard (offsets are then in the decompressed tar), else ``None``."""
     random_access: bool = True
     """Whether one sample can be read without decompressing a large part of the shard."""
+    etag: str | None = None
+    """The object's ETag (or generation) when indexed from a URL that has one; reads check it."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
