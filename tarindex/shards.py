@@ -1,4 +1,9 @@
-"""Shard arguments (paths, globs, brace patterns), default index paths, fingerprints."""
+"""Shard arguments (paths, globs, brace patterns), default index paths, fingerprints.
+
+Names are data: a scheme (``pipe:``, ``-``, ``scheme://``) means something only in a name the caller
+wrote. A name that came from a glob, a directory listing or an index is a path; :func:`as_path` makes
+sure it reads as one (``pipe:rm -rf x.tar`` matched by ``*.tar`` becomes ``./pipe:rm -rf x.tar``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .errors import IndexNotFoundError, PatternError, ShardNotFoundError
 
@@ -16,14 +21,21 @@ __all__ = [
     "FINGERPRINT_SPAN",
     "INDEX_SUFFIX",
     "PATTERN_SEPARATOR",
+    "ShardKind",
+    "as_path",
     "default_index_path",
     "expand_braces",
     "expand_patterns",
     "expand_shards",
     "fingerprint",
     "fingerprint_stream",
+    "is_fingerprint",
     "resolve_index",
+    "shard_kind",
 ]
+
+ShardKind = Literal["file", "url", "command"]
+"""How a shard is opened: a local ``file``, a ``url`` (``scheme://``), or a ``command`` (``pipe:CMD``, ``-``)."""
 
 INDEX_SUFFIX = ".tarindex"
 FINGERPRINT_SPAN = 64 << 10
@@ -106,8 +118,21 @@ def expand_patterns(spec: str) -> list[str]:
     return [name for part in parts for name in expand_braces(part)]
 
 
-def _is_url(s: str) -> bool:
-    return "://" in s or s.startswith("pipe:") or s == "-"
+def shard_kind(name: str) -> ShardKind:
+    """What a name the caller wrote means: ``command`` (``pipe:CMD``, ``-``), ``url`` (``scheme://``) or ``file``."""
+    if name.startswith("pipe:") or name == "-":
+        return "command"
+    return "url" if "://" in name else "file"
+
+
+def as_path(name: str) -> str:
+    """A name from a listing (glob, directory, index) as a path that cannot read as a URL or command."""
+    return name if shard_kind(name) == "file" else os.path.join(os.curdir, name)
+
+
+def is_fingerprint(value: object) -> bool:
+    """Whether ``value`` has the form :func:`fingerprint` gives (32 lower-case hex digits): safe in a file name."""
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{32}", value) is not None
 
 
 def expand_shards(
@@ -121,6 +146,8 @@ def expand_shards(
     A glob over ``file://`` or an object store (``s3://``, ``gs://``, ``az://``,
     ``hf://``) lists it (:func:`tarindex.objstore.glob_urls`); other URLs pass through.
 
+    A scheme is honoured in the names given, never in the names a glob matches (see :func:`as_path`).
+
     Raises:
         PatternError: a pattern does not expand (see :func:`expand_braces`).
         ShardNotFoundError: a path does not exist, or a glob matches nothing.
@@ -129,18 +156,17 @@ def expand_shards(
     out: list[str] = []
     for spec in items:
         text = os.fspath(spec)
-        names = expand_patterns(text) if isinstance(text, str) else [text]
-        for s in names:
-            if _is_url(s):
-                if glob.has_magic(s) and s.split("://", 1)[0].lower() in _LISTED_SCHEMES:
-                    out.extend(_glob_url(s, text, must_exist, storage_options))
-                else:
-                    out.append(s)
+        for s in expand_patterns(text):
+            kind = shard_kind(s)
+            if kind == "url" and glob.has_magic(s) and s.split("://", 1)[0].lower() in _LISTED_SCHEMES:
+                out.extend(_glob_url(s, text, must_exist, storage_options))
+            elif kind != "file":
+                out.append(s)
             elif glob.has_magic(s):
                 matches = sorted(glob.glob(s))
                 if not matches and must_exist:
                     raise ShardNotFoundError(f"{s}: no shard matches this pattern (from {text!r})")
-                out.extend(matches)
+                out.extend(as_path(m) for m in matches)
             else:
                 if must_exist and not os.path.isfile(s):
                     raise ShardNotFoundError(f"{s}: no such shard")
