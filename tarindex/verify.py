@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .errors import ShardNotFoundError, StaleIndexError
 from .index.format import ShardInfo, ShardTable
 from .index.reader import IndexReader
@@ -98,7 +100,7 @@ def _check_identity(path: str, info: ShardInfo, size: int, content: str) -> None
 
 
 def _same_tables(table: ShardTable | None, old: ShardTable) -> bool:
-    """A rescan's tables are the index's: keys, sample and member ranges, extensions."""
+    """A rescan's tables are the index's: keys, sample and member ranges, extensions, zstd frames."""
     return table is not None and bool(
         table.keys == old.keys
         and (table.sample_offset == old.sample_offset).all()
@@ -106,4 +108,12 @@ def _same_tables(table: ShardTable | None, old: ShardTable) -> bool:
         and (table.member_offset == old.member_offset).all()
         and (table.member_size == old.member_size).all()
         and [table.exts[e] for e in table.member_ext] == [old.exts[e] for e in old.member_ext]
+        and _same_frames(table.frames, old.frames)
     )
+
+
+def _same_frames(frames: np.ndarray | None, old: np.ndarray | None) -> bool:
+    """Whether two zstd frame tables (or their absence) agree: random reads go through the indexed one."""
+    if frames is None or old is None:
+        return frames is None and old is None
+    return frames.shape == old.shape and bool((frames == old).all())
