@@ -180,8 +180,15 @@ def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
 
 
 def use_pure_python(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Turn the C extension off for one test (see :func:`impl`)."""
-    for module, attr in _c_references():
+    """Turn the C extension off for one test (see :func:`impl`); the modules' globals are restored after it, so
+    nothing made on the Python backend (a frame cache) stays for the next test."""
+    references = _c_references()
+    for name, module in list(sys.modules.items()):
+        if name.startswith("tarindex.") and name != "tarindex._speedups":
+            for attr, value in list(vars(module).items()):
+                if not attr.startswith("__"):
+                    monkeypatch.setattr(module, attr, value)
+    for module, attr in references:
         monkeypatch.setattr(module, attr, None)
     monkeypatch.setenv("TARINDEX_PURE_PYTHON", "1")
     assert not _c_references()

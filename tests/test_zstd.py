@@ -912,8 +912,7 @@ def test_zstd_mutation_fuzzer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
                 continue
             with monkeypatch.context() as patch:
                 if backend == "python":
-                    patch.setattr(zstd_random, "_speedups", None)
-                    patch.setattr(zstd_random, "_CACHE", None)
+                    use_pure_python(patch)
                 zstd_random.frame_cache().clear()
                 reader = zstd_reader(str(shard), os.open(shard, os.O_RDONLY), frames)
                 assert isinstance(reader, ZstdShardReader) == (backend == "python")
