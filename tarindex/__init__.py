@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset
 from .errors import (
+    CommandNotAllowedError,
     CorruptArchiveError,
     CorruptFrameError,
     DecodeError,
@@ -25,6 +26,7 @@ from .errors import (
     StreamWarning,
     TarIndexError,
     TarIndexWarning,
+    WriteError,
 )
 from .index.reader import IndexReader
 from .sampler import ShardSampler
@@ -38,6 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BuildReport",
+    "CommandNotAllowedError",
     "CorruptArchiveError",
     "CorruptFrameError",
     "DecodeError",
@@ -59,6 +62,7 @@ __all__ = [
     "TarIndexWarning",
     "TarStream",
     "VerifyReport",
+    "WriteError",
     "__version__",
     "build_index",
     "compress_shard",
