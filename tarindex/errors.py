@@ -13,6 +13,7 @@ __all__ = [
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
+    "PatternError",
     "RandomAccessError",
     "SampleNotFoundError",
     "SamplerStateError",
@@ -128,6 +129,10 @@ class ShardNotFoundError(TarIndexError, FileNotFoundError):
     """A shard named by the user or by an index does not exist."""
 
 
+class PatternError(TarIndexError, ValueError):
+    """A shard pattern cannot be expanded: unbalanced or unexpanded braces, a missing ``${VAR}``, an empty name."""
+
+
 class SourceError(_AtOffset, OSError):
     """A shard's bytes could not be read: network failure after retries, a failing ``pipe:`` command."""
 
@@ -140,7 +145,7 @@ class IndexFormatError(TarIndexError, ValueError):
 
 class RandomAccessError(_OfShard, ValueError):
     """A shard cannot be read at random cheaply (a zstd shard made of one large frame), or at all
-    (a ``pipe:`` shard, or a URL scheme without ranged reads)."""
+    (a ``pipe:`` or ``-`` shard: a command's output is read once, from start to end)."""
 
 
 class StaleIndexError(_OfShard):
