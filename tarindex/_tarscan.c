@@ -32,6 +32,8 @@ static PyObject *k_key, *k_url, *k_index; /* "__key__", "__url__", "__index__", 
  * ustar prefix, a header that does not fit in the buffer, or (with_data) member data that does not.
  * tarindex.tar._walk handles those, so it stays the one authority on everything unusual.
  */
+#define MAX_MEMBER_DEFAULT (8ULL << 30) /* tarindex.tar.MAX_MEMBER_SIZE: larger sizes are the Python walker's to judge */
+
 static int octal_field(const unsigned char *f, int len, uint64_t *out) {
     int i = 0;
     uint64_t v = 0;
@@ -71,7 +73,7 @@ static int plain_header(const unsigned char *h, uint64_t *size, int *regular) {
     uint64_t stored;
     if (!reg && !(typ >= '1' && typ <= '6')) return 0; /* links, devices, dirs, FIFOs: skipped */
     if (octal_field(h + 148, 8, &stored) < 0 || header_sum(h) != stored) return 0;
-    if (h[124] & 0x80 || octal_field(h + 124, 12, size) < 0) return 0;
+    if (h[124] & 0x80 || octal_field(h + 124, 12, size) < 0 || *size > MAX_MEMBER_DEFAULT) return 0;
     if (memcmp(h + 257, "ustar\0", 6) == 0 && h[345]) return 0;
     if (typ == 0) { /* an old-style directory: type NUL, a name ending in '/' */
         int n = 0;
@@ -635,8 +637,7 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
     return Py_BuildValue("(KKK)", offset, last_at, last_size);
 }
 
-#define MAX_MEMBER_DEFAULT (8ULL << 30) /* tarindex.tar.MAX_MEMBER_SIZE: members of a stream of unknown length */
-#define GROW_FIRST (16 << 20)            /* past this, a member of such a stream grows as its data arrives */
+#define GROW_FIRST (16 << 20) /* past this, a member of a stream of unknown length grows as its data arrives */
 
 /* ---- scan_stream: the walk over a socket or pipe, read with read() ---------------------------
  *

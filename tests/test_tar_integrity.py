@@ -79,6 +79,7 @@ def test_size_used_only_after_the_checksum(tmp_path: Path) -> None:
         (b" " * 12, r"bad size field"),  # blanks only: GNU tar refuses them
         (b"\x80" + (1 << 40).to_bytes(11, "big"), r"member data needs 1099511627776 bytes|over max_member_size"),
         (b"77777777777\x00", r"member data needs 8589934591 bytes|over max_member_size"),
+        (b"777777777777", r"member data needs 68719476735 bytes|over max_member_size"),  # 12 digits, no terminator
     ],
 )
 def test_bad_or_huge_size_is_a_named_error(tmp_path: Path, field: bytes, match: str) -> None:
