@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import ShardNotFoundError, StaleIndexError
-from ..index.format import ShardTable
-from ..scan import scan_shard
-from ..shards import fingerprint
-from ..sources import is_url
 from ._common import open_index
+
+if TYPE_CHECKING:
+    from ..index.format import ShardTable
 
 
 @click.command("verify")
@@ -19,6 +19,10 @@ from ._common import open_index
 @click.option("--deep", is_flag=True, help="Rescan every shard and compare its tables with the index.")
 def command(index: str, deep: bool) -> None:
     """Check that every shard of INDEX is unchanged since indexing."""
+    from ..scan import scan_shard
+    from ..shards import fingerprint
+    from ..sources import is_url
+
     ix = open_index(index)
     for i, info in enumerate(ix.shards):
         if is_url(info.path):  # indexed from a URL: one sequential read gives size, fingerprint and tables
