@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from .errors import (
+    CommandNotAllowedError,
     CorruptArchiveError,
     CorruptFrameError,
     DecodeError,
@@ -24,6 +25,8 @@ from .errors import (
     StaleIndexError,
     StreamWarning,
     TarIndexError,
+    TarIndexWarning,
+    WriteError,
 )
 
 if TYPE_CHECKING:
@@ -33,11 +36,13 @@ if TYPE_CHECKING:
     from .sampler import ShardSampler
     from .shard_writer import ShardWriter, compress_shard
     from .stream import TarStream
+    from .verify import VerifyReport, verify_index
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BuildReport",
+    "CommandNotAllowedError",
     "CorruptArchiveError",
     "CorruptFrameError",
     "DecodeError",
@@ -56,11 +61,15 @@ __all__ = [
     "StreamWarning",
     "TarDataset",
     "TarIndexError",
+    "TarIndexWarning",
     "TarStream",
+    "VerifyReport",
+    "WriteError",
     "__version__",
     "build_index",
     "compress_shard",
     "merge_indexes",
+    "verify_index",
 ]
 
 
@@ -73,6 +82,23 @@ _LAZY = {
     "ShardSampler": "sampler",
     "ShardWriter": "shard_writer",
     "compress_shard": "shard_writer",
+    "TarStream": "stream",  # imports torch
+}
+"""Public names imported on first use, so that ``import tarindex`` (and the CLI's ``--help``) imports
+neither numpy, lmdb nor torch."""
+
+
+_LAZY = {
+    "BuildReport": "build",
+    "build_index": "build",
+    "merge_indexes": "build",
+    "TarDataset": "dataset",
+    "IndexReader": "index.reader",
+    "ShardSampler": "sampler",
+    "ShardWriter": "shard_writer",
+    "compress_shard": "shard_writer",
+    "VerifyReport": "verify",
+    "verify_index": "verify",
     "TarStream": "stream",  # imports torch
 }
 """Public names imported on first use, so that ``import tarindex`` (and the CLI's ``--help``) imports
