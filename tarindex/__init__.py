@@ -82,21 +82,6 @@ _LAZY = {
     "ShardSampler": "sampler",
     "ShardWriter": "shard_writer",
     "compress_shard": "shard_writer",
-    "TarStream": "stream",  # imports torch
-}
-"""Public names imported on first use, so that ``import tarindex`` (and the CLI's ``--help``) imports
-neither numpy, lmdb nor torch."""
-
-
-_LAZY = {
-    "BuildReport": "build",
-    "build_index": "build",
-    "merge_indexes": "build",
-    "TarDataset": "dataset",
-    "IndexReader": "index.reader",
-    "ShardSampler": "sampler",
-    "ShardWriter": "shard_writer",
-    "compress_shard": "shard_writer",
     "VerifyReport": "verify",
     "verify_index": "verify",
     "TarStream": "stream",  # imports torch
