@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tarindex
-from conftest import PY_FORMATS, py_tar, require_c_extension, tarfile_members, wds_write
+from conftest import PY_FORMATS, py_tar, require_c_extension, tarfile_members, use_pure_python, wds_write
 from tarindex.grouping import group_members, split_key
 from tarindex.tar import iter_tar
 
@@ -166,8 +166,7 @@ def _table(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> dict:
             c_packer = tarindex.grouping._CPacker
             m.setattr(tarindex.grouping, "_CPacker", lambda *args: AddOnly(c_packer(*args)))
         if way == "python":
-            m.setattr(tarindex.tar, "_scan_headers", None)
-            m.setattr(tarindex.grouping, "_CPacker", None)
+            use_pure_python(m)
         if way == "c-file":
             fd = os.open(path, os.O_RDONLY)
             try:
@@ -375,8 +374,7 @@ def _samples_outcome(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> t
             c_packer = tarindex.grouping._CPacker
             m.setattr(tarindex.grouping, "_CPacker", lambda *args: AddOnly(c_packer(*args)))
         if way == "python":
-            m.setattr(tarindex.tar, "_scan_headers", None)
-            m.setattr(tarindex.grouping, "_CPacker", None)
+            use_pure_python(m)
         if way.endswith("-batches"):
             m.setattr(tarindex.tar, "_BATCH_BYTES", 3000)
             m.setattr(tarindex.tar, "_BATCH_HEADERS", 5)
