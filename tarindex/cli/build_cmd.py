@@ -10,12 +10,12 @@ from collections.abc import Iterator
 
 import click
 
-from ..build import build_index, parse_part, part_slice
-
 
 def _part(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
+    from ..build import parse_part
+
     try:
         return parse_part(value)
     except ValueError as exc:
@@ -30,6 +30,7 @@ def _part(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def command(shards: tuple[str, ...], index: str | None, workers: int | None, part: tuple[int, int] | None, quiet: bool) -> None:
     """Index SHARDS (paths, globs, brace patterns) into one LMDB index."""
+    from ..build import build_index, part_slice
     from ..shards import expand_shards
     from ..sources import is_url
 
