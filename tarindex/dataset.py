@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -15,7 +13,7 @@ from .errors import CorruptArchiveError, IndexFormatError, RandomAccessError, Sh
 from .identity import Check, check_shard
 from .index.reader import IndexReader
 from .index.records import unpack as unpack_record
-from .opener import close_handle, open_url, open_zstd_shard, shard_name
+from .opener import ShardOpener, open_url, open_zstd_shard, shard_name
 from .shards import resolve_index
 
 _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
@@ -80,7 +78,7 @@ class TarDataset:
         verify: Check = "stat",
     ) -> None:
         self.index_path = resolve_index(source)
-        self.index = IndexReader(self.index_path)
+        self._load_index()
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
         self.max_open_files = max(1, max_open_files)
@@ -90,23 +88,39 @@ class TarDataset:
             raise ValueError(f"verify must be 'stat' or 'fingerprint', not {verify!r}")
         self.verify: Check = verify
         self._gen = -1  # FORK[0] this object attached under; -1: not attached
+
+    # -- per-process state ----------------------------------------------------
+    def _index_identity(self) -> tuple[int, ...]:
+        """The index file's identity (a rebuild renames a new file over it); empty when it is gone."""
+        try:
+            st = os.stat(self.index_path)
+        except FileNotFoundError:
+            return ()
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _load_index(self) -> None:
+        """The per-index state: the reader, sample count, shard names, and the index file's identity."""
+        self.index = IndexReader(self.index_path)
+        self._index_id = self._index_identity()  # after the open: a rebuild in between only costs a reload
         self._n = self.index.n_samples
         self._samples_per_frame: int | None = None
         self.urls = [shard_name(self.index.path, info) for info in self.index.shards]
 
-    # -- per-process state ----------------------------------------------------
     def _attach(self) -> None:
-        """Open this process's view: the sample records, no file handles yet."""
+        """Open this process's view: the sample records, no file handles yet.
+
+        The index file may have been rebuilt in place since this object was made (a DataLoader worker
+        forked for a later epoch): then every per-index field is read anew, never mixed with the old.
+        """
+        if self._index_identity() != self._index_id:  # a removed index: IndexNotFoundError from the reload
+            self.index.close()
+            self._load_index()
         ix = self.index
         self._rec_at = ix.column("record_offset")
         self._records = ix.column("records")
         self._stride = ix.record_stride
         self._exts = ix.exts
-        self._fds: OrderedDict[int, Any] = OrderedDict()  # shard -> int fd, or an object with read_at()
-        self._closing: list[tuple[int, Any]] = []  # evicted while another thread was reading them: closed later
-        self._inflight: dict[int, int] = {}  # the Python path's reads in progress, per shard
-        self._lock = threading.RLock()  # opening, evicting and counting reads, across threads
-        self._lru = len(ix.shards) > self.max_open_files
+        self._opener = ShardOpener(len(self.urls), self._open_handle, self.max_open_files)
         self._fast: Any = None
         if _speedups is not None:
             self._fast = _speedups.Reader(
@@ -116,7 +130,7 @@ class TarDataset:
                 self._n,
                 tuple(self._exts),
                 tuple(self.urls),
-                self._open_shard,
+                self._opener,
                 self._read_py,
                 CorruptArchiveError,
                 FORK,
@@ -125,12 +139,6 @@ class TarDataset:
         # The hot path: this instance's `read` is the reader's own method, not the class's wrapper. Both
         # readers check the fork generation themselves (the C one hands a stale call to _read_py).
         self.read = self._fast.read if self._fast is not None else self._read_py  # type: ignore[method-assign]
-
-    def _open_shard(self, shard: int) -> Any:
-        """Open a shard in this process (stale check on the open handle): an int fd, or a handle with ``read_at``."""
-        with self._lock:
-            handle = self._fds.get(shard)  # another thread may have opened it meanwhile
-            return handle if handle is not None else self._remember(shard, self._open_handle(shard))
 
     def _open_handle(self, shard: int) -> Any:
         path = self.urls[shard]
@@ -157,50 +165,10 @@ class TarDataset:
             )
         return handle
 
-    def _remember(self, shard: int, handle: Any) -> Any:
-        fds = self._fds
-        if self._closing:
-            self._close_idle()
-        while len(fds) >= self.max_open_files:
-            evicted, old = fds.popitem(last=False)
-            if self._fast is not None:
-                self._fast.forget(evicted)
-            if self._reading(evicted):  # another thread is reading it: its number must not be reused yet
-                self._closing.append((evicted, old))
-            else:
-                close_handle(old)
-        fds[shard] = handle
-        if self._fast is not None:
-            self._fast.adopt(shard, handle)
-        return handle
-
-    def _close_idle(self) -> None:
-        """Close the evicted handles whose reads have finished."""
-        busy = []
-        for shard, handle in self._closing:
-            if self._reading(shard):
-                busy.append((shard, handle))
-            else:
-                close_handle(handle)
-        self._closing = busy
-
-    def _reading(self, shard: int) -> bool:
-        """Whether a read of ``shard``'s file is in progress in another thread (its GIL released)."""
-        return bool(self._inflight.get(shard) or (self._fast is not None and self._fast.reading(shard)))
-
     def close(self) -> None:
-        """Close this process's shard files (they reopen on demand)."""
+        """Close this process's shard files (they reopen on demand); a file being read closes when its read ends."""
         if self._gen == FORK[0]:
-            with self._lock:
-                self._close_all()
-
-    def _close_all(self) -> None:
-        for shard, handle in [*self._fds.items(), *self._closing]:
-            if self._fast is not None:
-                self._fast.forget(shard)
-            close_handle(handle)
-        self._fds.clear()
-        self._closing.clear()
+            self._opener.close()
 
     def __del__(self) -> None:
         try:
@@ -210,7 +178,7 @@ class TarDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = {
-            k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame")
+            k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame", "_index_id")
         }
         state["_gen"] = -1
         return state
@@ -249,24 +217,12 @@ class TarDataset:
         offset, size, shard, spans, key = unpack_record(records, at, i)
         if shard >= len(self.urls):
             raise IndexFormatError(f"the index record of sample {i} is damaged; rebuild the index")
-        inflight = self._inflight
-        with self._lock:  # the handle, and the count that keeps another thread from closing it under us
-            handle = self._fds.get(shard)
-            if handle is None:
-                handle = self._open_shard(shard)
-            elif self._lru:
-                self._fds.move_to_end(shard)
-            plain = type(handle) is int
-            if plain:
-                inflight[shard] = inflight.get(shard, 0) + 1
-        if plain:
-            try:
-                buf = _pread(handle, size, offset)
-            finally:
-                with self._lock:
-                    inflight[shard] -= 1
-        else:
-            buf = handle.read_at(offset, size)
+        opener = self._opener
+        handle = opener.acquire(shard)  # counted: no other thread closes it under this read
+        try:
+            buf = _pread(handle, size, offset) if type(handle) is int else handle.read_at(offset, size)
+        finally:
+            opener.release(shard)
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
         sample: Sample = {"__key__": key, "__url__": self.urls[shard], "__index__": i}

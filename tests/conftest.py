@@ -159,3 +159,17 @@ def tarfile_members(path: Path) -> list[tuple[str, bytes]]:
 
 
 from _servers import drop_server, http_server, s3_server  # noqa: E402,F401 - fixtures for the streaming tests
+
+
+def open_files(paths: list[Path] | list[str]) -> dict[int, str]:
+    """This process's descriptors open on any of ``paths`` (from /proc/self/fd): descriptor -> path."""
+    wanted = {os.path.realpath(p) for p in paths}
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            continue
+        if target in wanted:
+            out[int(name)] = target
+    return out
