@@ -15,27 +15,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_dataset import read_path  # noqa: F401 - the fixture: both read paths
 
-from conftest import make_shard_set, open_files, require_c_extension, tarfile_members
+from conftest import make_shard_set, open_files, tarfile_members
 from tarindex import TarDataset, build_index
 
-
-@pytest.fixture(params=["c", "python"])
-def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    import tarindex.dataset
-
-    if request.param == "python":
-        monkeypatch.setattr(tarindex.dataset, "_speedups", None)
-    else:
-        require_c_extension()
-    return str(request.param)
+pytestmark = pytest.mark.usefixtures("read_path")  # every test on both read paths
 
 
 def oracle(paths: list[Path]) -> list[tuple[str, bytes]]:
     return [(n.split(".")[0], d) for p in paths for n, d in tarfile_members(p) if n.endswith(".bin")]
 
 
-def test_close_racing_reading_threads(tmp_path: Path, read_path: str) -> None:
+def test_close_racing_reading_threads(tmp_path: Path) -> None:
     """close() while 8 threads read (and evict: 3 files for 12 shards): no read gets another file's bytes,
     no descriptor is left open once every read is done."""
     paths = make_shard_set(tmp_path / "d", n_shards=12, per=5)
@@ -82,7 +74,7 @@ def few_descriptors(more: int) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_max_open_files_above_ulimit_evicts_and_retries(tmp_path: Path, read_path: str) -> None:
+def test_max_open_files_above_ulimit_evicts_and_retries(tmp_path: Path) -> None:
     paths = make_shard_set(tmp_path / "d", n_shards=40, per=2)
     ds = TarDataset(build_index(paths, workers=1).path, max_open_files=1000)
     expected = oracle(paths)
@@ -105,7 +97,7 @@ def _letter_tar(path: Path, letter: str, n: int) -> Path:
 
 
 @pytest.mark.parametrize("persistent", [False])
-def test_rebuild_in_place_then_forked_workers(tmp_path: Path, read_path: str, persistent: bool) -> None:
+def test_rebuild_in_place_then_forked_workers(tmp_path: Path, persistent: bool) -> None:
     """After an incremental rebuild in place, forked workers see the new index whole: key, bytes and url of
     each sample come from one shard of one index (was: key from the new index, bytes and url from the old)."""
     from torch.utils.data import DataLoader
