@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -21,6 +22,15 @@ _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the r
 __all__ = ["TarDataset"]
 
 _pread = os.pread
+_ATTACH = threading.Lock()  # attaching (the first read of a dataset in a process), across threads
+
+
+def _new_attach_lock() -> None:  # a forked child must not inherit a lock another thread of the parent held
+    global _ATTACH
+    _ATTACH = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_attach_lock)
 
 Sample = dict[str, Any]
 
@@ -107,11 +117,16 @@ class TarDataset:
         self.urls = [shard_name(self.index.path, info) for info in self.index.shards]
 
     def _attach(self) -> None:
-        """Open this process's view: the sample records, no file handles yet.
+        """Open this process's view once, whatever the threads asking: the sample records, no file handles yet.
 
         The index file may have been rebuilt in place since this object was made (a DataLoader worker
         forked for a later epoch): then every per-index field is read anew, never mixed with the old.
         """
+        with _ATTACH:
+            if self._gen != FORK[0]:
+                self._attach_here()
+
+    def _attach_here(self) -> None:
         if self._index_identity() != self._index_id:  # a removed index: IndexNotFoundError from the reload
             self.index.close()
             self._load_index()
