@@ -10,7 +10,15 @@ from typing import Any
 from ._native import SPEEDUPS
 from ._process import FORK
 from .decode import DecodeMode, Decoder
-from .errors import CorruptArchiveError, IndexFormatError, RandomAccessError, ShardNotFoundError
+from .errors import (
+    CorruptArchiveError,
+    DecodeError,
+    IndexFormatError,
+    RandomAccessError,
+    ShardNotFoundError,
+    TarIndexError,
+    shown,
+)
 from .identity import Check, check_shard
 from .index.reader import IndexReader
 from .index.records import unpack as unpack_record
@@ -250,10 +258,27 @@ class TarDataset:
         return sample
 
     def __getitem__(self, i: int) -> Any:
+        """Sample ``i``, decoded and transformed.
+
+        Raises:
+            DecodeError: the decoder or the transform failed (names the shard, the sample's offset and key),
+                as :class:`~tarindex.TarStream` raises it.
+        """
         sample = self.read(i)
-        if self.decoder is not None:
-            sample = self.decoder(sample)
-        return self.transform(sample) if self.transform is not None else sample
+        if self.decoder is None and self.transform is None:
+            return sample
+        try:
+            if self.decoder is not None:
+                sample = self.decoder(sample)
+            return self.transform(sample) if self.transform is not None else sample
+        except TarIndexError:
+            raise
+        except Exception as exc:
+            raise self._decode_error(i, exc) from exc
+
+    def _decode_error(self, i: int, exc: Exception) -> DecodeError:
+        shard, offset, _, _, key = self.index.record(i if i >= 0 else i + self._n)
+        return DecodeError(self.urls[shard], offset, f"sample {shown(key)}: {type(exc).__name__}: {exc}")
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         """A batch of samples, read in index order (shard by shard, offset by offset) and returned in the order asked.
