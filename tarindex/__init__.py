@@ -5,7 +5,11 @@ Importing this package never imports torch.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
+
+if sys.platform == "win32":  # os.pread, fork-aware readers, fcntl locks: the package is POSIX-only
+    raise ImportError("tarindex runs on POSIX systems only (Linux, macOS); on Windows use it inside WSL")
 
 from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset

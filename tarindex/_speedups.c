@@ -475,30 +475,53 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", "TarDataset's read path, the tar header walk's common case and the offset-table packer, in C.", -1, module_methods};
-
-PyMODINIT_FUNC PyInit__speedups(void) {
-    if (PyType_Ready(&ReaderType) < 0) return NULL;
+/* Runs once per import. The extension reads index records, tar numbers and zstd headers little-endian in
+ * place: a big-endian host gets an ImportError here, and tarindex uses its pure-Python path. */
+static int module_exec(PyObject *m) {
+#if PY_BIG_ENDIAN
+    PyErr_SetString(PyExc_ImportError,
+                    "tarindex._speedups reads little-endian data in place; this big-endian host uses the Python path");
+    return -1;
+#endif
+    if (PyType_Ready(&ReaderType) < 0) return -1;
     k_key = PyUnicode_InternFromString("__key__");
     k_url = PyUnicode_InternFromString("__url__");
     k_index = PyUnicode_InternFromString("__index__");
     k_read_at = PyUnicode_InternFromString("read_at");
-    if (!k_key || !k_url || !k_index || !k_read_at) return NULL;
+    if (!k_key || !k_url || !k_index || !k_read_at) return -1;
     PyObject *errors = PyImport_ImportModule("tarindex.errors");
     IndexFormatError = errors ? PyObject_GetAttrString(errors, "IndexFormatError") : NULL;
     Py_XDECREF(errors);
-    if (!IndexFormatError) return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (!m) return NULL;
+    if (!IndexFormatError) return -1;
     Py_INCREF(&ReaderType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
         Py_DECREF(&ReaderType);
-        Py_DECREF(m);
-        return NULL;
+        return -1;
     }
-    if (tarscan_add(m) < 0 || zstdread_add_types(m) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return tarscan_add(m) < 0 || zstdread_add_types(m) < 0 ? -1 : 0;
 }
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+#ifdef Py_mod_multiple_interpreters
+    /* static types and process-wide state (the frame cache, libzstd): one interpreter */
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+#ifdef Py_mod_gil
+    /* The free-threading stance: the GIL is needed. The reader's read counts (the opener's busy table),
+     * the opener's tables and the frame cache are updated without locks of their own, under the GIL. */
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_speedups",
+    .m_doc = "TarDataset's read path, the tar header walk's common case and the offset-table packer, in C.",
+    .m_size = 0,
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void) { return PyModuleDef_Init(&module); }
