@@ -15,12 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_dataset import read_path  # noqa: F401 - the fixture: both read paths
 
 from conftest import make_shard_set, open_files, tarfile_members
 from tarindex import TarDataset, build_index
 
-pytestmark = pytest.mark.usefixtures("read_path")  # every test on both read paths
+pytestmark = pytest.mark.usefixtures("impl")  # every test on both backends
 
 
 def oracle(paths: list[Path]) -> list[tuple[str, bytes]]:
