@@ -396,7 +396,9 @@ class RangeReader:
         return first
 
     def _request(self, headers: dict[str, str], offset: int) -> http.client.HTTPResponse:
-        """One request on this thread's kept-alive connection (a new one if needed); not retried here."""
+        """One request on this thread's kept-alive connection (a new one if needed), with the caller's
+        headers from the options; not retried here."""
+        headers = {**self.options.headers, **headers}
         local = self._local
         if self._gen != FORK[0]:  # inherited through fork: the parent's sockets are not ours
             self._forget_connections()
@@ -414,7 +416,7 @@ class RangeReader:
             return self._request(headers, offset)
 
     def _read_once(self, offset: int, size: int) -> bytes:
-        headers = {**self.options.headers, "Range": f"bytes={offset}-{offset + size - 1}"}
+        headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
         if self._validator:
             headers["If-Range"] = self._validator
         resp = self._request(headers, offset)
