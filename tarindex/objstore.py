@@ -524,9 +524,11 @@ async def _gather(ranges: Sequence[tuple[ObjectReader, int, int]], max_in_flight
     tasks = [asyncio.ensure_future(one(*r)) for r in ranges]
     try:
         return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:  # the first failure ends the batch: nothing keeps running behind it
+    except BaseException:
+        for task in tasks:  # the first failure ends the batch: nothing keeps running behind it ...
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # ... and the loop outlives every answer
+        raise
 
 
 def _run(coro: Any) -> list[bytes]:

@@ -72,6 +72,7 @@ http {{
     scgi_temp_path {tmp}/scgi;
     sendfile on;
     tcp_nopush on;
+    keepalive_requests 1000000;  # as object stores do: a kept-alive connection serves many requests
     types {{ application/x-tar tar; }}
     default_type application/octet-stream;
     server {{

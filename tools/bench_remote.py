@@ -26,7 +26,7 @@ from tarindex.index.writer import IndexWriter
 from tarindex.options import SourceOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from _servers import start_nginx, stop  # noqa: E402 - the test suite's nginx fixture, reused
+from _servers import start_nginx, stop
 
 Row = tuple[str, float, str]
 BATCH = 256
