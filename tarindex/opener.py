@@ -21,7 +21,7 @@ from .sources import RangeReader
 from .zstd import MAP_SLICE, decompress_frames
 from .zstd_random import ReadAt, zstd_reader
 
-__all__ = ["check_commands", "close_handle", "fix_command", "open_url", "open_zstd_shard", "shard_name"]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 
 def shard_name(index_path: str | os.PathLike[str], info: ShardInfo) -> str:

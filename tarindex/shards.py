@@ -17,20 +17,7 @@ from typing import Literal
 
 from .errors import IndexNotFoundError, ShardNotFoundError
 
-__all__ = [
-    "FINGERPRINT_SPAN",
-    "INDEX_SUFFIX",
-    "ShardKind",
-    "as_path",
-    "default_index_path",
-    "expand_braces",
-    "expand_shards",
-    "fingerprint",
-    "fingerprint_stream",
-    "is_fingerprint",
-    "resolve_index",
-    "shard_kind",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 ShardKind = Literal["file", "url", "command"]
 """How a shard is opened: a local ``file``, a ``url`` (``scheme://``), or a ``command`` (``pipe:CMD``, ``-``)."""

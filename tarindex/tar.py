@@ -26,20 +26,7 @@ import numpy as np
 from ._native import SPEEDUPS
 from .errors import CorruptArchiveError
 
-__all__ = [
-    "BLOCK",
-    "Buffer",
-    "Entry",
-    "Member",
-    "Sink",
-    "group_tar",
-    "index_tar",
-    "index_tar_file",
-    "iter_members",
-    "iter_tar",
-    "iter_tar_file",
-    "scan_tar",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
