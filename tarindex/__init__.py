@@ -17,6 +17,7 @@ from .errors import (
     DuplicateMemberError,
     IndexFormatError,
     IndexNotFoundError,
+    PatternError,
     RandomAccessError,
     SampleNotFoundError,
     SamplerStateError,
@@ -29,6 +30,7 @@ from .errors import (
     WriteError,
 )
 from .index.reader import IndexReader
+from .options import SourceOptions
 from .sampler import ShardSampler
 from .shard_writer import ShardWriter, compress_shard
 from .verify import VerifyReport, verify_index
@@ -48,6 +50,7 @@ __all__ = [
     "IndexFormatError",
     "IndexNotFoundError",
     "IndexReader",
+    "PatternError",
     "RandomAccessError",
     "SampleNotFoundError",
     "SamplerStateError",
@@ -55,6 +58,7 @@ __all__ = [
     "ShardSampler",
     "ShardWriter",
     "SourceError",
+    "SourceOptions",
     "StaleIndexError",
     "StreamWarning",
     "TarDataset",
