@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._native import SPEEDUPS
 from ._process import FORK
@@ -142,6 +143,7 @@ class TarDataset:
         # The hot path: this instance's `read` is the reader's own method, not the class's wrapper. Both
         # readers check the fork generation themselves (the C one hands a stale call to _read_py).
         self.read = self._fast.read if self._fast is not None else self._read_py  # type: ignore[method-assign]
+        self._choose_item()
 
     def _open_shard(self, shard: int) -> Any:
         """Open a shard in this process (stale check on the open handle): an int fd, or a handle with ``read_at``."""
@@ -285,6 +287,7 @@ class TarDataset:
             IndexFormatError: the record names a shard the index does not have.
         """
         n = self._n
+        i = operator.index(i)  # numpy integers too, as the C reader takes them
         if i < 0:
             i += n
         if not 0 <= i < n:
@@ -313,11 +316,39 @@ class TarDataset:
             sample[exts[spans[2 * nm + j]]] = buf[o:end]
         return sample
 
-    def __getitem__(self, i: int) -> Any:
+    if TYPE_CHECKING:
+
+        def __getitem__(self, i: int) -> Any:
+            """Sample ``i``, decoded and transformed when asked."""
+
+    else:
+        # ds[i] costs what ds.read(i) costs when nothing decodes or transforms: the type's __getitem__ is
+        # a C-level property that hands out this instance's item function (_choose_item), so no Python
+        # frame runs per sample on the raw path; with a decoder or a transform it is _decoded_item.
+        __getitem__ = property(operator.attrgetter("_item"), doc="ds[i]: sample i, decoded and transformed when asked.")
+
+    def _item(self, i: int) -> Any:
+        """``ds[i]`` before this process chose its item function (first use, after fork or a new decoder)."""
+        if self._gen != FORK[0]:
+            self._attach()
+        else:
+            self._choose_item()
+        item: Callable[[int], Any] = self.__dict__["_item"]
+        return item(i)
+
+    def _choose_item(self) -> None:
+        self._item = self.read if self.decoder is None and self.transform is None else self._decoded_item  # type: ignore[method-assign]
+
+    def _decoded_item(self, i: int) -> Any:
         sample = self.read(i)
         if self.decoder is not None:
             sample = self.decoder(sample)
         return self.transform(sample) if self.transform is not None else sample
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in ("decoder", "transform"):  # ds[i] chooses its item function again
+            self.__dict__.pop("_item", None)
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         """A batch of samples, read in index order (shard by shard, offset by offset) and returned in the order asked.
