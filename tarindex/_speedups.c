@@ -65,7 +65,7 @@ typedef struct {
 } Record;
 
 static PyObject *k_key, *k_url, *k_index, *k_read_at;
-static PyObject *IndexFormatError; /* tarindex.errors.IndexFormatError */
+static PyObject *IndexFormatError; /* tarindex.errors.IndexFormatError, handed in once by init() */
 
 static inline uint64_t ld64(const char *p) {
     uint64_t v;
@@ -157,6 +157,10 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     unsigned long long stride;
     if (self->exts) {
         PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
+        return -1;
+    }
+    if (!IndexFormatError) {
+        PyErr_SetString(PyExc_RuntimeError, "tarindex._speedups.init() was not called (tarindex._native calls it)");
         return -1;
     }
     if (!PyArg_ParseTuple(args, "OOKnO!O!OOOO!", &rec_at, &records, &stride, &n, &PyTuple_Type, &exts, &PyTuple_Type, &urls,
@@ -472,7 +476,24 @@ static PyTypeObject ReaderType = {
 };
 
 
+/* init(index_format_error): the error classes the extension raises, handed in once from Python (the
+ * extension imports no Python module of its own). */
+static PyObject *module_init(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *names[] = {"index_format_error", NULL};
+    PyObject *error;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "$O!", names, &PyType_Type, &error)) return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)error, (PyTypeObject *)PyExc_Exception)) {
+        PyErr_SetString(PyExc_TypeError, "index_format_error must be an exception class");
+        return NULL;
+    }
+    Py_INCREF(error);
+    Py_XSETREF(IndexFormatError, error);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"init", (PyCFunction)(void (*)(void))module_init, METH_VARARGS | METH_KEYWORDS,
+     "init(*, index_format_error) -> None: the error classes the extension raises (tarindex._native calls it once)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -490,10 +511,6 @@ static int module_exec(PyObject *m) {
     k_index = PyUnicode_InternFromString("__index__");
     k_read_at = PyUnicode_InternFromString("read_at");
     if (!k_key || !k_url || !k_index || !k_read_at) return -1;
-    PyObject *errors = PyImport_ImportModule("tarindex.errors");
-    IndexFormatError = errors ? PyObject_GetAttrString(errors, "IndexFormatError") : NULL;
-    Py_XDECREF(errors);
-    if (!IndexFormatError) return -1;
     Py_INCREF(&ReaderType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
         Py_DECREF(&ReaderType);
