@@ -356,14 +356,21 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         base, extra = divmod(self.epoch_size, slot.num_workers)
         return base + (slot.worker < extra)
 
-    def _passes(self, shards: list[int]) -> Iterator[Any]:
-        """Each shard once; with ``epoch_size``, again and again until the quota stops the caller."""
+    def _passes(self, shards: list[int], rng: random.Random | None) -> Iterator[Any]:
+        """Each shard once; with ``epoch_size``, again and again until the quota stops the caller.
+
+        The shuffle buffer (``rng`` given) is emptied at the end of each pass: a buffer filled across
+        a pass boundary would hand out samples of the next pass while samples of this one wait in it,
+        and the quota would then cut the epoch with some samples twice and others never.
+        """
         while True:
             got = False
-            for shard in shards:
-                for sample in self.shard_samples(shard):
-                    got = True
-                    yield sample
+            samples: Iterator[Any] = (s for shard in shards for s in self.shard_samples(shard))
+            if rng is not None:
+                samples = buffer_shuffle(samples, self.shuffle_size, rng)
+            for sample in samples:
+                got = True
+                yield sample
             if self.epoch_size is None:
                 return
             if not got:
@@ -385,10 +392,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         quota = self._quota(slot)
         if not shards or quota == 0:
             return
-        stream: Iterator[Any] = self._passes(shards)
-        if self.shuffle_size > 0:
-            rng = random.Random(f"tarindex-samples-{self.seed}-{epoch}-{slot.rank}-{slot.worker}")
-            stream = buffer_shuffle(stream, self.shuffle_size, rng)
+        rng = random.Random(f"tarindex-samples-{self.seed}-{epoch}-{slot.rank}-{slot.worker}") if self.shuffle_size else None
+        stream: Iterator[Any] = self._passes(shards, rng)
         if quota is not None:
             stream = itertools.islice(stream, quota)
         if self.batching is not None:
