@@ -5,6 +5,7 @@ Importing this package never imports torch.
 
 from __future__ import annotations
 
+from ._state import stream_states
 from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset
 from .errors import (
@@ -20,6 +21,7 @@ from .errors import (
     ShardNotFoundError,
     SourceError,
     StaleIndexError,
+    StateError,
     StreamWarning,
     TarIndexError,
 )
@@ -46,6 +48,7 @@ __all__ = [
     "ShardWriter",
     "SourceError",
     "StaleIndexError",
+    "StateError",
     "StreamWarning",
     "TarDataset",
     "TarIndexError",
@@ -54,6 +57,7 @@ __all__ = [
     "build_index",
     "compress_shard",
     "merge_indexes",
+    "stream_states",
 ]
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "ShardNotFoundError",
     "SourceError",
     "StaleIndexError",
+    "StateError",
     "StreamWarning",
     "TarIndexError",
     "TarIndexWarning",
@@ -126,5 +127,9 @@ class SampleNotFoundError(TarIndexError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class SamplerStateError(TarIndexError, ValueError):
+class StateError(TarIndexError, ValueError):
+    """A state dict (``load_state_dict``) is malformed or belongs to another dataset or configuration."""
+
+
+class SamplerStateError(StateError):
     """A sampler state dict is malformed or belongs to another dataset or configuration."""

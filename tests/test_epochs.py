@@ -42,3 +42,48 @@ def test_epoch_size_beyond_a_pass_finishes_the_pass_first(shards320: list[str]) 
     got = _keys(TarStream(shards320[:2], shuffle=1000, seed=2, epoch_size=130))  # 80 samples, then 50 of a second pass
     assert len(set(got[:80])) == 80  # the whole first pass comes out before any sample again
     assert len(set(got[80:])) == 50 and set(got[80:]) <= set(got[:80])
+
+
+def _orders(loader: torch.utils.data.DataLoader, epochs: int, set_epoch: object) -> list[list]:  # type: ignore[type-arg]
+    out = []
+    for epoch in range(epochs):
+        set_epoch(epoch)  # type: ignore[operator]
+        out.append([x for batch in loader for x in batch])
+    return out
+
+
+def test_set_epoch_reaches_persistent_workers(shards320: list[str]) -> None:
+    def loader(persistent: bool) -> tuple[torch.utils.data.DataLoader, TarStream]:  # type: ignore[type-arg]
+        stream = TarStream(shards320[:4], shuffle=20, seed=9).map(_key)
+        return torch.utils.data.DataLoader(stream, batch_size=8, num_workers=2, persistent_workers=persistent), stream
+
+    persistent, stream = loader(True)
+    got = _orders(persistent, 3, stream.set_epoch)
+    fresh, stream2 = loader(False)
+    assert got == _orders(fresh, 3, stream2.set_epoch)  # what new workers each epoch would yield
+    assert got[0] != got[1] != got[2] != got[0]
+    assert all(sorted(o) == sorted(got[0]) for o in got)
+
+
+def test_sampler_set_epoch_with_persistent_workers(tmp_path: Path, shards320: list[str]) -> None:
+    from tarindex import ShardSampler, TarDataset, build_index
+
+    ds = TarDataset(build_index(shards320[:3], index=tmp_path / "x.tarindex").path)
+
+    def loader(persistent: bool) -> tuple[torch.utils.data.DataLoader, ShardSampler]:  # type: ignore[type-arg]
+        sampler = ShardSampler(ds, num_replicas=1, rank=0, seed=4)
+        return torch.utils.data.DataLoader(ds, sampler=sampler, batch_size=8, num_workers=2, persistent_workers=persistent, collate_fn=_keys_of), sampler
+
+    persistent, sampler = loader(True)
+    got = _orders(persistent, 3, sampler.set_epoch)
+    fresh, sampler2 = loader(False)
+    assert got == _orders(fresh, 3, sampler2.set_epoch)
+    assert got[0] != got[1] != got[2] != got[0]
+
+
+def _key(sample: dict) -> str:
+    return str(sample["__key__"])
+
+
+def _keys_of(batch: list[dict]) -> list[str]:
+    return [s["__key__"] for s in batch]
