@@ -5,6 +5,8 @@ Importing this package never imports torch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._state import stream_states
 from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset
@@ -24,10 +26,15 @@ from .errors import (
     StateError,
     StreamWarning,
     TarIndexError,
+    TarIndexWarning,
 )
 from .index.reader import IndexReader
 from .sampler import ShardSampler
 from .shard_writer import ShardWriter, compress_shard
+from .verify import VerifyReport, verify_index
+
+if TYPE_CHECKING:  # type checkers and editors see the real class; at run time __getattr__ imports it on use
+    from .stream import TarStream
 
 __version__ = "0.1.0"
 
@@ -52,12 +59,15 @@ __all__ = [
     "StreamWarning",
     "TarDataset",
     "TarIndexError",
+    "TarIndexWarning",
     "TarStream",
+    "VerifyReport",
     "__version__",
     "build_index",
     "compress_shard",
     "merge_indexes",
     "stream_states",
+    "verify_index",
 ]
 
 

@@ -126,7 +126,7 @@ class TarDataset:
         path = self.urls[shard]
         info = self.index.shards[shard]
         if path.startswith(("http://", "https://")):  # an index built from URLs: Range requests
-            return open_url(path, info)
+            return open_url(path, info, self.index.frame_table(shard))
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:

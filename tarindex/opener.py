@@ -1,7 +1,7 @@
 """Opening indexed shards for random reads: the handle kinds and the checks made at open.
 
 A handle is an ``int`` descriptor (a plain local shard, or a decompressed copy of a zstd shard in
-an opt-in cache) or an object with ``read_at(offset, size)`` (:class:`tarindex.zstd.ZstdShardReader`
+an opt-in cache) or an object with ``read_at(offset, size)`` (:class:`tarindex.zstd_random.ZstdShardReader`
 or the C ``ZstdReader``; :class:`tarindex.sources.RangeReader` for URL shards).
 """
 
@@ -16,7 +16,8 @@ import numpy as np
 from .errors import CorruptFrameError, IndexFormatError, RandomAccessError, StaleIndexError
 from .index.format import ShardInfo
 from .sources import RangeReader
-from .zstd import MAP_SLICE, decompress_frames, zstd_reader
+from .zstd import MAP_SLICE, decompress_frames
+from .zstd_random import ReadAt, zstd_reader
 
 __all__ = ["close_handle", "fix_command", "open_url", "open_zstd_shard"]
 
@@ -26,11 +27,16 @@ def fix_command(path: str) -> str:
     return f"tarindex compress {path} {path}"
 
 
-def open_url(url: str, info: ShardInfo) -> RangeReader:
+def open_url(url: str, info: ShardInfo, frames: np.ndarray | None = None) -> Any:
     """A ranged reader for a URL shard, checked against its index entry (size; mtime when both know one).
+
+    A zstd shard (``info.compression``) is read through its frame table over the ranged reads
+    (:func:`open_zstd_shard`): the reader hands out decompressed tar bytes, never compressed ones.
 
     Raises:
         StaleIndexError: the server's size or Last-Modified differs from the index.
+        IndexFormatError: a zstd shard without a frame table in the index.
+        RandomAccessError: a zstd shard of large frames (no local cache of decompressed URL shards).
     """
     reader = RangeReader(url)
     if reader.size >= 0 and reader.size != info.size:
@@ -39,6 +45,8 @@ def open_url(url: str, info: ShardInfo) -> RangeReader:
     if reader.mtime_ns and info.mtime_ns and reader.mtime_ns != info.mtime_ns:
         reader.close()
         raise StaleIndexError(url, f"mtime {info.mtime_ns} -> {reader.mtime_ns}")
+    if info.compression == "zstd":
+        return open_zstd_shard(url, reader, info, frames)
     return reader
 
 
@@ -51,7 +59,7 @@ def close_handle(handle: Any) -> None:
 
 def open_zstd_shard(
     path: str,
-    fd: int,
+    fd: int | ReadAt,
     info: ShardInfo,
     frames: np.ndarray | None,
     *,
@@ -60,7 +68,8 @@ def open_zstd_shard(
 ) -> Any:
     """A handle for random reads of an indexed zstd shard: a :class:`ZstdShardReader`, or the
     ``int`` descriptor of a decompressed copy in ``cache_dir`` for a shard whose frames are too
-    large to decompress per sample. Takes ownership of ``fd``.
+    large to decompress per sample. Takes ownership of ``fd`` (a local descriptor, or any handle
+    with ``read_at``, such as a URL's :class:`RangeReader`; only a local shard has a cached copy).
 
     Raises:
         IndexFormatError: the index has no frame table for the shard.
@@ -68,13 +77,13 @@ def open_zstd_shard(
         CorruptArchiveError: the shard is corrupt or does not decompress to the indexed size.
     """
     if frames is None:
-        os.close(fd)
+        close_handle(fd)
         raise IndexFormatError(f"{path}: the index has no zstd frame table for this shard; rebuild the index")
     if info.random_access:
         return zstd_reader(path, fd, frames)
     largest = int(frames[:, 3].max())
-    if cache_dir is None:
-        os.close(fd)
+    if cache_dir is None or not isinstance(fd, int):
+        close_handle(fd)
         raise RandomAccessError(
             path,
             f"{len(frames)} zstd frame(s), the largest {largest} bytes uncompressed: random access would "
