@@ -11,6 +11,7 @@ from ._state import stream_states
 from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset
 from .errors import (
+    CommandNotAllowedError,
     CorruptArchiveError,
     CorruptFrameError,
     DecodeError,
@@ -27,6 +28,7 @@ from .errors import (
     StreamWarning,
     TarIndexError,
     TarIndexWarning,
+    WriteError,
 )
 from .index.reader import IndexReader
 from .sampler import ShardSampler
@@ -40,6 +42,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BuildReport",
+    "CommandNotAllowedError",
     "CorruptArchiveError",
     "CorruptFrameError",
     "DecodeError",
@@ -62,6 +65,7 @@ __all__ = [
     "TarIndexWarning",
     "TarStream",
     "VerifyReport",
+    "WriteError",
     "__version__",
     "build_index",
     "compress_shard",

@@ -6,6 +6,7 @@ import os
 from typing import Any, ClassVar, overload
 
 __all__ = [
+    "CommandNotAllowedError",
     "CorruptArchiveError",
     "CorruptFrameError",
     "DecodeError",
@@ -22,6 +23,7 @@ __all__ = [
     "StreamWarning",
     "TarIndexError",
     "TarIndexWarning",
+    "WriteError",
 ]
 
 
@@ -152,6 +154,10 @@ class StaleIndexError(_OfShard):
         return self.what
 
 
+class CommandNotAllowedError(TarIndexError, PermissionError):
+    """An index names a shard that is a command (``pipe:CMD``) and the caller did not allow commands."""
+
+
 class SampleNotFoundError(TarIndexError, KeyError):
     """A key or sample number is not in the index."""
 
@@ -165,3 +171,10 @@ class StateError(TarIndexError, ValueError):
 
 class SamplerStateError(StateError):
     """A sampler state dict is malformed or belongs to another dataset or configuration."""
+
+
+class WriteError(_OfShard, OSError):
+    """A file (index, shard, cache entry) could not be written: full disk, read-only directory, I/O error.
+    ``.path`` is the file, ``.what`` the cause."""
+
+    _template = "{path}: cannot write ({what})"
