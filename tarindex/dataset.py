@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from ._native import SPEEDUPS
 from ._process import FORK
 from .decode import DecodeMode, Decoder
-from .errors import CorruptArchiveError, IndexFormatError, RandomAccessError, ShardNotFoundError
+from .errors import CorruptArchiveError, DecodeError, IndexFormatError, RandomAccessError, ShardNotFoundError
 from .identity import Check, check_shard
 from .index.reader import IndexReader
 from .index.records import unpack as unpack_record
@@ -20,7 +21,11 @@ from .shards import resolve_index
 
 _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
 
-__all__ = ["TarDataset"]
+__all__ = ["OnError", "TarDataset"]
+
+log = logging.getLogger("tarindex")
+
+OnError = Literal["raise", "skip"]
 
 _pread = os.pread
 
@@ -54,6 +59,16 @@ class TarDataset:
             See docs/zstd.md.
         zstd_cache_bytes: size bound of ``zstd_cache_dir`` (least recently
             used shards are deleted).
+        on_error: what a sample that cannot be read or decoded does: ``"raise"``
+            (default) raises it (a decoding failure as
+            :class:`~tarindex.errors.DecodeError` naming the shard and offset);
+            ``"skip"`` logs it (logger ``tarindex``, with the shard and offset)
+            and returns the next readable sample (``i + 1``, ``i + 2``, ...,
+            wrapping around): damaged members (``CorruptArchiveError``, a zstd
+            frame that does not decompress) and decoding or ``transform``
+            failures alike. Missing or changed shards always raise.
+        max_errors: with ``on_error="skip"``, this many failures in a row (in this
+            process, across calls) raise the last one.
         verify: how a shard is checked when a process first opens it
             (:mod:`tarindex.identity`): ``"stat"`` compares size and mtime, and
             the fingerprint (first and last 64 KiB) only when the mtime
@@ -78,7 +93,16 @@ class TarDataset:
         zstd_cache_dir: str | os.PathLike[str] | None = None,
         zstd_cache_bytes: int = 16 << 30,
         verify: Check = "stat",
+        on_error: OnError = "raise",
+        max_errors: int = 10,
     ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        if max_errors < 1:
+            raise ValueError(f"max_errors must be >= 1, not {max_errors}")
+        self.on_error: OnError = on_error
+        self.max_errors = max_errors
+        self._failures = 0  # failures in a row, in this process
         self.index_path = resolve_index(source)
         self.index = IndexReader(self.index_path)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
@@ -213,6 +237,7 @@ class TarDataset:
             k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame")
         }
         state["_gen"] = -1
+        state["_failures"] = 0
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -279,10 +304,47 @@ class TarDataset:
         return sample
 
     def __getitem__(self, i: int) -> Any:
+        if self.on_error == "raise":
+            return self._load(i)
+        n = self._n
+        j = i
+        while True:
+            try:
+                sample = self._load(j)
+            except (CorruptArchiveError, DecodeError) as exc:
+                self._failures += 1
+                log.warning("skipping sample %d (%d in a row, max_errors=%d): %s", j % n if n else j, self._failures, self.max_errors, exc)
+                if self._failures >= self.max_errors:
+                    raise
+                j = (j + 1) % n if j >= 0 else j + 1
+                continue
+            self._failures = 0
+            return sample
+
+    def _load(self, i: int) -> Any:
+        """Sample ``i`` read, decoded and transformed; a decoding or transform failure as ``DecodeError``.
+
+        Raises:
+            DecodeError: the decoder or ``transform`` failed (names the shard and the sample's offset).
+            CorruptArchiveError: the sample's bytes cannot be read (see :meth:`read`).
+        """
         sample = self.read(i)
-        if self.decoder is not None:
-            sample = self.decoder(sample)
-        return self.transform(sample) if self.transform is not None else sample
+        if self.decoder is None and self.transform is None:
+            return sample
+        try:
+            if self.decoder is not None:
+                sample = self.decoder(sample)
+            return self.transform(sample) if self.transform is not None else sample
+        except Exception as exc:
+            url, offset = self._where(i)
+            raise DecodeError(url, offset, f"sample {i} {self.index.key(i % self._n)!r}: {type(exc).__name__}: {exc}") from exc
+
+    def _where(self, i: int) -> tuple[str, int]:
+        """Sample ``i``'s shard name and byte offset (from its index record)."""
+        i %= self._n
+        at = i * self._stride if self._stride else self._rec_at[i]
+        offset, _, shard, _, _ = unpack_record(self._records, at, i)
+        return self.urls[shard], int(offset)
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         """A batch of samples, read in index order (shard by shard, offset by offset) and returned in the order asked.

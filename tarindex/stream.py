@@ -182,6 +182,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             next shard (unreadable or corrupt shard); ``"skip_shard"``: warn and
             skip the rest of the shard; or a function of the exception that
             returns ``True`` to go on as ``"warn"`` does (webdataset's handlers).
+        max_errors: with a handler that goes on, this many errors in a row (no
+            good sample between them, in one worker) raise the last one; ``None``: no limit.
         rank, world_size: override ``torch.distributed`` / ``RANK`` / ``WORLD_SIZE``.
         block_size: bytes per read.
         retries, backoff, timeout: network retries without progress, first
@@ -225,6 +227,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         storage_options: Mapping[str, Any] | None = None,
         read_ahead: int | None = None,
         allow_commands: bool = False,
+        max_errors: int | None = None,
     ) -> None:
         super().__init__()
         if not callable(handler) and handler not in _HANDLERS:
@@ -242,6 +245,10 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self._epoch = SharedEpoch(0)
         self.epoch_size = epoch_size
         self.handler = handler
+        if max_errors is not None and max_errors < 1:
+            raise ValueError(f"max_errors must be >= 1, not {max_errors}")
+        self.max_errors = max_errors
+        self._errors = 0  # errors handled in a row, in this process
         self.rank = rank
         self.world_size = world_size
         self._source_options: dict[str, Any] = {
@@ -343,15 +350,21 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             source.close()
 
     def _handle(self, exc: Exception) -> bool:
-        """Apply the handler: ``False`` to raise, ``True`` to go on (a warning was issued)."""
+        """Apply the handler: ``False`` to raise, ``True`` to go on (a warning was issued).
+
+        ``max_errors`` errors in a row (no good sample between them) raise the last one.
+        """
         handler = self.handler
         if handler == "raise":
+            return False
+        self._errors += 1
+        if self.max_errors is not None and self._errors >= self.max_errors:
             return False
         if callable(handler):
             return bool(handler(exc))
         sample_only = handler == "warn" and isinstance(exc, DecodeError)
         skipped = "skipping the sample" if sample_only else "skipping the rest of the shard"
-        warnings.warn(f"{exc}; {skipped}", StreamWarning, stacklevel=3)
+        warnings.warn(f"{exc}; {skipped} ({self._errors} in a row)", StreamWarning, stacklevel=3)
         return True
 
     def shard_samples(self, shard: int) -> Iterator[Any]:
@@ -387,6 +400,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                         if self.handler == "skip_shard":
                             return
                         continue
+                self._errors = 0
                 yield offset, ordinal, sample
         except StateError:
             raise

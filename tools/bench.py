@@ -1,6 +1,6 @@
 """Benchmarks, side by side with the peers and the physical limit, as ratios in one run.
 
-Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,zstd,sampler,sampler_zstd,scale]
+Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,resume,zstd,sampler,sampler_zstd,scale]
 Every part runs by default; ``--only`` picks some. ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set.
@@ -377,6 +377,54 @@ def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None
     return rows
 
 
+# -- resume ------------------------------------------------------------------------------------
+
+
+def bench_resume(paths: list[str], name: str, work: Path) -> list[Row]:
+    """TarStream resumed at 10/50/90% of an epoch (shuffle=1000): time to the first resumed sample, state size."""
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _servers import start_nginx, stop  # the test suite's nginx launcher
+
+    n = _stream_pass(paths)
+    kw = {"shuffle": 1000, "seed": 0}
+    rows: list[Row] = []
+
+    def first_sample(stream: tarindex.TarStream) -> float:
+        t0 = time.perf_counter()
+        next(iter(stream))
+        return time.perf_counter() - t0
+
+    started = start_nginx(Path(paths[0]).parent.resolve(), Path(tempfile.mkdtemp(dir=work)))
+    sources = {"local": paths}
+    if started is not None:
+        sources["HTTP, loopback nginx"] = [f"http://127.0.0.1:{started[1]}/{Path(p).name}" for p in paths]
+    try:
+        for where, urls in sources.items():
+            rows.append((f"{name}: TarStream(shuffle=1000) {where}, epoch start: first sample (s)",
+                         min(first_sample(tarindex.TarStream(urls, **kw)) for _ in range(3)), "fills the buffer: 1,000 samples"))
+            for frac in (0.1, 0.5, 0.9):
+                stream = tarindex.TarStream(urls, **kw)
+                it = iter(stream)
+                for _ in range(int(n * frac)):
+                    next(it)
+                state = json.dumps(stream.state_dict())
+                del it
+                best = float("inf")
+                for _ in range(3):
+                    resumed = tarindex.TarStream(urls, **kw)
+                    resumed.load_state_dict(json.loads(state))
+                    best = min(best, first_sample(resumed))
+                rows.append((f"{name}: {where}, resumed at {frac:.0%}: first sample (s)", best,
+                             f"state {len(state):,} bytes (JSON), target <= 0.2 s, independent of the position"))
+    finally:
+        if started is not None:
+            stop(started[0])
+    return rows
+
+
 # -- zstd shards ------------------------------------------------------------------------------
 
 
@@ -505,6 +553,8 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_sampler_zstd(paths[: ZSTD_SHARDS[0]], name, work)
     if "stream" in only:
         yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
+    if "resume" in only and name == "jpeg":
+        yield from bench_resume(paths, name, work)
     if "zstd" in only:
         yield from bench_zstd(paths[: ZSTD_SHARDS[0]], name, work, frame_table=name == "small")
 
@@ -666,7 +716,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default="bench-data", type=Path)
     ap.add_argument("--sets", default="jpeg,small")
-    ap.add_argument("--only", default="build,access,loader,open,stream,zstd,sampler,sampler_zstd,scale")
+    ap.add_argument("--only", default="build,access,loader,open,stream,resume,zstd,sampler,sampler_zstd,scale")
     ap.add_argument("--zstd-shards", type=int, default=None, help="zstd benchmark on the first N shards (quick check)")
     args = ap.parse_args()
     ZSTD_SHARDS[0] = args.zstd_shards
