@@ -36,6 +36,7 @@ from .shard_writer import ShardWriter, compress_shard
 from .verify import VerifyReport, verify_index
 
 if TYPE_CHECKING:  # type checkers and editors see the real class; at run time __getattr__ imports it on use
+    from .mixing import Mix, mix
     from .stream import TarStream
 
 __version__ = "0.1.0"
@@ -50,6 +51,7 @@ __all__ = [
     "IndexFormatError",
     "IndexNotFoundError",
     "IndexReader",
+    "Mix",
     "RandomAccessError",
     "SampleNotFoundError",
     "SamplerStateError",
@@ -70,6 +72,7 @@ __all__ = [
     "build_index",
     "compress_shard",
     "merge_indexes",
+    "mix",
     "stream_states",
     "verify_index",
 ]
@@ -80,4 +83,8 @@ def __getattr__(name: str) -> object:
         from .stream import TarStream
 
         return TarStream
+    if name in ("mix", "Mix"):  # imports torch too (the module is `mixing`: `tarindex.mix` stays the function)
+        from . import mixing
+
+        return getattr(mixing, name)
     raise AttributeError(f"module 'tarindex' has no attribute {name!r}")

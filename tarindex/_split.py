@@ -7,6 +7,7 @@ is already loaded (a DataLoader worker, a process with ``torch.distributed``).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 import random
@@ -27,6 +28,7 @@ __all__ = [
     "Item",
     "Slot",
     "deal_rest",
+    "pick",
     "shard_order",
     "shards_for_slot",
     "stream_key",
@@ -129,15 +131,27 @@ def stream_key(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little")
 
 
-def _draw(key: int, step: int, n: int) -> int:
-    """The ``step``-th draw of stream ``key`` in ``[0, n)``: splitmix64 at ``key + step * gamma``.
+def _bits(key: int, step: int) -> int:
+    """The ``step``-th 64-bit output of random stream ``key``: splitmix64 at ``key + step * gamma``.
 
     Counter-based: a resumed run continues at its step without replaying the draws before it.
     """
     z = (key + (step + 1) * _GAMMA) & _MASK
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return (z ^ (z >> 31)) % n
+    return z ^ (z >> 31)
+
+
+def _draw(key: int, step: int, n: int) -> int:
+    """The ``step``-th draw of stream ``key`` in ``[0, n)``."""
+    return _bits(key, step) % n
+
+
+def pick(key: int, step: int, cumulative: list[float]) -> int:
+    """The ``step``-th weighted choice of stream ``key``: the index ``k`` with
+    ``cumulative[k-1] <= u * cumulative[-1] < cumulative[k]`` for a uniform ``u`` in ``[0, 1)``."""
+    u = (_bits(key, step) >> 11) * (1.0 / (1 << 53)) * cumulative[-1]
+    return min(bisect.bisect_right(cumulative, u), len(cumulative) - 1)
 
 
 Read = Callable[[int, int, int, int], Iterator[tuple[int, int, Any]]]
