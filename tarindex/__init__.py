@@ -31,7 +31,7 @@ from .errors import (
     WriteError,
 )
 from .index.reader import IndexReader
-from .sampler import ShardSampler
+from .sampler import MixSampler, ShardSampler
 from .shard_writer import ShardWriter, compress_shard
 from .verify import VerifyReport, verify_index
 
@@ -52,6 +52,7 @@ __all__ = [
     "IndexNotFoundError",
     "IndexReader",
     "Mix",
+    "MixSampler",
     "RandomAccessError",
     "SampleNotFoundError",
     "SamplerStateError",

@@ -117,3 +117,63 @@ def test_bad_arguments_and_states(sets: list[list[str]]) -> None:
 
 def _batch(batch: list[dict]) -> list[str]:
     return [_source(s) for s in batch]
+
+
+# -- the map-style counterpart: MixSampler over a ConcatDataset ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def datasets(sets: list[list[str]], tmp_path_factory: pytest.TempPathFactory) -> list[tarindex.TarDataset]:
+    root = tmp_path_factory.mktemp("mix-ds")
+    return [tarindex.TarDataset(tarindex.build_index(urls, index=root / f"{k}.tarindex").path) for k, urls in enumerate(sets)]
+
+
+def test_mix_sampler_proportions_and_stop_rules(datasets: list[tarindex.TarDataset]) -> None:
+    n, weights = 100_000, (0.5, 0.3, 0.2)
+    sampler = tarindex.MixSampler(datasets, weights, num_samples=n, stop="never", num_replicas=1, rank=0, seed=3)
+    got = Counter(0 if i < 120 else 1 if i < 160 else 2 for i in sampler)
+    for k, p in enumerate(weights):
+        assert abs(got[k] - n * p) <= 5 * math.sqrt(n * p * (1 - p)), got
+    every = list(tarindex.MixSampler(datasets, weights, num_replicas=1, rank=0, seed=3))
+    assert sorted(every) == list(range(170))  # stop="all": each index once
+    assert every != sorted(every)
+    ranks = [list(tarindex.MixSampler(datasets[:2], (1, 1), num_replicas=2, rank=r, seed=1)) for r in range(2)]
+    assert sorted(ranks[0] + ranks[1]) == list(range(160)) and len(ranks[0]) == len(ranks[1]) == 80
+    first = list(tarindex.MixSampler(datasets, weights, stop="first", num_replicas=1, rank=0, seed=3))
+    assert len(first) < 170 and len(set(first)) == len(first)
+
+
+def test_mix_sampler_resumes(datasets: list[tarindex.TarDataset]) -> None:
+    def make() -> tarindex.MixSampler:
+        return tarindex.MixSampler(datasets, (3, 2, 1), num_samples=300, stop="never", num_replicas=1, rank=0, seed=8)
+
+    full = list(make())
+    for k in (0, 50, 299):
+        s = make()
+        it = iter(s)
+        head = [next(it) for _ in range(k)]
+        again = make()
+        again.load_state_dict(json.loads(json.dumps(s.state_dict())))
+        assert head + list(again) == full, k
+
+
+def test_mix_sampler_with_stateful_dataloader_and_prefetch(datasets: list[tarindex.TarDataset]) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    concat = torch.utils.data.ConcatDataset(datasets)
+
+    def loader() -> StatefulDataLoader:
+        sampler = tarindex.MixSampler(datasets, (1, 1, 1), num_replicas=1, rank=0, seed=2)
+        return StatefulDataLoader(concat, sampler=sampler, batch_size=4, num_workers=2, prefetch_factor=4, collate_fn=_batch)
+
+    full = list(loader())
+    first = loader()
+    got = []
+    for batch in first:
+        got.append(batch)
+        if len(got) == 5:
+            state = first.state_dict()
+            break
+    again = loader()
+    again.load_state_dict(state)
+    assert got + list(again) == full
