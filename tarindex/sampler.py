@@ -250,6 +250,14 @@ class ShardSampler:
             the frame cache holds. Default (``None``): the dataset's
             ``samples_per_frame`` when it has one (``TarDataset``: 1 for plain
             tar, the mean samples per frame of its zstd shards), else 1.
+        elastic: deal the stream by position instead of in blocks: rank ``r``
+            takes stream positions ``r, r + world, r + 2 * world, ...``, so step
+            ``j`` of a job (``world`` ranks x ``B`` samples) covers stream
+            positions ``[j * world * B, (j + 1) * world * B)`` whatever the world
+            size: the same global sequence on any number of ranks and workers
+            (keep ``world * B`` constant), and a state resumes on another world
+            size at the same global position. The cost: every rank reads from
+            every shard of the current window (see ``docs/sampling.md``).
 
     Raises:
         ValueError: bad rank, world size, chunk or block size, or a negative
@@ -269,6 +277,7 @@ class ShardSampler:
         *,
         chunk_shards: int = 4,
         block_samples: int | None = None,
+        elastic: bool = False,
     ) -> None:
         if block_samples is None:
             block_samples = max(1, int(getattr(dataset, "samples_per_frame", 1)))
@@ -297,6 +306,7 @@ class ShardSampler:
         self.drop_last = drop_last
         self.chunk_shards = chunk_shards
         self.block_samples = block_samples
+        self.elastic = elastic
         self.epoch = 0
         self._plan: Plan = ((0, self.total_samples),) if self.total_samples else ()
         self._offset = 0  # samples of this rank's block consumed before this pass
@@ -318,6 +328,8 @@ class ShardSampler:
         return self._block_len(self._plan_total, self.num_replicas, self.drop_last)
 
     def __len__(self) -> int:
+        if self.elastic:  # from the global position reached, an equal share per rank
+            return self._block_len(max(0, self.total_samples - self._offset), self.num_replicas, self.drop_last)
         return self.num_samples - self._offset
 
     def set_epoch(self, epoch: int) -> None:
@@ -361,11 +373,27 @@ class ShardSampler:
     def __iter__(self) -> Iterator[int]:
         order = self._epoch_order()
         length = self.num_samples
-        start = self.rank * length
         self._yielded = 0
+        if self.elastic:
+            yield from self._elastic(order)
+            return
+        start = self.rank * length
         for a, b in self._stream_ranges(start + self._offset, start + length):
             for chunk in order.samples(a, b):
                 for i in chunk.tolist():
+                    self._yielded += 1
+                    yield i
+
+    def _elastic(self, order: _EpochOrder) -> Iterator[int]:
+        """Stream positions ``offset + rank + k * world`` for ``k < len(self)`` (past the end: padding, as
+        in block dealing), ``offset`` being the global position the pass starts at."""
+        world, start = self.num_replicas, self._offset
+        pos = start
+        for a, b in self._stream_ranges(start, start + len(self) * world):
+            for chunk in order.samples(a, b):
+                mine = chunk[(self.rank - (pos - start)) % world :: world]
+                pos += len(chunk)
+                for i in mine.tolist():
                     self._yielded += 1
                     yield i
 
@@ -380,6 +408,7 @@ class ShardSampler:
             "drop_last": self.drop_last,
             "total_samples": self.total_samples,
             "num_shards": len(self.sizes),
+            "elastic": self.elastic,
         }
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
@@ -397,6 +426,8 @@ class ShardSampler:
         done = self._yielded if consumed is None else consumed
         if not 0 <= done <= len(self):
             raise ValueError(f"consumed must be in [0, {len(self)}], got {done}")
+        if self.elastic:  # ranks in lockstep: every position below this one was handed out to some rank
+            done *= self.num_replicas
         return {
             "format": _STATE_FORMAT,
             "epoch": self.epoch,
@@ -427,18 +458,21 @@ class ShardSampler:
             consumed = state["consumed"]
             counts = [int(c) for c in consumed] if isinstance(consumed, (list, tuple)) else [int(consumed)] * old_world
             mine = self._config()
-            ours = {k: state[k] for k in mine}
+            ours = {k: state.get(k, False) if k == "elastic" else state[k] for k in mine}  # no "elastic": an older state
         except (KeyError, TypeError, ValueError) as exc:
             raise SamplerStateError(f"not a ShardSampler state: {exc!r}") from exc
         if fmt != _STATE_FORMAT:
             raise SamplerStateError(f"ShardSampler state format {fmt} is not supported (expected {_STATE_FORMAT})")
         for k, v in mine.items():
-            if k == "drop_last" and old_world != self.num_replicas:
+            if k == "drop_last" and (old_world != self.num_replicas or self.elastic):
                 continue  # the new dealing may choose its own
             if ours[k] != v:
                 raise SamplerStateError(f"ShardSampler state is for {k}={ours[k]!r}, this sampler has {k}={v!r}")
         if old_world < 1 or len(counts) != old_world:
             raise SamplerStateError(f"ShardSampler state: {len(counts)} consumed counts for {old_world} replicas")
+        if self.elastic:  # one global position, whatever the world sizes
+            self.epoch, self._yielded, self._offset = epoch, 0, min(counts)
+            return
         if any(not 0 <= a < b <= self.total_samples for a, b in plan):
             raise SamplerStateError(f"ShardSampler state: plan {plan} outside [0, {self.total_samples}]")
         total = sum(b - a for a, b in plan)
