@@ -16,7 +16,9 @@ from .errors import CorruptArchiveError, DecodeError, IndexFormatError, RandomAc
 from .identity import Check, check_shard
 from .index.reader import IndexReader
 from .index.records import unpack as unpack_record
+from .objstore import is_remote_reader, read_many
 from .opener import close_handle, open_url, open_zstd_shard, shard_name
+from .options import SourceOptions
 from .shards import resolve_index
 
 _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
@@ -75,6 +77,13 @@ class TarDataset:
             differs, so an identical copy is accepted; ``"fingerprint"``
             compares the fingerprint always (catches a rewrite that kept size
             and mtime, within 64 KiB of either end).
+        options: how URL shards (``http(s)://``, ``s3://``, ``gs://``, ``az://``,
+            fsspec) are read: retries, timeout, requests in flight per batch,
+            coalescing gap (:class:`~tarindex.options.SourceOptions`; docs/remote.md).
+        storage_options: object-store or fsspec client options (endpoint,
+            credentials); overrides ``options.storage_options``. Never stored in the index.
+        headers: extra HTTP(S) request headers (e.g. ``Authorization``);
+            overrides ``options.headers``.
 
     Raises:
         IndexNotFoundError: no index at ``source`` or beside the shards.
@@ -93,6 +102,9 @@ class TarDataset:
         zstd_cache_dir: str | os.PathLike[str] | None = None,
         zstd_cache_bytes: int = 16 << 30,
         verify: Check = "stat",
+        options: SourceOptions | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
         on_error: OnError = "raise",
         max_errors: int = 10,
     ) -> None:
@@ -117,6 +129,11 @@ class TarDataset:
         self._n = self.index.n_samples
         self._samples_per_frame: int | None = None
         self.urls = [shard_name(self.index.path, info) for info in self.index.shards]
+        self.options = (options or SourceOptions()).with_(
+            storage_options=dict(storage_options) if storage_options is not None else None,
+            headers=dict(headers) if headers is not None else None,
+        )
+        self._remote = any(info.kind == "url" for info in self.index.shards)  # batches of URL shards: concurrent requests
 
     # -- per-process state ----------------------------------------------------
     def _attach(self) -> None:
@@ -163,8 +180,8 @@ class TarDataset:
             raise RandomAccessError(
                 path, "a command's output cannot be read at random; stream the index with TarStream(..., allow_commands=True)"
             )
-        if info.kind == "url" and path.startswith(("http://", "https://")):  # an index built from URLs: Range requests
-            return open_url(path, info, self.index.frame_table(shard))
+        if info.kind == "url":  # an index built from URLs: ranged requests (tarindex.objstore)
+            return open_url(path, info, self.index.frame_table(shard), self.options)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:
@@ -234,7 +251,7 @@ class TarDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = {
-            k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame")
+            k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame", "_remote")
         }
         state["_gen"] = -1
         state["_failures"] = 0
@@ -264,16 +281,7 @@ class TarDataset:
         if self._gen != FORK[0]:  # inherited through fork: attach anew in this process
             self._attach()
             return self.read(i)
-        n = self._n
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"sample {i} out of range for {n} samples")
-        records, stride = self._records, self._stride
-        at = i * stride if stride else self._rec_at[i]
-        offset, size, shard, spans, key = unpack_record(records, at, i)
-        if shard >= len(self.urls):
-            raise IndexFormatError(f"the index record of sample {i} is damaged; rebuild the index")
+        i, offset, size, shard, spans, key = self._locate(i)
         inflight = self._inflight
         with self._lock:  # the handle, and the count that keeps another thread from closing it under us
             handle = self._fds.get(shard)
@@ -292,6 +300,33 @@ class TarDataset:
                     inflight[shard] -= 1
         else:
             buf = handle.read_at(offset, size)
+        return self._sample(i, buf, offset, size, shard, spans, key)
+
+    def _locate(self, i: int) -> tuple[int, int, int, int, Any, str]:
+        """Sample ``i``'s record: ``(i, offset, size, shard, member spans, key)``, ``i`` made non-negative.
+
+        Raises:
+            IndexError: ``i`` is out of range.
+            IndexFormatError: the record names a shard the index does not have.
+        """
+        n = self._n
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} out of range for {n} samples")
+        records, stride = self._records, self._stride
+        at = i * stride if stride else self._rec_at[i]
+        offset, size, shard, spans, key = unpack_record(records, at, i)
+        if shard >= len(self.urls):
+            raise IndexFormatError(f"the index record of sample {i} is damaged; rebuild the index")
+        return i, offset, size, shard, spans, key
+
+    def _sample(self, i: int, buf: Any, offset: int, size: int, shard: int, spans: Any, key: str) -> Sample:
+        """The sample dict of sample ``i`` from the bytes of its whole range.
+
+        Raises:
+            CorruptArchiveError: ``buf`` is short, or a member lies outside the sample's range.
+        """
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
         sample: Sample = {"__key__": key, "__url__": self.urls[shard], "__index__": i}
@@ -352,10 +387,36 @@ class TarDataset:
         ``DataLoader`` calls this for batched sampling; reading in file order keeps
         reads local (page cache, zstd frames) whatever order the sampler chose.
         """
+        if self._remote:
+            return self._getitems_remote(indices)
         out: list[Any] = [None] * len(indices)
         for k in sorted(range(len(indices)), key=indices.__getitem__):
             out[k] = self[indices[k]]
         return out
+
+    def _getitems_remote(self, indices: list[int]) -> list[Any]:
+        """A batch over URL shards: every range requested at once (``options.max_in_flight`` in
+        flight, neighbours within ``options.coalesce_gap`` in one request), samples in the order asked."""
+        if self._gen != FORK[0]:
+            self._attach()
+        located = [self._locate(i) for i in indices]
+        handles = {shard: self._fds.get(shard) or self._open_shard(shard) for shard in {loc[3] for loc in located}}
+        remote = [k for k, loc in enumerate(located) if is_remote_reader(handles[loc[3]])]
+        out: list[Any] = [None] * len(indices)
+        if remote:
+            got = read_many([(handles[located[k][3]], located[k][1], located[k][2]) for k in remote], self.options)
+            for k, buf in zip(remote, got):
+                out[k] = self._finish(self._sample(located[k][0], buf, *located[k][1:]))
+        for k in range(len(indices)):
+            if out[k] is None:
+                out[k] = self[indices[k]]
+        return out
+
+    def _finish(self, sample: Sample) -> Any:
+        """Decoding and transform, as ``ds[i]`` applies them."""
+        if self.decoder is not None:
+            sample = self.decoder(sample)
+        return self.transform(sample) if self.transform is not None else sample
 
     def get(self, key: str) -> Any:
         """The sample with ``key`` (the first one, if several share it).

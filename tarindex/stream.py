@@ -39,6 +39,7 @@ from .errors import CorruptArchiveError, DecodeError, StateError, StreamWarning,
 from .grouping import fused, iter_samples
 from .index.reader import IndexReader
 from .opener import check_commands, shard_name
+from .options import SourceOptions
 from .scan import archive
 from .shards import INDEX_SUFFIX, expand_shards
 from .sources import DEFAULT_BLOCK_SIZE, FileSource, RangeReader, is_url, open_source
@@ -421,10 +422,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         reader: Any = None
         try:
             if is_url(url) and url.split("://", 1)[0].lower() in ("http", "https"):
-                reader = RangeReader(
-                    url, retries=self._source_options["retries"], backoff=self._source_options["backoff"],
-                    timeout=self._source_options["timeout"],
-                )
+                opts = self._source_options
+                reader = RangeReader(url, SourceOptions(retries=opts["retries"], backoff=opts["backoff"], timeout=opts["timeout"]))
             elif not is_url(url) and url != "-" and not url.startswith("pipe:") and os.path.isfile(url):
                 reader = _FileReader(url)
             if reader is not None and (reader.size < 0 or is_zstd(reader.read_at(0, 4))):
