@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch.utils.data
 
-from ._split import Slot, pick, stream_key
+from ._split import Draws, Slot, pick, stream_key
 from ._state import SharedEpoch, check_header, header, stream_states
 from .errors import StateError, TarIndexError
 from .stream import TarStream
@@ -230,9 +230,10 @@ class _MixRun:
 
     def iterate(self, sources: list[TarStream], weights: list[float], stop: StopRule) -> Iterator[Any]:
         iterators: list[Iterator[Any] | None] = [None] * len(sources)
+        draws = Draws(self.key)
         cumulative = list(itertools.accumulate(w if a else 0.0 for w, a in zip(weights, self.active)))
         while not self.done and cumulative[-1] > 0 and (self.quota is None or self.yielded < self.quota):
-            k = pick(self.key, self.step, cumulative)
+            k = pick(draws, self.step, cumulative)
             self.step += 1
             it = iterators[k]
             if it is None:

@@ -38,7 +38,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ._split import pick, stream_key
+from ._split import Draws, pick, stream_key
 from ._state import check_header, header
 from .errors import SamplerStateError, StateError
 
@@ -584,11 +584,11 @@ class MixSampler:
             for s in self.samplers:
                 s.rewind()
         self._resume = False
-        key = stream_key("tarindex-mix-sampler", self.seed, self.epoch, self.rank)
+        draws = Draws(stream_key("tarindex-mix-sampler", self.seed, self.epoch, self.rank))
         iterators: list[Iterator[int] | None] = [None] * len(self.samplers)
         cumulative = list(itertools.accumulate(w if a else 0.0 for w, a in zip(self.weights, self.active)))
         while not self.done and cumulative[-1] > 0 and (self.num_samples is None or self.yielded < self.num_samples):
-            k = pick(key, self.step, cumulative)
+            k = pick(draws, self.step, cumulative)
             self.step += 1
             it = iterators[k]
             if it is None:

@@ -376,17 +376,18 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 ``SourceError``, ``ShardNotFoundError`` or ``DecodeError``, each
                 naming the shard and the byte offset.
         """
-        for _, _, sample in self._samples(shard, self._raw_at(shard, 0, 0, WHOLE)):
+        for _, _, sample in self._samples(shard, enumerate(self._raw(shard))):
             if sample is not SKIP:
                 yield sample
 
-    def _samples(self, shard: int, raw: Iterator[tuple[int, int, Sample]]) -> Iterator[tuple[int, int, Any]]:
-        """``(offset, ordinal, sample)`` for raw samples of ``shard``: decoded and transformed, with
-        the handler applied (a skipped sample comes as ``SKIP``, so that positions still advance)."""
+    def _samples(self, shard: int, numbered: Iterator[tuple[int, tuple[int, Sample]]]) -> Iterator[tuple[int, int, Any]]:
+        """``(offset, ordinal, sample)`` for raw ``(ordinal, (offset, sample))`` of ``shard`` (what
+        ``enumerate`` makes of :meth:`_raw`): decoded and transformed, with the handler applied (a
+        skipped sample comes as ``SKIP``, so that positions still advance)."""
         decoder, transform = self.decoder, self.transform
         url = self.urls[shard]
         try:
-            for offset, ordinal, sample in raw:
+            for ordinal, (offset, sample) in numbered:
                 if decoder is not None or transform is not None:
                     try:
                         if decoder is not None:
@@ -401,7 +402,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                         if self.handler == "skip_shard":
                             return
                         continue
-                self._errors = 0
+                if self._errors:
+                    self._errors = 0
                 yield offset, ordinal, sample
         except StateError:
             raise
@@ -447,30 +449,27 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 if reader is not None:
                     reader.close()
 
-    def _raw_at(self, shard: int, offset: int, ordinal: int, mode: int) -> Iterator[tuple[int, int, Sample]]:
-        """``(offset, ordinal, raw sample)`` of a ``WHOLE`` shard, or from the sample at ``offset``
-        (its ``ordinal``-th) on: read with ``read_at`` from there when the shard allows it, else
-        from the start, skipping. ``AFTER`` leaves that first sample out, ``ONE`` yields it only.
+    def _raw_at(self, shard: int, offset: int, ordinal: int, mode: int) -> Iterator[tuple[int, Sample]]:
+        """Raw ``(offset, sample)`` pairs from the sample at ``offset`` (the shard's ``ordinal``-th) on:
+        read with ``read_at`` from there when the shard allows it, else from the start, skipping.
+        ``AFTER`` leaves that sample out, ``ONE`` yields it only.
 
         Raises:
             StateError: the shard has no sample ``ordinal`` at ``offset`` (it changed since the state was saved).
         """
         url = self.urls[shard]
         first_index = self._starts[shard] if self._starts is not None else None
-        if mode == WHOLE:
-            yield from ((off, k, sample) for k, (off, sample) in enumerate(self._raw(shard)))
-            return
         reader = self._random(shard)
-        numbered: Iterator[tuple[int, int, Sample]]
+        numbered: Iterator[tuple[int, tuple[int, Sample]]]
         if reader is not None:
             index = None if first_index is None else first_index + ordinal
             walk = iter_samples(_chunks_at(reader, offset, self._source_options["block_size"]), url, index=index)
-            numbered = ((offset + off, ordinal + k, sample) for k, (off, sample) in enumerate(walk))
+            numbered = enumerate(((offset + off, sample) for off, sample in walk), ordinal)
         else:
-            numbered = ((off, k, sample) for k, (off, sample) in enumerate(self._raw(shard)) if k >= ordinal)
+            numbered = ((k, pair) for k, pair in enumerate(self._raw(shard)) if k >= ordinal)
         found = False
         try:
-            for off, k, sample in numbered:
+            for k, (off, sample) in numbered:
                 if k == ordinal:
                     if off != offset:
                         raise StateError(
@@ -480,7 +479,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                     found = True
                     if mode == AFTER:
                         continue
-                yield off, k, sample
+                yield off, sample
                 if mode == ONE:
                     return
         except CorruptArchiveError as exc:
@@ -492,7 +491,9 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             ) from exc
 
     def _read_item(self, shard: int, offset: int, ordinal: int, mode: int) -> Iterator[tuple[int, int, Any]]:
-        return self._samples(shard, self._raw_at(shard, offset, ordinal, mode))
+        if mode == WHOLE:
+            return self._samples(shard, enumerate(self._raw(shard)))
+        return self._samples(shard, enumerate(self._raw_at(shard, offset, ordinal, mode), ordinal + (mode == AFTER)))
 
     def _pick(self, shard: int, wanted: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
         """The samples at ``wanted`` ``(offset, ordinal)`` positions of ``shard``, in ordinal order:
@@ -504,19 +505,19 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         want = dict((ordinal, offset) for offset, ordinal in wanted)
         last = max(want)
 
-        def raw() -> Iterator[tuple[int, int, Sample]]:
-            for off, k, sample in self._raw_at(shard, 0, 0, WHOLE):
+        def wanted_only() -> Iterator[tuple[int, tuple[int, Sample]]]:
+            for k, (off, sample) in enumerate(self._raw(shard)):
                 if k in want:
                     if off != want[k]:
                         raise StateError(
                             f"{self.urls[shard]}: sample {k} is at offset {off}, the saved state says {want[k]}: "
                             "the shard changed since the state was saved"
                         )
-                    yield off, k, sample
+                    yield k, (off, sample)
                 if k >= last:
                     return
 
-        yield from self._samples(shard, raw())
+        yield from self._samples(shard, wanted_only())
 
     # -- an epoch -----------------------------------------------------------------
     @property

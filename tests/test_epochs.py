@@ -87,3 +87,11 @@ def _key(sample: dict) -> str:
 
 def _keys_of(batch: list[dict]) -> list[str]:
     return [s["__key__"] for s in batch]
+
+
+def test_counter_based_draws_match_the_reference() -> None:
+    from tarindex._split import Draws, _bits
+
+    draws = Draws(0xDEADBEEF12345678)
+    for step in (0, 1, 4095, 4096, 4097, 10_000, 3):  # block edges, and back to an earlier block
+        assert draws.at(step) == _bits(0xDEADBEEF12345678, step)
