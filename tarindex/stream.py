@@ -35,7 +35,7 @@ from ._split import (
 from ._state import SharedEpoch, check_header, header, stream_states
 from .collate import batched, collate
 from .decode import DecodeMode, Decoder
-from .errors import CorruptArchiveError, DecodeError, StateError, StreamWarning, TarIndexError
+from .errors import CorruptArchiveError, DecodeError, StateError, StreamWarning, TarIndexError, shown
 from .grouping import fused, iter_samples
 from .index.reader import IndexReader
 from .opener import check_commands, shard_name
@@ -395,7 +395,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                         if transform is not None:
                             sample = transform(sample)
                     except Exception as exc:
-                        err = DecodeError(url, offset, f"sample {sample.get('__key__')!r}: {type(exc).__name__}: {exc}")
+                        err = DecodeError(url, offset, f"sample {shown(str(sample.get('__key__')))}: {type(exc).__name__}: {exc}")
                         if not self._handle(err):
                             raise err from exc
                         yield offset, ordinal, SKIP
