@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ._state import decode_rows, encode_rows
 from .errors import StateError
@@ -160,16 +161,27 @@ class Draws:
         self.start = 0
         self.block: list[int] = []
 
+    def array(self, step: int, count: int) -> npt.NDArray[np.uint64]:
+        """Outputs ``step .. step + count - 1``."""
+        steps = np.arange(step + 1, step + count + 1, dtype=np.uint64)
+        z = np.uint64(self.key) + steps * np.uint64(_GAMMA)  # wrapping uint64 arithmetic
+        z = (z ^ (z >> _S30)) * _M1
+        z = (z ^ (z >> _S27)) * _M2
+        return z ^ (z >> _S31)
+
     def at(self, step: int) -> int:
         """The ``step``-th output, as :func:`_bits` gives it."""
         i = step - self.start
         if not 0 <= i < len(self.block):
-            steps = np.arange(step + 1, step + 4097, dtype=np.uint64)
-            z = np.uint64(self.key) + steps * np.uint64(_GAMMA)  # wrapping uint64 arithmetic
-            z = (z ^ (z >> _S30)) * _M1
-            z = (z ^ (z >> _S27)) * _M2
-            self.block, self.start, i = (z ^ (z >> _S31)).tolist(), step, 0
+            self.block, self.start, i = self.array(step, 4096).tolist(), step, 0
         return self.block[i]
+
+    def picks(self, step: int, count: int, cumulative: list[float]) -> list[int]:
+        """:func:`pick` for steps ``step .. step + count - 1`` at once (the same choices)."""
+        u = (self.array(step, count) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)) * cumulative[-1]
+        k = np.searchsorted(np.asarray(cumulative, dtype=np.float64), u, side="right")
+        out: list[int] = np.minimum(k, len(cumulative) - 1).tolist()
+        return out
 
 
 def pick(draws: Draws, step: int, cumulative: list[float]) -> int:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch.utils.data
 
-from ._split import Draws, Slot, pick, stream_key
+from ._split import Draws, Slot, stream_key
 from ._state import SharedEpoch, check_header, header, stream_states
 from .errors import StateError, TarIndexError
 from .stream import TarStream
@@ -231,28 +231,36 @@ class _MixRun:
     def iterate(self, sources: list[TarStream], weights: list[float], stop: StopRule) -> Iterator[Any]:
         iterators: list[Iterator[Any] | None] = [None] * len(sources)
         draws = Draws(self.key)
-        cumulative = list(itertools.accumulate(w if a else 0.0 for w, a in zip(weights, self.active)))
-        while not self.done and cumulative[-1] > 0 and (self.quota is None or self.yielded < self.quota):
-            k = pick(draws, self.step, cumulative)
-            self.step += 1
-            it = iterators[k]
-            if it is None:
-                it = iterators[k] = iter(sources[k])
-            sample = next(it, _END)
-            if sample is _END:
-                if stop == "first":
-                    break
-                if stop == "all":
-                    self.active[k] = False
-                    cumulative = list(itertools.accumulate(w if a else 0.0 for w, a in zip(weights, self.active)))
-                    continue
-                self.rounds[k] += 1  # "never": the source's epoch again
-                it = iterators[k] = iter(sources[k])
+        quota = self.quota
+        while not self.done:
+            cumulative = list(itertools.accumulate(w if a else 0.0 for w, a in zip(weights, self.active)))
+            left = 4096 if quota is None else min(4096, quota - self.yielded)
+            if cumulative[-1] <= 0 or left <= 0:
+                break
+            changed = False
+            for k in draws.picks(self.step, left, cumulative):  # choices of the next steps, while the sources stay
+                self.step += 1
+                it = iterators[k]
+                if it is None:
+                    it = iterators[k] = iter(sources[k])
                 sample = next(it, _END)
                 if sample is _END:
-                    raise TarIndexError(f"mix: source {k} ({sources[k]!r}) has no samples to repeat")
-            self.yielded += 1
-            yield sample
+                    if stop == "first":
+                        self.done = True
+                        return
+                    if stop == "all":
+                        self.active[k] = False
+                        changed = True
+                        break
+                    self.rounds[k] += 1  # "never": the source's epoch again
+                    it = iterators[k] = iter(sources[k])
+                    sample = next(it, _END)
+                    if sample is _END:
+                        raise TarIndexError(f"mix: source {k} ({sources[k]!r}) has no samples to repeat")
+                self.yielded += 1
+                yield sample
+            if not changed and quota is not None and self.yielded >= quota:
+                break
         self.done = True
 
 

@@ -100,15 +100,15 @@ class _FileReader:
 
 
 def _chunks_at(reader: Any, offset: int, block_size: int) -> Iterator[bytes]:
-    """The bytes of ``reader`` from ``offset`` to its end, in reads growing from 64 KiB to ``block_size``
+    """The bytes of ``reader`` from ``offset`` to its end, in reads growing from 256 KiB to ``block_size``
     (one sample read again costs one small read)."""
-    n = 64 << 10
+    n = 256 << 10
     while offset < reader.size:
         data = reader.read_at(offset, min(n, reader.size - offset))
         if not data:
             return
         offset += len(data)
-        n = min(2 * n, max(block_size, 64 << 10))
+        n = min(2 * n, max(block_size, 256 << 10))
         yield data
 
 
@@ -189,7 +189,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         block_size: bytes per read.
         retries, backoff, timeout: network retries without progress, first
             backoff in seconds (doubled each time), socket timeout.
-        storage_options: keyword arguments for fsspec filesystems.
+        storage_options: client options of object stores and fsspec filesystems (docs/remote.md).
+        headers: extra HTTP(S) request headers (e.g. ``{"Authorization": "Bearer ..."}``).
         read_ahead: blocks a reader thread keeps ready ahead of the parser (0: read in the
             parser's thread), for sources read in blocks. Default: 8 for network sources; for
             local zstd files 8 in the main process and 0 in DataLoader workers, where the workers
@@ -228,6 +229,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         storage_options: Mapping[str, Any] | None = None,
         read_ahead: int | None = None,
         allow_commands: bool = False,
+        headers: Mapping[str, str] | None = None,
         max_errors: int | None = None,
     ) -> None:
         super().__init__()
@@ -258,6 +260,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             "backoff": backoff,
             "timeout": timeout,
             "storage_options": dict(storage_options or {}),
+            "headers": dict(headers or {}),
         }
         self.read_ahead = read_ahead
         self.batching: tuple[int, Callable[[list[Any]], Any] | None, bool] | None = None
@@ -425,7 +428,9 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         try:
             if is_url(url) and url.split("://", 1)[0].lower() in ("http", "https"):
                 opts = self._source_options
-                reader = RangeReader(url, SourceOptions(retries=opts["retries"], backoff=opts["backoff"], timeout=opts["timeout"]))
+                reader = RangeReader(
+                    url, SourceOptions(retries=opts["retries"], backoff=opts["backoff"], timeout=opts["timeout"], headers=opts["headers"])
+                )
             elif not is_url(url) and url != "-" and not url.startswith("pipe:") and os.path.isfile(url):
                 reader = _FileReader(url)
             if reader is not None and (reader.size < 0 or is_zstd(reader.read_at(0, 4))):

@@ -95,3 +95,11 @@ def test_counter_based_draws_match_the_reference() -> None:
     draws = Draws(0xDEADBEEF12345678)
     for step in (0, 1, 4095, 4096, 4097, 10_000, 3):  # block edges, and back to an earlier block
         assert draws.at(step) == _bits(0xDEADBEEF12345678, step)
+
+
+def test_vectorised_picks_match_the_scalar_ones() -> None:
+    from tarindex._split import Draws, pick
+
+    cumulative = [0.5, 0.5, 0.8, 1.7]  # a zero weight in the middle
+    draws = Draws(12345)
+    assert Draws(12345).picks(100, 5000, cumulative) == [pick(draws, s, cumulative) for s in range(100, 5100)]
