@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .dataset import TarDataset
     from .index.reader import IndexReader
     from .mixing import Mix, mix
+    from .options import SourceOptions
     from .sampler import MixSampler, ShardSampler
     from .shard_writer import ShardWriter, compress_shard
     from .stream import TarStream
@@ -68,6 +69,7 @@ __all__ = [
     "ShardSampler",
     "ShardWriter",
     "SourceError",
+    "SourceOptions",
     "StaleIndexError",
     "StateError",
     "StreamWarning",
@@ -93,6 +95,7 @@ _LAZY = {
     "merge_indexes": "build",
     "TarDataset": "dataset",
     "IndexReader": "index.reader",
+    "SourceOptions": "options",
     "ShardSampler": "sampler",
     "ShardWriter": "shard_writer",
     "compress_shard": "shard_writer",

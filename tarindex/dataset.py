@@ -31,7 +31,7 @@ from .shards import resolve_index
 
 _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
 
-__all__ = ["OnError", "TarDataset"]
+__all__ = ["TarDataset"]
 
 log = logging.getLogger("tarindex")
 

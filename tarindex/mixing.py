@@ -24,7 +24,7 @@ from ._state import SharedEpoch, check_header, header, stream_states
 from .errors import StateError, TarIndexError
 from .stream import TarStream
 
-__all__ = ["Mix", "StopRule", "mix"]
+__all__: list[str] = []  # internal: tarindex.mix and tarindex.Mix are the public names
 
 StopRule = Literal["first", "all", "never"]
 _STOPS = ("first", "all", "never")

@@ -513,8 +513,11 @@ class MixSampler:
         weights: one non-negative weight per dataset, not all zero (default: equal).
         num_samples: indices per rank per epoch; required with ``stop="never"`` and for equal
             lengths on every rank with ``stop="first"``.
-        num_replicas, rank, seed, chunk_shards, block_samples: as :class:`ShardSampler` (each
-            dataset's sampler gets a seed of its own derived from ``seed``).
+        num_replicas: as :class:`ShardSampler`.
+        rank: as :class:`ShardSampler`.
+        seed: fixes the choices; each dataset's :class:`ShardSampler` gets a seed of its own derived from it.
+        chunk_shards: as :class:`ShardSampler`.
+        block_samples: as :class:`ShardSampler`.
         stop: ``"all"`` (default): a dataset that runs out leaves the draw, every sample once per
             epoch (apart from :class:`ShardSampler` padding); ``"first"``: the epoch ends when one
             runs out; ``"never"``: a dataset that runs out starts its order again.
