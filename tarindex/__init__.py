@@ -11,8 +11,10 @@ from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset
 from .errors import (
     CorruptArchiveError,
+    CorruptDeflateError,
     CorruptFrameError,
     DecodeError,
+    DecompressionLimitError,
     DuplicateMemberError,
     IndexFormatError,
     IndexNotFoundError,
@@ -25,6 +27,7 @@ from .errors import (
     StreamWarning,
     TarIndexError,
     TarIndexWarning,
+    UnsupportedCompressionError,
 )
 from .index.reader import IndexReader
 from .sampler import ShardSampler
@@ -39,8 +42,10 @@ __version__ = "0.1.0"
 __all__ = [
     "BuildReport",
     "CorruptArchiveError",
+    "CorruptDeflateError",
     "CorruptFrameError",
     "DecodeError",
+    "DecompressionLimitError",
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
@@ -58,6 +63,7 @@ __all__ = [
     "TarIndexError",
     "TarIndexWarning",
     "TarStream",
+    "UnsupportedCompressionError",
     "VerifyReport",
     "__version__",
     "build_index",

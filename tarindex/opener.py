@@ -121,7 +121,9 @@ def _cached_copy(path: str, fd: int, info: ShardInfo, frames: np.ndarray, cache_
             pieces = iter(lambda: os.read(fd, MAP_SLICE // 4), b"")
             os.lseek(fd, 0, os.SEEK_SET)
             for chunk in decompress_frames(pieces, path):
-                f.write(chunk)
+                f.write(chunk[: total - f.tell()])
+                if f.tell() >= total:  # the indexed frames are written: what follows is padding
+                    break
             written = f.tell()
         if written != total:
             raise CorruptFrameError(path, 0, f"decompresses to {written} bytes, the index says {total}")

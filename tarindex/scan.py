@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ._source import Source
-from .errors import CorruptArchiveError, CorruptFrameError, ShardNotFoundError
+from .compression import ArchiveEnd, codec_of
+from .errors import CorruptArchiveError, CorruptFrameError, DecompressionLimitError, ShardNotFoundError
 from .grouping import Packer, SampleRecord, new_packer, pack_samples
 from .index.format import ShardInfo, ShardTable
 from .shards import FINGERPRINT_SPAN, fingerprint, fingerprint_stream
@@ -31,7 +32,6 @@ from .zstd import (
     decompress_frames,
     frame_array,
     is_zstd,
-    iter_decompressed,
     random_access,
     read_seek_table,
 )
@@ -99,21 +99,33 @@ def table_from_samples(samples: Iterable[SampleRecord]) -> ShardTable:
 # -- archives: raw chunks -> tar chunks --------------------------------------------
 
 
-def iter_archive(chunks: Iterable[Any], url: str, *, frames: list[Any] | None = None) -> Iterator[bytes]:
-    """The uncompressed tar stream of a source's chunks: zstd is detected by its first bytes and decompressed.
+def iter_archive(
+    chunks: Iterable[Any], url: str, *, frames: list[Any] | None = None, end: ArchiveEnd | None = None
+) -> Iterator[bytes]:
+    """The uncompressed tar stream of a source's chunks: the codec is detected by the first bytes
+    (:func:`tarindex.compression.codec_of`) and decompresses.
 
     ``frames``, when given, receives the frame table of a zstd stream (see
-    :func:`tarindex.zstd.iter_decompressed`) and stays empty for a plain tar.
+    :func:`tarindex.zstd.iter_decompressed`) and stays empty for a plain tar. ``end``, set by the
+    consumer once the tar has ended, stops decompression after the padding (the rest is read).
 
     Raises:
-        CorruptArchiveError: bad zstd data.
+        CorruptArchiveError: bad compressed data.
+        UnsupportedCompressionError: bzip2, xz, lz4 or Unix compress.
+        DecompressionLimitError: the output exceeds the bounds.
     """
     chunks = iter(chunks)
     first = next(chunks, None)
     if first is None:
         return
-    if is_zstd(bytes(first[:4])):
-        yield from iter_decompressed(itertools.chain((first,), chunks), url, frames=frames)
+    while len(first) < 6:  # enough bytes to tell every format apart
+        more = next(chunks, None)
+        if more is None:
+            break
+        first = bytes(first) + bytes(more)
+    codec = codec_of(bytes(first[:6]), url)
+    if codec == "zstd":
+        yield from decompress_frames(itertools.chain((first,), chunks), url, frames, end=end)
     else:
         yield first
         yield from chunks
@@ -125,14 +137,16 @@ def archive(
     *,
     frames: list[Any] | None = None,
     first: bytes = b"",
+    end: ArchiveEnd | None = None,
 ) -> Iterator[bytes]:
     """A source's uncompressed tar stream (see :func:`iter_archive`), decompressed in its reader thread.
 
     ``tap`` wraps the raw chunks before decompression (it runs in the reader thread); ``frames``
-    collects a zstd stream's frame table; ``first``: bytes already read from the source.
+    collects a zstd stream's frame table; ``first``: bytes already read from the source; ``end``:
+    set it once the tar has ended, so that draining the rest decompresses only the padding.
     """
     raw = source.raw(first)
-    return source.threaded(iter_archive(tap(raw) if tap is not None else raw, source.url, frames=frames))
+    return source.threaded(iter_archive(tap(raw) if tap is not None else raw, source.url, frames=frames, end=end))
 
 
 # -- shards ------------------------------------------------------------------------
@@ -159,8 +173,14 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
         st = os.fstat(fd)
         if st.st_size == 0:
             raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
-        table = scan_zstd(fd, path) if is_zstd(os.pread(fd, 4, 0)) else table_from_file(fd, path)
-        return shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table), table
+        codec = codec_of(os.pread(fd, 6, 0), path)
+        partial = False
+        if codec == "zstd":
+            table, partial = _scan_zstd(fd, path)
+        else:
+            table = table_from_file(fd, path)
+        info = shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table)
+        return (dataclasses.replace(info, random_access=False) if partial else info), table
     finally:
         os.close(fd)
 
@@ -190,15 +210,18 @@ def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
             yield chunk
 
     rows: list[tuple[int, int, int, int]] = []
+    end = ArchiveEnd()
     with open_source(url) as source:
-        raw = archive(source, tapped, frames=rows)
+        raw = archive(source, tapped, frames=rows, end=end)
         table = table_from_chunks(raw, url)
-        for _ in raw:  # the rest (end-of-archive padding): the size and fingerprint cover the whole stream
-            pass
+        end.set()
+        for _ in raw:  # the rest (end-of-archive padding), read but not decompressed past Limits.padding:
+            pass  # the size and fingerprint cover the whole stream
         size = source.position
     if is_zstd(bytes(head[:4])):  # the frame table, as for a local zstd shard
         table.frames = frame_array(rows)
-    return shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table), table
+    info = shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table)
+    return (dataclasses.replace(info, random_access=False) if end.partial else info), table
 
 
 def shard_info(path: str, size: int, mtime_ns: int, fp: str, table: ShardTable) -> ShardInfo:
@@ -218,11 +241,21 @@ def scan_zstd(fd: int, path: str) -> ShardTable:
     table, is indexed by walking the frames' headers, which also names the
     frame at fault.
 
+    After the end-of-archive marker only :attr:`tarindex.compression.Limits.padding` bytes are
+    decompressed; the frames after that are walked by their headers and get no rows.
+
     Raises:
         CorruptFrameError: corrupt or truncated zstd data, or a seek table that
             disagrees with the frames (compressed offsets).
         CorruptArchiveError: a decompressed stream that is not a valid tar.
+        DecompressionLimitError: the output exceeds the expansion ratio.
     """
+    return _scan_zstd(fd, path)[0]
+
+
+def _scan_zstd(fd: int, path: str) -> tuple[ShardTable, bool]:
+    """:func:`scan_zstd`, and whether the walk stopped inside a frame (whose row is then incomplete)."""
+    end = ArchiveEnd()
     buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     try:
         if hasattr(mmap, "MADV_SEQUENTIAL"):
@@ -233,25 +266,27 @@ def scan_zstd(fd: int, path: str) -> ShardTable:
         table = None
         if seek is not None and len(seek) and int(seek[:, 1].max()) <= PIECE_LIMIT:
             try:
-                table = _scan_chunks(by_seek_table(mv, seek, rows), path)
+                table = _scan_chunks(by_seek_table(mv, seek, rows, path, end), path, end)
             except SeekTableMismatch:
                 rows.clear()
+                end = ArchiveEnd()
         if table is None:
             pieces = (mv[i : i + MAP_SLICE] for i in range(0, len(mv), MAP_SLICE))
-            table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False), path)
+            table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False, end=end), path, end)
             del pieces
         mv.release()
     finally:
         close_map(buf)
     frames = frame_array(rows)
     if seek is not None:
-        check_seek_table(frames, seek, path)
+        check_seek_table(frames[:-1] if end.partial else frames, seek, path, prefix=end.skipped)
     table.frames = frames
-    return table
+    return table, end.partial
 
 
-def _scan_chunks(chunks: Iterator[bytes], path: str) -> ShardTable:
-    """The tar parser over decompressed pieces; the pieces after the end-of-archive marker are drained too.
+def _scan_chunks(chunks: Iterator[bytes], path: str, end: ArchiveEnd) -> ShardTable:
+    """The tar parser over decompressed pieces; the input after the end-of-archive marker is drained
+    too (``end`` set: only the padding is decompressed, the rest read).
 
     Raises:
         CorruptFrameError: damaged zstd data (compressed offset).
@@ -260,10 +295,11 @@ def _scan_chunks(chunks: Iterator[bytes], path: str) -> ShardTable:
     """
     try:
         table = table_from_chunks(chunks, path)
-    except CorruptFrameError:
+    except (CorruptFrameError, DecompressionLimitError):  # offsets in the compressed file
         raise
     except CorruptArchiveError as exc:
         raise type(exc)(path, exc.offset, f"{exc.what} (in the decompressed tar)") from exc
+    end.set()
     for _ in chunks:  # the frames after the end-of-archive marker
         pass
     return table

@@ -21,6 +21,7 @@ import torch.utils.data
 
 from ._split import Slot, buffer_shuffle, shard_order, shards_for_slot, worker_slot
 from .collate import batched, collate
+from .compression import ArchiveEnd, codec_of
 from .decode import DecodeMode, Decoder
 from .errors import DecodeError, StreamWarning, TarIndexError
 from .grouping import fused, iter_samples
@@ -29,7 +30,6 @@ from .scan import archive
 from .shards import INDEX_SUFFIX, expand_shards
 from .sources import DEFAULT_BLOCK_SIZE, FileSource, is_url, open_source
 from .tar import Stream
-from .zstd import is_zstd
 
 __all__ = ["Handler", "TarStream", "read_ahead_for"]
 
@@ -277,20 +277,22 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         source = open_source(url, **self._source_options, read_ahead=read_ahead_for(url, self.read_ahead))
         try:
             fd = source.fileno() if isinstance(source, FileSource) and source.size is not None and fused() else -1
-            if fd >= 0 and not is_zstd(os.pread(fd, 4, 0)):  # a local tar: the C walk reads it, one copy, no thread
+            if fd >= 0 and codec_of(os.pread(fd, 6, 0), url) == "tar":  # a local tar: the C walk reads it, one copy, no thread
                 yield from iter_samples(fd, url, index=index)
                 return
             first = b""
             if source.walks_direct and fused():  # HTTP, pipes: the C walk reads the socket or pipe itself
-                while len(first) < 4 and (more := source.read(64 << 10)):
+                while len(first) < 6 and (more := source.read(64 << 10)):
                     first += more
-                if not is_zstd(first[:4]):
+                if codec_of(first[:6], url) == "tar":
                     yield from iter_samples(Stream(source, first), url, index=index)
                     while source.read(source.block_size):  # to the end: the body's length is checked there
                         pass
                     return
-            raw = archive(source, first=first)
+            end = ArchiveEnd()
+            raw = archive(source, first=first, end=end)
             yield from iter_samples(raw, url, index=index)
+            end.set()  # what follows the tar is read, but decompressed only as far as Limits.padding
             for _ in raw:  # to the end: a pipe's exit status and an HTTP body's length are checked there
                 pass
         finally:
