@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset
 from .errors import (
+    CommandNotAllowedError,
     CorruptArchiveError,
     CorruptDeflateError,
     CorruptFrameError,
@@ -28,6 +29,7 @@ from .errors import (
     TarIndexError,
     TarIndexWarning,
     UnsupportedCompressionError,
+    WriteError,
 )
 from .index.reader import IndexReader
 from .sampler import ShardSampler
@@ -41,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BuildReport",
+    "CommandNotAllowedError",
     "CorruptArchiveError",
     "CorruptDeflateError",
     "CorruptFrameError",
@@ -65,6 +68,7 @@ __all__ = [
     "TarStream",
     "UnsupportedCompressionError",
     "VerifyReport",
+    "WriteError",
     "__version__",
     "build_index",
     "compress_shard",

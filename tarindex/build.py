@@ -10,11 +10,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from .errors import IndexFormatError, IndexNotFoundError, ShardNotFoundError, TarIndexError
+from .identity import current_info
 from .index.format import ShardInfo, ShardTable
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
+from .opener import shard_name
 from .scan import scan_shard
-from .shards import INDEX_SUFFIX, default_index_path, expand_shards
+from .shards import INDEX_SUFFIX, ShardKind, default_index_path, expand_shards, shard_kind
 from .sources import is_url
 
 __all__ = ["BuildReport", "build_index", "merge_indexes"]
@@ -35,7 +37,7 @@ class BuildReport:
 
 
 def _relative(shard: str, index_dir: Path) -> str:
-    if is_url(shard):
+    if shard_kind(shard) != "file":
         return shard
     absolute = os.path.abspath(shard)
     try:
@@ -53,12 +55,6 @@ def _reusable(previous: Path) -> dict[str, tuple[IndexReader, int]]:
     return {info.path: (reader, i) for i, info in enumerate(reader.shards)}
 
 
-def _unchanged(shard: str, info: ShardInfo) -> bool:
-    try:
-        st = os.stat(shard)
-    except FileNotFoundError:
-        return False
-    return st.st_size == info.size and st.st_mtime_ns == info.mtime_ns
 
 
 def _slice(shards: list[str], part: tuple[int, int]) -> list[str]:
@@ -132,7 +128,8 @@ def build_index(
     if len(set(rel)) != len(rel):
         raise TarIndexError("the same shard is named twice")
     previous = _reusable(out)
-    todo = [s for s, r in zip(paths, rel) if not (r in previous and _unchanged(s, previous[r][0].shards[previous[r][1]]))]
+    kept = {s: current_info(s, previous[r][0].shards[previous[r][1]]) for s, r in zip(paths, rel) if r in previous}
+    todo = [s for s in paths if kept.get(s) is None]
     if progress and len(todo) < len(paths):
         progress(len(paths) - len(todo))
     scanned = _scan_all(todo, workers or os.cpu_count() or 1, progress)
@@ -140,17 +137,20 @@ def build_index(
         for s, r in zip(paths, rel):
             if s in scanned:
                 info, table = scanned[s]
-                writer.add(_with_path(info, r), table)
+                writer.add(_with_path(info, r, shard_kind(s)), table)
             else:
                 reader, i = previous[r]
-                writer.add(reader.shards[i], reader.shard_table(i))
+                writer.add(kept[s] or reader.shards[i], reader.shard_table(i))
     for reader in {id(r): r for r, _ in previous.values()}.values():
         reader.close()
     return BuildReport(out, [s for s in paths if s in scanned], [s for s in paths if s not in scanned])
 
 
-def _with_path(info: ShardInfo, path: str) -> ShardInfo:
-    return dataclasses.replace(info, path=path)
+def _with_path(info: ShardInfo, path: str, kind: ShardKind) -> ShardInfo:
+    """``info`` under its path relative to the index, with the kind of name it was given as (names are data)."""
+    norm = os.path.normpath(path)
+    outside = kind == "file" and (os.path.isabs(norm) or norm.split(os.sep)[0] == os.pardir)
+    return dataclasses.replace(info, path=path, kind=kind, outside=outside)
 
 
 def merge_indexes(parts: Iterable[str | os.PathLike[str]], output: str | os.PathLike[str]) -> Path:
@@ -167,11 +167,12 @@ def merge_indexes(parts: Iterable[str | os.PathLike[str]], output: str | os.Path
     with IndexWriter(out) as writer:
         for reader in readers:
             for i, info in enumerate(reader.shards):
-                path = _relative(str(reader.shard_path(i)), out_dir)
+                name = shard_name(reader.path, info)
+                path = _relative(name, out_dir) if info.kind == "file" else name
                 if path in seen:
                     raise TarIndexError(f"{reader.path}: shard {path} is already in another part")
                 seen.add(path)
-                writer.add(_with_path(info, path), reader.shard_table(i))
+                writer.add(_with_path(info, path, info.kind), reader.shard_table(i))
     for reader in readers:
         reader.close()
     return out

@@ -6,6 +6,7 @@ import os
 from typing import Any, ClassVar, overload
 
 __all__ = [
+    "CommandNotAllowedError",
     "CorruptArchiveError",
     "CorruptDeflateError",
     "CorruptFrameError",
@@ -24,6 +25,7 @@ __all__ = [
     "TarIndexError",
     "TarIndexWarning",
     "UnsupportedCompressionError",
+    "WriteError",
 ]
 
 
@@ -169,6 +171,10 @@ class StaleIndexError(_OfShard):
         return self.what
 
 
+class CommandNotAllowedError(TarIndexError, PermissionError):
+    """An index names a shard that is a command (``pipe:CMD``) and the caller did not allow commands."""
+
+
 class SampleNotFoundError(TarIndexError, KeyError):
     """A key or sample number is not in the index."""
 
@@ -178,3 +184,10 @@ class SampleNotFoundError(TarIndexError, KeyError):
 
 class SamplerStateError(TarIndexError, ValueError):
     """A sampler state dict is malformed or belongs to another dataset or configuration."""
+
+
+class WriteError(_OfShard, OSError):
+    """A file (index, shard, cache entry) could not be written: full disk, read-only directory, I/O error.
+    ``.path`` is the file, ``.what`` the cause."""
+
+    _template = "{path}: cannot write ({what})"

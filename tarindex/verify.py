@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ShardNotFoundError, StaleIndexError
+from .identity import check_shard
 from .index.format import ShardInfo, ShardTable
 from .index.reader import IndexReader
+from .opener import check_commands, shard_name
 from .scan import scan_shard
-from .shards import fingerprint
-from .sources import is_url
 
 __all__ = ["VerifyReport", "verify_index"]
 
@@ -33,16 +33,19 @@ class VerifyReport:
         return f"{self.path}: {len(self.shards)} shards ok" + (" (deep)" if self.deep else "")
 
 
-def verify_index(path: str | os.PathLike[str], *, deep: bool = False) -> VerifyReport:
+def verify_index(path: str | os.PathLike[str], *, deep: bool = False, allow_commands: bool = False) -> VerifyReport:
     """Check that every shard of an index is unchanged since it was indexed.
 
     Each shard's size and content fingerprint (its size and first and last bytes) are compared with the
     index; a shard indexed from a URL is read once, sequentially. ``deep=True`` also rescans every shard
-    and compares its offset tables with the index's.
+    and compares its offset tables with the index's. The shards are named as :class:`~tarindex.TarDataset`
+    names them (:func:`tarindex.opener.shard_name`) and checked by the same rule
+    (:mod:`tarindex.identity`), with the fingerprint compared always.
 
     Args:
         path: the index file.
         deep: rescan every shard and compare its tables.
+        allow_commands: run the ``pipe:`` commands the index names as shards (trusted indexes only).
 
     Returns:
         What was checked.
@@ -51,18 +54,20 @@ def verify_index(path: str | os.PathLike[str], *, deep: bool = False) -> VerifyR
         IndexNotFoundError: no index at ``path``.
         IndexFormatError: ``path`` is not a tarindex index.
         ShardNotFoundError: a local shard named by the index is missing.
+        CommandNotAllowedError: a shard is a command and ``allow_commands`` is false.
         StaleIndexError: a shard changed since it was indexed (size, fingerprint or, with ``deep``, tables).
         CorruptArchiveError: a rescanned shard is not a valid archive.
         SourceError: a URL shard could not be read.
     """
     index = IndexReader(path)
+    check_commands(index.path, index.shards, allow_commands)
+    names = [shard_name(index.path, info) for info in index.shards]
     checked = []
-    for i, info in enumerate(index.shards):
+    for i, (shard, info) in enumerate(zip(names, index.shards)):
         table: ShardTable | None
-        if is_url(info.path):
-            shard, table = info.path, _check_url(info)
+        if info.kind != "file":
+            table = _check_url(shard, info)
         else:
-            shard = str(index.shard_path(i))
             _check_file(shard, info, index.path)
             table = scan_shard(shard)[1] if deep else None
         if deep and not _same_tables(table, index.shard_table(i)):
@@ -71,10 +76,13 @@ def verify_index(path: str | os.PathLike[str], *, deep: bool = False) -> VerifyR
     return VerifyReport(index.path, tuple(checked), deep)
 
 
-def _check_url(info: ShardInfo) -> ShardTable:
-    """Size and fingerprint of a shard indexed from a URL: one sequential read, which also gives its tables."""
-    new, table = scan_shard(info.path)
-    _check_identity(info.path, info, new.size, new.fingerprint)
+def _check_url(url: str, info: ShardInfo) -> ShardTable:
+    """Size and fingerprint of a shard indexed from a URL or command: one sequential read, which also gives its tables."""
+    new, table = scan_shard(url)
+    if new.size != info.size:
+        raise StaleIndexError(url, f"size {info.size} -> {new.size}")
+    if new.fingerprint != info.fingerprint:
+        raise StaleIndexError(url, "content fingerprint differs")
     return table
 
 
@@ -85,18 +93,9 @@ def _check_file(path: str, info: ShardInfo, index: Path) -> None:
     except FileNotFoundError:
         raise ShardNotFoundError(f"{path}: shard named by {index} is missing") from None
     try:
-        size = os.fstat(fd).st_size
-        _check_identity(path, info, size, fingerprint(fd, size) if size == info.size else "")
+        check_shard(path, fd, info, check="fingerprint")
     finally:
         os.close(fd)
-
-
-def _check_identity(path: str, info: ShardInfo, size: int, content: str) -> None:
-    """The shard is the indexed one: same size, same content fingerprint."""
-    if size != info.size:
-        raise StaleIndexError(path, f"size {info.size} -> {size}")
-    if content != info.fingerprint:
-        raise StaleIndexError(path, "content fingerprint differs")
 
 
 def _same_tables(table: ShardTable | None, old: ShardTable) -> bool:

@@ -11,6 +11,7 @@ from ..verify import verify_index
 @click.command("verify")
 @click.argument("index")
 @click.option("--deep", is_flag=True, help="Rescan every shard and compare its tables with the index.")
-def command(index: str, deep: bool) -> None:
+@click.option("--allow-commands", is_flag=True, help="Run the pipe: commands the index names as shards (trusted indexes only).")
+def command(index: str, deep: bool, allow_commands: bool) -> None:
     """Check that every shard of INDEX is unchanged since indexing."""
-    click.echo(str(verify_index(resolve_index(index), deep=deep)))
+    click.echo(str(verify_index(resolve_index(index), deep=deep, allow_commands=allow_commands)))

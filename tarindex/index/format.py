@@ -5,10 +5,13 @@ See ``docs/design.md`` ("Index layout") for the table of keys.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from ..shards import ShardKind, shard_kind
 
 __all__ = ["COLUMNS", "FORMAT_VERSION", "MAGIC", "ShardInfo", "ShardTable"]
 
@@ -48,12 +51,21 @@ class ShardInfo:
     """``"zstd"`` for a zstd shard (offsets are then in the decompressed tar), else ``None``."""
     random_access: bool = True
     """Whether one sample can be read without decompressing a large part of the shard."""
+    kind: ShardKind = "file"
+    """How the shard is opened: ``file`` (``path`` is a path, whatever it looks like), ``url``, or ``command``
+    (``pipe:CMD``: run only when the reader allows commands)."""
+    outside: bool = False
+    """A ``file`` outside the index's directory (built so): ``path`` may then start with ``..`` or be absolute."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ShardInfo:
+        if "kind" not in obj:  # written before kinds were recorded: the name's look is all there is
+            path = str(obj.get("path", ""))
+            norm = os.path.normpath(path)
+            obj = {**obj, "kind": shard_kind(path), "outside": os.path.isabs(norm) or norm.split(os.sep)[0] == os.pardir}
         return cls(**obj)
 
 

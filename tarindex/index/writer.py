@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -11,6 +12,7 @@ from types import TracebackType
 import lmdb
 import numpy as np
 
+from .._atomic import clean_stale, commit, temp_name, write_error
 from .format import (
     COL_PREFIX,
     FORMAT_VERSION,
@@ -100,9 +102,10 @@ class IndexWriter:
         keys = self._key_entries(encoded)
         data_bytes = sum(c.nbytes for c in cols.values()) + sum(len(k) + 16 for k, _ in keys)
         data_bytes += sum(t.frames.nbytes + 64 for _, t in self._shards if t.frames is not None)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        tmp = temp_name(self.path)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            clean_stale(self.path)
             env = lmdb.open(
                 str(tmp),
                 subdir=False,
@@ -126,10 +129,13 @@ class IndexWriter:
                     txn.put(META_KEY, self._meta(exts, n_samples, n_members, duplicates, stride))
             finally:
                 env.close()
-            os.replace(tmp, self.path)
+            commit(tmp, self.path)  # LMDB synced the file at commit (sync=True): rename, then sync the directory
+        except (lmdb.Error, OSError) as exc:  # a full disk, a read-only directory: one line naming the index
+            raise write_error(self.path, exc) from exc
         finally:
             for leftover in (tmp, Path(str(tmp) + "-lock")):
-                leftover.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # absent, or a read-only directory that holds none
+                    leftover.unlink()
         return self.path
 
     @staticmethod
