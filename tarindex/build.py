@@ -6,7 +6,7 @@ import dataclasses
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 from .errors import IndexFormatError, IndexNotFoundError, ShardNotFoundError, TarIndexError
@@ -14,6 +14,7 @@ from .identity import current_info
 from .index.format import ShardInfo, ShardTable
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
+from .objstore import is_object_url
 from .opener import shard_name
 from .scan import scan_shard
 from .shards import INDEX_SUFFIX, ShardKind, default_index_path, expand_shards, shard_kind
@@ -74,7 +75,12 @@ def _scan_all(shards: list[str], workers: int, progress: Progress | None) -> dic
         return results
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(shards)), mp_context=ctx) as pool:
+    pool: Executor
+    if any(is_object_url(s) for s in shards):  # network-bound; and obstore's runtime does not survive fork
+        pool = ThreadPoolExecutor(max_workers=min(workers, len(shards)), thread_name_prefix="tarindex-scan")
+    else:
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(shards)), mp_context=ctx)
+    with pool:
         for s, result in zip(shards, pool.map(scan_shard, shards, chunksize=1)):
             results[s] = result
             if progress:

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._native import SPEEDUPS
 from ._process import FORK
 from .decode import DecodeMode, Decoder
-from .errors import CorruptArchiveError, IndexFormatError, RandomAccessError, ShardNotFoundError
+from .errors import (
+    CorruptArchiveError,
+    DecodeError,
+    IndexFormatError,
+    RandomAccessError,
+    ShardNotFoundError,
+    TarIndexError,
+    shown,
+)
 from .identity import Check, check_shard
 from .index.reader import IndexReader
 from .index.records import unpack as unpack_record
-from .opener import close_handle, open_url, open_zstd_shard, shard_name
+from .objstore import is_remote_reader, read_many
+from .opener import ShardOpener, open_url, open_zstd_shard, shard_name
+from .options import SourceOptions
 from .shards import resolve_index
 
 _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
@@ -23,6 +33,15 @@ _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the r
 __all__ = ["TarDataset"]
 
 _pread = os.pread
+_ATTACH = threading.Lock()  # attaching (the first read of a dataset in a process), across threads
+
+
+def _new_attach_lock() -> None:  # a forked child must not inherit a lock another thread of the parent held
+    global _ATTACH
+    _ATTACH = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_attach_lock)
 
 Sample = dict[str, Any]
 
@@ -60,6 +79,13 @@ class TarDataset:
             differs, so an identical copy is accepted; ``"fingerprint"``
             compares the fingerprint always (catches a rewrite that kept size
             and mtime, within 64 KiB of either end).
+        options: how URL shards (``http(s)://``, ``s3://``, ``gs://``, ``az://``,
+            fsspec) are read: retries, timeout, requests in flight per batch,
+            coalescing gap (:class:`~tarindex.options.SourceOptions`; docs/remote.md).
+        storage_options: object-store or fsspec client options (endpoint,
+            credentials); overrides ``options.storage_options``. Never stored in the index.
+        headers: extra HTTP(S) request headers (e.g. ``Authorization``);
+            overrides ``options.headers``.
 
     Raises:
         IndexNotFoundError: no index at ``source`` or beside the shards.
@@ -78,9 +104,12 @@ class TarDataset:
         zstd_cache_dir: str | os.PathLike[str] | None = None,
         zstd_cache_bytes: int = 16 << 30,
         verify: Check = "stat",
+        options: SourceOptions | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.index_path = resolve_index(source)
-        self.index = IndexReader(self.index_path)
+        self._load_index()
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
         self.max_open_files = max(1, max_open_files)
@@ -90,23 +119,49 @@ class TarDataset:
             raise ValueError(f"verify must be 'stat' or 'fingerprint', not {verify!r}")
         self.verify: Check = verify
         self._gen = -1  # FORK[0] this object attached under; -1: not attached
+        self.options = (options or SourceOptions()).with_(
+            storage_options=dict(storage_options) if storage_options is not None else None,
+            headers=dict(headers) if headers is not None else None,
+        )
+
+    # -- per-process state ----------------------------------------------------
+    def _index_identity(self) -> tuple[int, ...]:
+        """The index file's identity (a rebuild renames a new file over it); empty when it is gone."""
+        try:
+            st = os.stat(self.index_path)
+        except FileNotFoundError:
+            return ()
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _load_index(self) -> None:
+        """The per-index state: the reader, sample count, shard names, and the index file's identity."""
+        self.index = IndexReader(self.index_path)
+        self._index_id = self._index_identity()  # after the open: a rebuild in between only costs a reload
         self._n = self.index.n_samples
         self._samples_per_frame: int | None = None
         self.urls = [shard_name(self.index.path, info) for info in self.index.shards]
+        self._remote = any(info.kind == "url" for info in self.index.shards)  # batches of URL shards: concurrent requests
 
-    # -- per-process state ----------------------------------------------------
     def _attach(self) -> None:
-        """Open this process's view: the sample records, no file handles yet."""
+        """Open this process's view once, whatever the threads asking: the sample records, no file handles yet.
+
+        The index file may have been rebuilt in place since this object was made (a DataLoader worker
+        forked for a later epoch): then every per-index field is read anew, never mixed with the old.
+        """
+        with _ATTACH:
+            if self._gen != FORK[0]:
+                self._attach_here()
+
+    def _attach_here(self) -> None:
+        if self._index_identity() != self._index_id:  # a removed index: IndexNotFoundError from the reload
+            self.index.close()
+            self._load_index()
         ix = self.index
         self._rec_at = ix.column("record_offset")
         self._records = ix.column("records")
         self._stride = ix.record_stride
         self._exts = ix.exts
-        self._fds: OrderedDict[int, Any] = OrderedDict()  # shard -> int fd, or an object with read_at()
-        self._closing: list[tuple[int, Any]] = []  # evicted while another thread was reading them: closed later
-        self._inflight: dict[int, int] = {}  # the Python path's reads in progress, per shard
-        self._lock = threading.RLock()  # opening, evicting and counting reads, across threads
-        self._lru = len(ix.shards) > self.max_open_files
+        self._opener = ShardOpener(len(self.urls), self._open_handle, self.max_open_files)
         self._fast: Any = None
         if _speedups is not None:
             self._fast = _speedups.Reader(
@@ -116,7 +171,7 @@ class TarDataset:
                 self._n,
                 tuple(self._exts),
                 tuple(self.urls),
-                self._open_shard,
+                self._opener,
                 self._read_py,
                 CorruptArchiveError,
                 FORK,
@@ -125,12 +180,7 @@ class TarDataset:
         # The hot path: this instance's `read` is the reader's own method, not the class's wrapper. Both
         # readers check the fork generation themselves (the C one hands a stale call to _read_py).
         self.read = self._fast.read if self._fast is not None else self._read_py  # type: ignore[method-assign]
-
-    def _open_shard(self, shard: int) -> Any:
-        """Open a shard in this process (stale check on the open handle): an int fd, or a handle with ``read_at``."""
-        with self._lock:
-            handle = self._fds.get(shard)  # another thread may have opened it meanwhile
-            return handle if handle is not None else self._remember(shard, self._open_handle(shard))
+        self._choose_item()
 
     def _open_handle(self, shard: int) -> Any:
         path = self.urls[shard]
@@ -139,8 +189,8 @@ class TarDataset:
             raise RandomAccessError(
                 path, "a command's output cannot be read at random; stream the index with TarStream(..., allow_commands=True)"
             )
-        if info.kind == "url" and path.startswith(("http://", "https://")):  # an index built from URLs: Range requests
-            return open_url(path, info, self.index.frame_table(shard))
+        if info.kind == "url":  # an index built from URLs: ranged requests (tarindex.objstore)
+            return open_url(path, info, self.index.frame_table(shard), self.options)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:
@@ -157,50 +207,10 @@ class TarDataset:
             )
         return handle
 
-    def _remember(self, shard: int, handle: Any) -> Any:
-        fds = self._fds
-        if self._closing:
-            self._close_idle()
-        while len(fds) >= self.max_open_files:
-            evicted, old = fds.popitem(last=False)
-            if self._fast is not None:
-                self._fast.forget(evicted)
-            if self._reading(evicted):  # another thread is reading it: its number must not be reused yet
-                self._closing.append((evicted, old))
-            else:
-                close_handle(old)
-        fds[shard] = handle
-        if self._fast is not None:
-            self._fast.adopt(shard, handle)
-        return handle
-
-    def _close_idle(self) -> None:
-        """Close the evicted handles whose reads have finished."""
-        busy = []
-        for shard, handle in self._closing:
-            if self._reading(shard):
-                busy.append((shard, handle))
-            else:
-                close_handle(handle)
-        self._closing = busy
-
-    def _reading(self, shard: int) -> bool:
-        """Whether a read of ``shard``'s file is in progress in another thread (its GIL released)."""
-        return bool(self._inflight.get(shard) or (self._fast is not None and self._fast.reading(shard)))
-
     def close(self) -> None:
-        """Close this process's shard files (they reopen on demand)."""
+        """Close this process's shard files (they reopen on demand); a file being read closes when its read ends."""
         if self._gen == FORK[0]:
-            with self._lock:
-                self._close_all()
-
-    def _close_all(self) -> None:
-        for shard, handle in [*self._fds.items(), *self._closing]:
-            if self._fast is not None:
-                self._fast.forget(shard)
-            close_handle(handle)
-        self._fds.clear()
-        self._closing.clear()
+            self._opener.close()
 
     def __del__(self) -> None:
         try:
@@ -210,7 +220,7 @@ class TarDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = {
-            k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame")
+            k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame", "_remote", "_index_id")
         }
         state["_gen"] = -1
         return state
@@ -239,7 +249,24 @@ class TarDataset:
         if self._gen != FORK[0]:  # inherited through fork: attach anew in this process
             self._attach()
             return self.read(i)
+        i, offset, size, shard, spans, key = self._locate(i)
+        opener = self._opener
+        handle = opener.acquire(shard)  # counted: no other thread closes it under this read
+        try:
+            buf = _pread(handle, size, offset) if type(handle) is int else handle.read_at(offset, size)
+        finally:
+            opener.release(shard)
+        return self._sample(i, buf, offset, size, shard, spans, key)
+
+    def _locate(self, i: int) -> tuple[int, int, int, int, Any, str]:
+        """Sample ``i``'s record: ``(i, offset, size, shard, member spans, key)``, ``i`` made non-negative.
+
+        Raises:
+            IndexError: ``i`` is out of range.
+            IndexFormatError: the record names a shard the index does not have.
+        """
         n = self._n
+        i = operator.index(i)  # numpy integers too, as the C reader takes them
         if i < 0:
             i += n
         if not 0 <= i < n:
@@ -249,24 +276,14 @@ class TarDataset:
         offset, size, shard, spans, key = unpack_record(records, at, i)
         if shard >= len(self.urls):
             raise IndexFormatError(f"the index record of sample {i} is damaged; rebuild the index")
-        inflight = self._inflight
-        with self._lock:  # the handle, and the count that keeps another thread from closing it under us
-            handle = self._fds.get(shard)
-            if handle is None:
-                handle = self._open_shard(shard)
-            elif self._lru:
-                self._fds.move_to_end(shard)
-            plain = type(handle) is int
-            if plain:
-                inflight[shard] = inflight.get(shard, 0) + 1
-        if plain:
-            try:
-                buf = _pread(handle, size, offset)
-            finally:
-                with self._lock:
-                    inflight[shard] -= 1
-        else:
-            buf = handle.read_at(offset, size)
+        return i, offset, size, shard, spans, key
+
+    def _sample(self, i: int, buf: Any, offset: int, size: int, shard: int, spans: Any, key: str) -> Sample:
+        """The sample dict of sample ``i`` from the bytes of its whole range.
+
+        Raises:
+            CorruptArchiveError: ``buf`` is short, or a member lies outside the sample's range.
+        """
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
         sample: Sample = {"__key__": key, "__url__": self.urls[shard], "__index__": i}
@@ -278,11 +295,36 @@ class TarDataset:
             sample[exts[spans[2 * nm + j]]] = buf[o:end]
         return sample
 
-    def __getitem__(self, i: int) -> Any:
-        sample = self.read(i)
-        if self.decoder is not None:
-            sample = self.decoder(sample)
-        return self.transform(sample) if self.transform is not None else sample
+    if TYPE_CHECKING:
+
+        def __getitem__(self, i: int) -> Any:
+            """Sample ``i``, decoded and transformed when asked."""
+
+    else:
+        # ds[i] costs what ds.read(i) costs when nothing decodes or transforms: the type's __getitem__ is
+        # a C-level property that hands out this instance's item function (_choose_item), so no Python
+        # frame runs per sample on the raw path; with a decoder or a transform it is _decoded_item.
+        __getitem__ = property(operator.attrgetter("_item"), doc="ds[i]: sample i, decoded and transformed when asked.")
+
+    def _item(self, i: int) -> Any:
+        """``ds[i]`` before this process chose its item function (first use, after fork or a new decoder)."""
+        if self._gen != FORK[0]:
+            self._attach()
+        else:
+            self._choose_item()
+        item: Callable[[int], Any] = self.__dict__["_item"]
+        return item(i)
+
+    def _choose_item(self) -> None:
+        self._item = self.read if self.decoder is None and self.transform is None else self._decoded_item  # type: ignore[method-assign]
+
+    def _decoded_item(self, i: int) -> Any:
+        return self._finish(self.read(i))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in ("decoder", "transform"):  # ds[i] chooses its item function again
+            self.__dict__.pop("_item", None)
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         """A batch of samples, read in index order (shard by shard, offset by offset) and returned in the order asked.
@@ -290,10 +332,54 @@ class TarDataset:
         ``DataLoader`` calls this for batched sampling; reading in file order keeps
         reads local (page cache, zstd frames) whatever order the sampler chose.
         """
+        if self._remote:
+            return self._getitems_remote(indices)
         out: list[Any] = [None] * len(indices)
         for k in sorted(range(len(indices)), key=indices.__getitem__):
             out[k] = self[indices[k]]
         return out
+
+    def _getitems_remote(self, indices: list[int]) -> list[Any]:
+        """A batch over URL shards: every range requested at once (``options.max_in_flight`` in
+        flight, neighbours within ``options.coalesce_gap`` in one request), samples in the order asked."""
+        if self._gen != FORK[0]:
+            self._attach()
+        located = [self._locate(i) for i in indices]
+        opener = self._opener
+        handles: dict[int, Any] = {}
+        out: list[Any] = [None] * len(indices)
+        try:
+            for shard in {loc[3] for loc in located}:
+                handles[shard] = opener.acquire(shard)  # counted until the batch is read: not closed under it
+            remote = [k for k, loc in enumerate(located) if is_remote_reader(handles[loc[3]])]
+            got = read_many([(handles[located[k][3]], located[k][1], located[k][2]) for k in remote], self.options) if remote else []
+        finally:
+            for shard in handles:
+                opener.release(shard)
+        for k, buf in zip(remote, got):
+            out[k] = self._finish(self._sample(located[k][0], buf, *located[k][1:]))
+        for k in range(len(indices)):
+            if out[k] is None:
+                out[k] = self[indices[k]]
+        return out
+
+    def _finish(self, sample: Sample) -> Any:
+        """Decoding and transform, as ``ds[i]`` applies them.
+
+        Raises:
+            DecodeError: the decoder or the transform failed (names the shard, the sample's offset and key),
+                as :class:`~tarindex.TarStream` raises it.
+        """
+        i = sample["__index__"]
+        try:
+            if self.decoder is not None:
+                sample = self.decoder(sample)
+            return self.transform(sample) if self.transform is not None else sample
+        except TarIndexError:
+            raise
+        except Exception as exc:
+            shard, offset, _, _, key = self.index.record(i)
+            raise DecodeError(self.urls[shard], offset, f"sample {shown(key)}: {type(exc).__name__}: {exc}") from exc
 
     def get(self, key: str) -> Any:
         """The sample with ``key`` (the first one, if several share it).

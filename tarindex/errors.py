@@ -15,6 +15,7 @@ __all__ = [
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
+    "PatternError",
     "RandomAccessError",
     "SampleNotFoundError",
     "SamplerStateError",
@@ -27,6 +28,18 @@ __all__ = [
     "UnsupportedCompressionError",
     "WriteError",
 ]
+
+SHOWN_CHARS = 80
+"""How much of a key (or any name taken from data) an error message shows."""
+
+
+def shown(name: str | bytes) -> str:
+    """``name`` quoted for an error message, cut to :data:`SHOWN_CHARS` characters with its full length said:
+    a key of 100,000 bytes must not make a 100,000-character error line."""
+    text = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
+    if len(text) <= SHOWN_CHARS:
+        return repr(text)
+    return f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
 
 
 class TarIndexError(Exception):
@@ -144,6 +157,10 @@ class IndexNotFoundError(TarIndexError, FileNotFoundError):
 
 class ShardNotFoundError(TarIndexError, FileNotFoundError):
     """A shard named by the user or by an index does not exist."""
+
+
+class PatternError(TarIndexError, ValueError):
+    """A shard pattern cannot be expanded: unbalanced or unexpanded braces, a missing ``${VAR}``, an empty name."""
 
 
 class SourceError(_AtOffset, OSError):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,25 +19,11 @@ from test_zstd import big_tar, check_dataset, expected_samples, pzstd_cli, rando
 import tarindex
 import tarindex.dataset
 import tarindex.zstd_random
-from conftest import require_c_extension
 from tarindex.cli.main import main
 from tarindex.errors import CorruptFrameError, StaleIndexError
 from tarindex.shard_writer import compress_shard
 
 pytestmark = pytest.mark.skipif(shutil.which("pzstd") is None, reason="zstd CLI")  # .ci/run installs it
-
-
-@pytest.fixture(params=["c", "python"])
-def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The C reader (``ZstdReader`` and the C read path), or the Python reference for both."""
-    if request.param == "c":
-        require_c_extension()
-    else:
-        monkeypatch.setattr(tarindex.dataset, "_speedups", None)
-        monkeypatch.setattr(tarindex.zstd_random, "_speedups", None)
-        monkeypatch.setattr(tarindex.zstd_random, "_CACHE", None)
-    yield request.param
-    tarindex.zstd_random._CACHE = None  # the next test makes the cache of its own backend
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +53,7 @@ def test_zstd_shard_indexed_from_url_reads_exact_bytes(
     oracle = expected_samples(small_tar)
     assert len(ds) == len(oracle)
     assert check_dataset(ds, oracle, random_order(len(ds))) == len(oracle)
-    (handle,) = ds._fds.values()
+    (handle,) = [h for h in ds._opener.handles if h is not None]
     assert handle.fd == -1  # read over HTTP, not from a local file
     result = CliRunner().invoke(main, ["get", str(index), "k00417", "--ext", "cls"])
     assert result.exit_code == 0 and result.stdout_bytes == b"417"
