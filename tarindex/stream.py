@@ -144,7 +144,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         block_size: bytes per read.
         retries, backoff, timeout: network retries without progress, first
             backoff in seconds (doubled each time), socket timeout.
-        storage_options: keyword arguments for fsspec filesystems.
+        storage_options: client options of object stores and fsspec filesystems (docs/remote.md).
+        headers: extra HTTP(S) request headers (e.g. ``{"Authorization": "Bearer ..."}``).
         read_ahead: blocks a reader thread keeps ready ahead of the parser (0: read in the
             parser's thread), for sources read in blocks. Default: 8 for network sources; for
             local zstd files 8 in the main process and 0 in DataLoader workers, where the workers
@@ -183,6 +184,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         storage_options: Mapping[str, Any] | None = None,
         read_ahead: int | None = None,
         allow_commands: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         if not callable(handler) and handler not in _HANDLERS:
@@ -208,6 +210,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             "backoff": backoff,
             "timeout": timeout,
             "storage_options": dict(storage_options or {}),
+            "headers": dict(headers or {}),
         }
         self.read_ahead = read_ahead
         self.batching: tuple[int, Callable[[list[Any]], Any] | None, bool] | None = None

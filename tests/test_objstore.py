@@ -244,3 +244,58 @@ def test_forked_after_obstore_reads_through_fsspec(bucket_set: tuple[str, list[P
         keys, messages = pool.apply_async(_read_in_child, (ds, [13, 40, 2])).get(timeout=60)
     assert keys == ["s01i001", "s03i004", "s00i002", "s01i001"]
     assert messages and "forked after its parent used obstore" in messages[0]
+
+
+def _fill_cache(root: str, bound: int, worker: int) -> None:
+    from tarindex._blockcache import BlockCache
+
+    cache = BlockCache(root, bound)
+    for k in range(200):
+        name = BlockCache.name("shard", (k * 7 + worker) % 150, 1000)
+        data = bytes([k % 256]) * 1000
+        got = cache.get(name, 1000)
+        assert got is None or len(got) == 1000
+        cache.put(name, data)
+
+
+def test_block_cache_two_processes_keep_the_bound(tmp_path: Path) -> None:
+    import multiprocessing
+
+    from tarindex._blockcache import BlockCache
+
+    bound = 40_000
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_fill_cache, args=(str(tmp_path), bound, w)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    cache = BlockCache(tmp_path, bound)
+    assert 0 < cache.used() <= bound
+    entries = cache.files.entries()
+    assert all(size == 1000 for _, size, _ in entries)  # no torn entry: each written whole, renamed
+    assert not [p for p in cache.files.dir.iterdir() if p.name.startswith(".") and p.name not in (".lock", ".usage", ".tarindex-cache")]
+
+
+def test_block_cache_serves_the_second_epoch(
+    http_server: HTTPServer, fault_proxy: Callable[..., FaultProxy], shard_set: Callable[..., list[Path]], tmp_path: Path
+) -> None:
+    paths = shard_set(2, 20, name="www-cache")
+    for p in paths:
+        (http_server.root / f"cache-{tmp_path.name}-{p.name}").write_bytes(p.read_bytes())
+    proxy = fault_proxy(http_server.port)
+    urls = [proxy.url(f"cache-{tmp_path.name}-{p.name}") for p in paths]
+    build_index(urls, index=tmp_path / "http.tarindex", workers=1)
+    want = _oracle(paths)
+    options = SourceOptions(cache_dir=str(tmp_path / "cache"), cache_bytes=1 << 20, coalesce_gap=-1)
+    order = list(range(40))
+    random.Random(3).shuffle(order)
+    first = TarDataset(tmp_path / "http.tarindex", options=options)
+    assert all(_same(g, want[i]) for g, i in zip(first.__getitems__(order), order))
+    second = TarDataset(tmp_path / "http.tarindex", options=options)  # another process would see the same
+    second[0], second[20]  # opened: one probe each
+    before = proxy.requests
+    assert all(_same(g, want[i]) for g, i in zip(second.__getitems__(order), order))
+    assert _same(second[7], want[7])
+    assert proxy.requests == before  # every range came from the cache

@@ -1,7 +1,8 @@
 """Benchmarks, side by side with the peers and the physical limit, as ratios in one run.
 
 Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,zstd,sampler,sampler_zstd,scale]
-Every part runs by default; ``--only`` picks some. ``--only stream,quick``: the streaming benchmark over
+Every part but ``remote`` runs by default; ``--only`` picks some (``--only remote``: random access
+over loopback nginx with 20 ms added per request, tools/bench_remote.py). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
@@ -507,6 +508,10 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
     if "zstd" in only:
         yield from bench_zstd(paths[: ZSTD_SHARDS[0]], name, work, frame_table=name == "small")
+    if "remote" in only:  # not by default: it starts nginx and a delaying relay
+        from bench_remote import bench_remote
+
+        yield from bench_remote(paths, name, work, index)
 
 
 # -- samplers ---------------------------------------------------------------------------
