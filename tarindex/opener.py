@@ -23,6 +23,7 @@ import numpy as np
 
 from ._cache import FileCache
 from .errors import CommandNotAllowedError, CorruptFrameError, IndexFormatError, RandomAccessError
+from .gzip import random_access_refused
 from .index.format import ShardInfo
 from .objstore import open_reader
 from .options import SourceOptions
@@ -101,6 +102,9 @@ def open_url(url: str, info: ShardInfo, frames: np.ndarray | None = None, option
     reader = open_reader(url, size=info.size, etag=info.etag, mtime_ns=info.mtime_ns, options=options or SourceOptions())
     if info.compression == "zstd":
         return open_zstd_shard(url, reader, info, frames)
+    if info.compression == "gzip":
+        reader.close()
+        raise random_access_refused(url)
     return reader
 
 

@@ -15,9 +15,16 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ._source import Source
-from .compression import ArchiveEnd, codec_of
-from .errors import CorruptArchiveError, CorruptFrameError, DecompressionLimitError, ShardNotFoundError
+from .compression import ArchiveEnd, codec_of, detect
+from .errors import (
+    CorruptArchiveError,
+    CorruptDeflateError,
+    CorruptFrameError,
+    DecompressionLimitError,
+    ShardNotFoundError,
+)
 from .grouping import Packer, SampleRecord, new_packer, pack_samples
+from .gzip import decompress_gzip
 from .index.format import ShardInfo, ShardTable
 from .shards import FINGERPRINT_SPAN, fingerprint, fingerprint_stream
 from .sources import is_url, open_source
@@ -126,6 +133,8 @@ def iter_archive(
     codec = codec_of(bytes(first[:6]), url)
     if codec == "zstd":
         yield from decompress_frames(itertools.chain((first,), chunks), url, frames, end=end)
+    elif codec == "gzip":
+        yield from decompress_gzip(itertools.chain((first,), chunks), url, end=end)
     else:
         yield first
         yield from chunks
@@ -177,9 +186,11 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
         partial = False
         if codec == "zstd":
             table, partial = _scan_zstd(fd, path)
+        elif codec == "gzip":
+            table = _scan_gzip(fd, path)
         else:
             table = table_from_file(fd, path)
-        info = shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table)
+        info = shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table, gzip=codec == "gzip")
         return (dataclasses.replace(info, random_access=False) if partial else info), table
     finally:
         os.close(fd)
@@ -220,13 +231,19 @@ def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
         size = source.position
     if is_zstd(bytes(head[:4])):  # the frame table, as for a local zstd shard
         table.frames = frame_array(rows)
-    info = shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table, etag=source.etag)
+    gzip = detect(bytes(head[:6])) == "gzip"
+    info = shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table, etag=source.etag, gzip=gzip)
     return (dataclasses.replace(info, random_access=False) if end.partial else info), table
 
 
-def shard_info(path: str, size: int, mtime_ns: int, fp: str, table: ShardTable, *, etag: str | None = None) -> ShardInfo:
-    """A scanned shard's record; a zstd shard (one with a frame table) says so, and whether random access is cheap."""
+def shard_info(
+    path: str, size: int, mtime_ns: int, fp: str, table: ShardTable, *, etag: str | None = None, gzip: bool = False
+) -> ShardInfo:
+    """A scanned shard's record; a zstd shard (one with a frame table) says so, and whether random access is
+    cheap; a gzip shard says so (not read at random)."""
     info = ShardInfo(path, size, mtime_ns, fp, table.n_samples, table.n_members, etag=etag)
+    if gzip:
+        return dataclasses.replace(info, compression="gzip", random_access=False)
     if table.frames is not None:
         info = dataclasses.replace(info, compression="zstd", random_access=random_access(table.frames))
     return info
@@ -284,6 +301,19 @@ def _scan_zstd(fd: int, path: str) -> tuple[ShardTable, bool]:
     return table, end.partial
 
 
+def _scan_gzip(fd: int, path: str) -> ShardTable:
+    """Index a gzip shard: one streaming decompression (1 MiB reads), the tar parser on its output.
+
+    Raises:
+        CorruptDeflateError: damaged gzip data (compressed offset).
+        CorruptArchiveError: a decompressed stream that is not a valid tar.
+        DecompressionLimitError: the output exceeds the expansion ratio.
+    """
+    end = ArchiveEnd()
+    reads = (os.pread(fd, MAP_SLICE // 16, off) for off in range(0, os.fstat(fd).st_size, MAP_SLICE // 16))
+    return _scan_chunks(decompress_gzip(reads, path, end=end), path, end)
+
+
 def _scan_chunks(chunks: Iterator[bytes], path: str, end: ArchiveEnd) -> ShardTable:
     """The tar parser over decompressed pieces; the input after the end-of-archive marker is drained
     too (``end`` set: only the padding is decompressed, the rest read).
@@ -295,7 +325,7 @@ def _scan_chunks(chunks: Iterator[bytes], path: str, end: ArchiveEnd) -> ShardTa
     """
     try:
         table = table_from_chunks(chunks, path)
-    except (CorruptFrameError, DecompressionLimitError):  # offsets in the compressed file
+    except (CorruptFrameError, CorruptDeflateError, DecompressionLimitError):  # offsets in the compressed file
         raise
     except CorruptArchiveError as exc:
         raise type(exc)(path, exc.offset, f"{exc.what} (in the decompressed tar)") from exc

@@ -21,7 +21,7 @@ import torch.utils.data
 
 from ._split import Slot, buffer_shuffle, shard_order, shards_for_slot, worker_slot
 from .collate import batched, collate
-from .compression import ArchiveEnd, codec_of
+from .compression import ArchiveEnd, codec_of, looks_like_shard, sniff_file
 from .decode import DecodeMode, Decoder
 from .errors import DecodeError, StreamWarning, TarIndexError, shown
 from .grouping import fused, iter_samples
@@ -47,7 +47,7 @@ def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] |
         reader = urls
     elif isinstance(urls, (str, os.PathLike)):
         p = os.fspath(urls)
-        if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not p.endswith((".tar", ".tar.zst", ".tzst"))):
+        if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
             reader = IndexReader(p)
     if reader is None:
         return expand_shards(urls), None
