@@ -16,8 +16,10 @@ if sys.platform == "win32":  # os.pread, fork-aware readers, fcntl locks: the pa
 from .errors import (
     CommandNotAllowedError,
     CorruptArchiveError,
+    CorruptDeflateError,
     CorruptFrameError,
     DecodeError,
+    DecompressionLimitError,
     DuplicateMemberError,
     IndexFormatError,
     IndexNotFoundError,
@@ -32,6 +34,7 @@ from .errors import (
     StreamWarning,
     TarIndexError,
     TarIndexWarning,
+    UnsupportedCompressionError,
     WriteError,
 )
 
@@ -53,8 +56,10 @@ __all__ = [
     "BuildReport",
     "CommandNotAllowedError",
     "CorruptArchiveError",
+    "CorruptDeflateError",
     "CorruptFrameError",
     "DecodeError",
+    "DecompressionLimitError",
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
@@ -77,6 +82,7 @@ __all__ = [
     "TarIndexError",
     "TarIndexWarning",
     "TarStream",
+    "UnsupportedCompressionError",
     "VerifyReport",
     "WriteError",
     "__version__",

@@ -21,6 +21,7 @@ from .errors import (
     TarIndexError,
     shown,
 )
+from .gzip import random_access_refused
 from .identity import Check, check_shard
 from .index.reader import IndexReader
 from .index.records import unpack as unpack_record
@@ -225,6 +226,9 @@ class TarDataset:
             os.close(fd)
             raise
         handle: Any = fd
+        if info.compression == "gzip":
+            os.close(fd)
+            raise random_access_refused(path)
         if info.compression == "zstd":
             handle = open_zstd_shard(
                 path, fd, info, self.index.frame_table(shard), cache_dir=self.zstd_cache_dir, cache_bytes=self.zstd_cache_bytes

@@ -8,8 +8,10 @@ from typing import Any, ClassVar, overload
 __all__ = [
     "CommandNotAllowedError",
     "CorruptArchiveError",
+    "CorruptDeflateError",
     "CorruptFrameError",
     "DecodeError",
+    "DecompressionLimitError",
     "DuplicateMemberError",
     "IndexFormatError",
     "IndexNotFoundError",
@@ -24,6 +26,7 @@ __all__ = [
     "StreamWarning",
     "TarIndexError",
     "TarIndexWarning",
+    "UnsupportedCompressionError",
     "WriteError",
 ]
 
@@ -118,6 +121,21 @@ class CorruptArchiveError(_AtOffset, ValueError):
 
 class CorruptFrameError(CorruptArchiveError):
     """zstd data is damaged (corrupt or truncated frame, bad seek table); the offset is in the compressed file."""
+
+
+class CorruptDeflateError(CorruptArchiveError):
+    """gzip data is damaged (bad header, corrupt deflate stream, CRC or length mismatch, truncated);
+    the offset is in the compressed file."""
+
+
+class DecompressionLimitError(CorruptArchiveError):
+    """Compressed data expands beyond a configured bound (:class:`tarindex.compression.Limits`): a
+    decompression bomb, or a shard that needs the bound raised; the offset is in the compressed file."""
+
+
+class UnsupportedCompressionError(_OfShard, ValueError):
+    """A shard is compressed with a format tarindex does not read (bzip2, xz, lz4); the message names the
+    format and the command that converts the shard."""
 
 
 class DuplicateMemberError(CorruptArchiveError):

@@ -34,6 +34,7 @@ from ._split import (
 )
 from ._state import SharedEpoch, check_header, header, stream_states
 from .collate import batched, collate
+from .compression import ArchiveEnd, codec_of, looks_like_shard, sniff_file
 from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, DecodeError, StateError, StreamWarning, TarIndexError, shown
 from .grouping import fused, iter_samples
@@ -44,7 +45,6 @@ from .scan import archive
 from .shards import INDEX_SUFFIX, expand_shards
 from .sources import DEFAULT_BLOCK_SIZE, FileSource, RangeReader, is_url, open_source
 from .tar import Stream
-from .zstd import is_zstd
 
 __all__ = ["Handler", "TarStream"]  # public (tarindex.TarStream); the rest serves the package
 
@@ -61,7 +61,7 @@ def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] |
         reader = urls
     elif isinstance(urls, (str, os.PathLike)):
         p = os.fspath(urls)
-        if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not p.endswith((".tar", ".tar.zst", ".tzst"))):
+        if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
             reader = IndexReader(p)
     if reader is None:
         return expand_shards(urls), None
@@ -339,20 +339,22 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         source = open_source(url, **self._source_options, read_ahead=read_ahead_for(url, self.read_ahead))
         try:
             fd = source.fileno() if isinstance(source, FileSource) and source.size is not None and fused() else -1
-            if fd >= 0 and not is_zstd(os.pread(fd, 4, 0)):  # a local tar: the C walk reads it, one copy, no thread
+            if fd >= 0 and codec_of(os.pread(fd, 6, 0), url) == "tar":  # a local tar: the C walk reads it, one copy, no thread
                 yield from iter_samples(fd, url, index=index)
                 return
             first = b""
             if source.walks_direct and fused():  # HTTP, pipes: the C walk reads the socket or pipe itself
-                while len(first) < 4 and (more := source.read(64 << 10)):
+                while len(first) < 6 and (more := source.read(64 << 10)):
                     first += more
-                if not is_zstd(first[:4]):
+                if codec_of(first[:6], url) == "tar":
                     yield from iter_samples(Stream(source, first), url, index=index)
                     while source.read(source.block_size):  # to the end: the body's length is checked there
                         pass
                     return
-            raw = archive(source, first=first)
+            end = ArchiveEnd()
+            raw = archive(source, first=first, end=end)
             yield from iter_samples(raw, url, index=index)
+            end.set()  # what follows the tar is read, but decompressed only as far as Limits.padding
             for _ in raw:  # to the end: a pipe's exit status and an HTTP body's length are checked there
                 pass
         finally:
