@@ -1,6 +1,8 @@
 """Benchmarks, side by side with the peers and the physical limit, as ratios in one run.
 
 Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,zstd,sampler,sampler_zstd,scale]
+``--sets jpeg-ustar,jpeg-wds,jpeg-posix,jpeg-gnu``: the first shards of a set as they are and rewritten by
+webdataset's TarWriter, GNU tar --format=posix and GNU tar with long names (``WRITERS``).
 Every part runs by default; ``--only`` picks some. ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set.
@@ -35,6 +37,15 @@ SPECS = {
     "small": (20, 10_000, (800, 1200)),
     "sampler": (40, 500, (4_000, 16_000)),  # a quick set for the sampler benchmarks
 }
+WRITERS = {
+    "ustar": "the set's own shards (tarfile, short names: plain ustar headers only)",
+    "wds": "webdataset.TarWriter defaults: a PAX header before every member (float mtime)",
+    "posix": "GNU tar --format=posix: a PAX header before every member",
+    "gnu": "GNU tar default format, names under a 120-character directory: a GNU 'L' header before every member",
+}
+"""Sets made of another set's samples by another writer: ``--sets jpeg-wds,small-posix``, ... (the first
+``VARIANT_SHARDS`` shards of the set; compare with the same shards as written by tarfile: ``--sets jpeg``)."""
+VARIANT_SHARDS = 4
 
 
 # -- data ------------------------------------------------------------------------------
@@ -74,6 +85,51 @@ def make_set(root: Path, name: str, n_shards: int, per_shard: int, size_range: t
                     ti = tarfile.TarInfo(f"{s:03d}{i:06d}.{ext}")
                     ti.size = len(data)
                     tf.addfile(ti, io.BytesIO(data))
+        tmp.rename(p)
+    return paths
+
+
+def make_variant(root: Path, base: list[str], name: str, writer: str) -> list[str]:
+    """The first ``VARIANT_SHARDS`` shards of ``base`` rewritten by ``writer`` (see ``WRITERS``), made once."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for src in base[:VARIANT_SHARDS]:
+        p = root / Path(src).name.replace(name.split("-")[0], name)
+        paths.append(str(p))
+        if p.exists():
+            continue
+        tmp = p.with_suffix(".tmp")
+        with tarfile.open(src) as tf:
+            members = [(m.name, tf.extractfile(m).read()) for m in tf if m.isreg()]  # type: ignore[union-attr]
+        if writer == "ustar":
+            shutil.copyfile(src, tmp)
+        elif writer == "wds":
+            import webdataset as wds
+
+            with wds.TarWriter(str(tmp)) as out:
+                sample: dict[str, object] = {}
+                for member, data in members:
+                    key, ext = member.split(".", 1)
+                    if sample and sample["__key__"] != key:
+                        out.write(sample)
+                        sample = {}
+                    sample.setdefault("__key__", key)
+                    sample[ext] = data
+                out.write(sample)
+        else:
+            tree = Path(tempfile.mkdtemp(dir=root))
+            prefix = "d" * 120 + "/" if writer == "gnu" else ""
+            for member, data in members:
+                (tree / prefix).mkdir(parents=True, exist_ok=True)
+                (tree / (prefix + member)).write_bytes(data)
+            names = [prefix + m for m, _ in members]
+            fmt = ["--format=posix"] if writer == "posix" else []
+            subprocess.run(["tar", *fmt, "--no-recursion", "-C", str(tree), "-cf", str(tmp), *names], check=True)
+            shutil.rmtree(tree)
         tmp.rename(p)
     return paths
 
@@ -677,8 +733,12 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.2f}; peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB")
     print("| measurement | value | ratio |\n|---|---|---|")
     for name in args.sets.split(","):
-        n_shards, per, size = SPECS[name]
-        paths = make_set(args.dir / name, name, n_shards, per, size)
+        base_name, _, writer = name.partition("-")
+        n_shards, per, size = SPECS[base_name]
+        paths = make_set(args.dir / base_name, base_name, n_shards, per, size)
+        if writer:
+            print(f"{name}: {WRITERS[writer]}; {VARIANT_SHARDS} shards of the {base_name} set")
+            paths = make_variant(args.dir / name, paths, name, writer)
         for label, value, ratio in run_set(name, paths, only, work):
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
     if "scale" in only:
