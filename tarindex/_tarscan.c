@@ -496,7 +496,8 @@ fail:
 }
 
 #define WINDOW_LARGE (64 << 10) /* headers of small members: several per read */
-#define WINDOW_SMALL (4 << 10)  /* after a member larger than this outgrew the window: little data read twice */
+#define WINDOW_SMALL (8 << 10)  /* after a member larger than this outgrew the window: little data read twice; a
+                                   * sample's small members with a PAX header each fit */
 
 /* The next window's size once a member of `padded` bytes (padding included) ended, `in_hand` of its
  * data bytes having come with its header's window: both walks (file and stream) follow this rule. */

@@ -61,7 +61,7 @@ _POSIX_MAGIC = b"ustar\x00"
 _BATCH_HEADERS = 1024  # headers per call of the C walk
 _BATCH_BYTES = 16 << 20  # member data the C walk takes per call (with_data)
 _WINDOW = 64 << 10
-_SMALL_WINDOW = 4 << 10
+_SMALL_WINDOW = 8 << 10  # a sample's small members with a PAX header each fit
 _SIZE_MAX = (1 << 63) - 1
 _CHAIN = 8 << 10  # a member's extension headers the C walk is helped to see in one window
 
@@ -335,6 +335,10 @@ class _Cursor:
         """Bytes the input holds from ``pos`` on, when known (``None``: chunks of unknown total length)."""
         return None
 
+    def extend(self, pos: int, need: int) -> int:
+        """:meth:`fill` (a file cursor reads a window no larger than the last)."""
+        return self.fill(pos, need)
+
     def skip(self, pos: int, count: int) -> int:
         """Advance ``count`` bytes from ``pos`` without keeping them; return the new ``pos`` (-1 at end of input)."""
         pos += count
@@ -372,6 +376,12 @@ class _FileCursor:
         self.base += pos
         self.buf = os.pread(self.fd, max(need, _SMALL_WINDOW if self.large else _WINDOW), self.base)
         self.large = False
+        return 0 if len(self.buf) >= need else -1
+
+    def extend(self, pos: int, need: int) -> int:
+        """Like :meth:`fill`, in a window no larger than the last one (when it held a member's headers in part)."""
+        self.base += pos
+        self.buf = os.pread(self.fd, max(need, len(self.buf) - pos), self.base)
         return 0 if len(self.buf) >= need else -1
 
     def room(self, pos: int) -> int:
@@ -662,7 +672,7 @@ def _walk(
                 continue
             if len(buf) - pos < _CHAIN and cur.base + pos != stalled:  # a member's headers across the window's end:
                 stalled = cur.base + pos  # bring them into one window (once) and let the C walk try again
-                filled = cur.fill(pos, len(buf) - pos + _CHAIN)
+                filled = cur.extend(pos, len(buf) - pos + _CHAIN)
                 pos = max(filled, 0)  # at the input's end, every byte left is in the window
                 continue
         hdr = buf[pos : pos + BLOCK]

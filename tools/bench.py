@@ -735,7 +735,7 @@ def main() -> None:
     for name in args.sets.split(","):
         base_name, _, writer = name.partition("-")
         n_shards, per, size = SPECS[base_name]
-        paths = make_set(args.dir / base_name, base_name, n_shards, per, size)
+        paths = make_set(args.dir / base_name, base_name, VARIANT_SHARDS if writer else n_shards, per, size)
         if writer:
             print(f"{name}: {WRITERS[writer]}; {VARIANT_SHARDS} shards of the {base_name} set")
             paths = make_variant(args.dir / name, paths, name, writer)
