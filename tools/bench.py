@@ -3,7 +3,8 @@
 Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,zstd,sampler,sampler_zstd,scale]
 ``--sets jpeg-ustar,jpeg-wds,jpeg-posix,jpeg-gnu``: the first shards of a set as they are and rewritten by
 webdataset's TarWriter, GNU tar --format=posix and GNU tar with long names (``WRITERS``).
-Every part runs by default; ``--only`` picks some. ``--only stream,quick``: the streaming benchmark over
+Every part runs by default; ``--only`` picks some (``walk``: the tar walk alone, TarStream and index tables,
+in one process). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
@@ -433,6 +434,36 @@ def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None
     return rows
 
 
+def bench_walk(paths: list[str], name: str, repeat: int = 3) -> list[Row]:
+    """The tar walk alone, in one process: ``TarStream`` over local files beside ``cat``, and the index
+    tables of every shard (``scan_shard``) beside a ``tarfile`` scan; best of ``repeat``, alternating."""
+    import subprocess
+
+    from tarindex.scan import scan_shard
+
+    def tarfile_scan() -> None:
+        for p in paths:
+            with tarfile.open(p) as tf:
+                for _ in tf:
+                    pass
+
+    def scan() -> None:
+        for p in paths:
+            scan_shard(p)
+
+    total_mb = sum(os.path.getsize(p) for p in paths) / 1e6
+    best = {"cat": float("inf"), "stream": float("inf"), "scan": float("inf"), "tarfile": float("inf")}
+    for _ in range(repeat):
+        best["cat"] = min(best["cat"], timed(lambda: subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)))
+        best["stream"] = min(best["stream"], timed(lambda: _stream_pass(paths)))
+        best["scan"] = min(best["scan"], timed(scan))
+        best["tarfile"] = min(best["tarfile"], timed(tarfile_scan))
+    return [
+        (f"{name}: TarStream local files, walk only (MB/s)", total_mb / best["stream"], f"{best['cat'] / best['stream']:.2f}x cat ({total_mb / best['cat']:,.0f} MB/s)"),
+        (f"{name}: index tables of every shard, one process (s)", best["scan"], f"{best['tarfile'] / best['scan']:.1f}x faster than a tarfile scan ({best['tarfile']:.2f} s)"),
+    ]
+
+
 # -- zstd shards ------------------------------------------------------------------------------
 
 
@@ -559,6 +590,8 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_sampler_order(index, name)
     if "sampler_zstd" in only:
         yield from bench_sampler_zstd(paths[: ZSTD_SHARDS[0]], name, work)
+    if "walk" in only:
+        yield from bench_walk(paths, name)
     if "stream" in only:
         yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
     if "zstd" in only:
@@ -722,7 +755,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default="bench-data", type=Path)
     ap.add_argument("--sets", default="jpeg,small")
-    ap.add_argument("--only", default="build,access,loader,open,stream,zstd,sampler,sampler_zstd,scale")
+    ap.add_argument("--only", default="build,access,loader,open,walk,stream,zstd,sampler,sampler_zstd,scale")
     ap.add_argument("--zstd-shards", type=int, default=None, help="zstd benchmark on the first N shards (quick check)")
     args = ap.parse_args()
     ZSTD_SHARDS[0] = args.zstd_shards
