@@ -107,10 +107,13 @@ def test_c_reader_rejects_damaged_records() -> None:
     def never(*_: object) -> None:
         raise AssertionError("the damaged record must be caught before any shard is opened")
 
-    reader = SPEEDUPS.Reader(memoryview(bad), memoryview(blob), 0, 2, ("jpg",), ("s.tar",), never, never, CorruptArchiveError, FORK)
+    from tarindex.opener import ShardOpener
+
+    opener = ShardOpener(1, never, 1)
+    reader = SPEEDUPS.Reader(memoryview(bad), memoryview(blob), 0, 2, ("jpg",), ("s.tar",), opener, never, CorruptArchiveError, FORK)
     with pytest.raises(IndexFormatError, match="record of sample 1 is damaged"):
         reader.read(1)
     with pytest.raises(IndexError):
         reader.read(2)
     with pytest.raises(IndexFormatError, match="fewer than the index's samples"):  # a stride that does not fit the blob
-        SPEEDUPS.Reader(memoryview(bad), memoryview(blob), len(blob), 2, ("jpg",), ("s.tar",), never, never, CorruptArchiveError, FORK)
+        SPEEDUPS.Reader(memoryview(bad), memoryview(blob), len(blob), 2, ("jpg",), ("s.tar",), opener, never, CorruptArchiveError, FORK)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IndexFormatError
+from ..errors import IndexFormatError, shown
 
 __all__ = ["HEAD", "MAX_KEY_BYTES", "MAX_MEMBERS", "STRIDE_SLACK", "Decoded", "decode", "encode", "unpack", "unpack_head"]
 
@@ -94,7 +94,7 @@ def encode(
     if n and (int(nm.max()) > MAX_MEMBERS or int(klen.max()) > MAX_KEY_BYTES):
         worst = int(np.argmax(nm > MAX_MEMBERS)) if int(nm.max()) > MAX_MEMBERS else int(np.argmax(klen > MAX_KEY_BYTES))
         raise IndexFormatError(
-            f"sample {keys[worst].decode('utf-8', 'replace')!r} has {int(nm[worst])} members and a key of "
+            f"sample {shown(keys[worst])} has {int(nm[worst])} members and a key of "
             f"{int(klen[worst])} bytes; an index record holds at most {MAX_MEMBERS} and {MAX_KEY_BYTES}"
         )
     length = (HEAD.size + 18 * nm + klen + 7) & ~7
