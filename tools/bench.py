@@ -3,8 +3,9 @@
 Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,zstd,sampler,sampler_zstd,scale]
 ``--sets jpeg-ustar,jpeg-wds,jpeg-posix,jpeg-gnu``: the first shards of a set as they are and rewritten by
 webdataset's TarWriter, GNU tar --format=posix and GNU tar with long names (``WRITERS``).
-Every part runs by default; ``--only`` picks some (``walk``: the tar walk alone, TarStream and index tables,
-in one process). ``--only stream,quick``: the streaming benchmark over
+Every part but ``remote`` runs by default; ``--only`` picks some (``walk``: the tar walk alone, TarStream and
+index tables, in one process; ``--only remote``: random access over loopback nginx with 20 ms added per
+request, tools/bench_remote.py). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
@@ -596,6 +597,10 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
     if "zstd" in only:
         yield from bench_zstd(paths[: ZSTD_SHARDS[0]], name, work, frame_table=name == "small")
+    if "remote" in only:  # not by default: it starts nginx and a delaying relay
+        from bench_remote import bench_remote
+
+        yield from bench_remote(paths, name, work, index)
 
 
 # -- samplers ---------------------------------------------------------------------------
