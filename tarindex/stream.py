@@ -34,7 +34,7 @@ from ._split import (
 )
 from ._state import SharedEpoch, check_header, header, stream_states
 from .collate import batched, collate
-from .compression import ArchiveEnd, codec_of, looks_like_shard, sniff_file
+from .compression import ArchiveEnd, codec_of, detect, looks_like_shard, sniff_file
 from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, DecodeError, StateError, StreamWarning, TarIndexError, shown
 from .grouping import fused, iter_samples
@@ -440,7 +440,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 )
             elif not is_url(url) and url != "-" and not url.startswith("pipe:") and os.path.isfile(url):
                 reader = _FileReader(url)
-            if reader is not None and (reader.size < 0 or is_zstd(reader.read_at(0, 4))):
+            if reader is not None and (reader.size < 0 or detect(reader.read_at(0, 6)) != "tar"):
                 reader.close()
                 reader = None
         except (TarIndexError, OSError):  # no Range support, unreachable: read from the start (errors come there)
