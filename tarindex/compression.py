@@ -15,7 +15,7 @@ from typing import Literal
 
 from .errors import DecompressionLimitError, UnsupportedCompressionError
 
-__all__ = ["Limits", "limits", "set_limits"]  # public: the bounds of every decompression; the rest serves the package
+__all__ = ["Limits", "limits", "set_limits"]  # public: the bounds of every decompression (docs/compression.md)
 
 Codec = Literal["tar", "zstd", "gzip", "bzip2", "xz", "lz4", "compress"]
 """What a shard's first bytes say it is (``"tar"``: no compression recognised)."""

@@ -20,7 +20,7 @@ from typing import Any
 from .compression import ArchiveEnd, Budget
 from .errors import CorruptDeflateError, RandomAccessError
 
-__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
+__all__: list[str] = []  # internal: read through TarDataset, TarStream and build
 
 GZIP_MAGIC = b"\x1f\x8b\x08"
 """The first bytes of a gzip member (deflate)."""
