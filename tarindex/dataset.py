@@ -13,7 +13,6 @@ from ._process import FORK
 from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, IndexFormatError, ShardNotFoundError, StaleIndexError
 from .index.reader import IndexReader
-from .index.records import unpack as unpack_record
 from .opener import close_handle, open_url, open_zstd_shard
 from .shards import resolve_index
 from .sources import is_url
@@ -88,9 +87,7 @@ class TarDataset:
     def _attach(self) -> None:
         """Open this process's view: the sample records, no file handles yet."""
         ix = self.index
-        self._rec_at = ix.column("record_offset")
-        self._records = ix.column("records")
-        self._stride = ix.record_stride
+        self._blocks = ix.blocks()  # keeps the index's map open while this process reads from it
         self._exts = ix.exts
         self._fds: OrderedDict[int, Any] = OrderedDict()  # shard -> int fd, or an object with read_at()
         self._closing: list[tuple[int, Any]] = []  # evicted while another thread was reading them: closed later
@@ -100,9 +97,8 @@ class TarDataset:
         self._fast: Any = None
         if _speedups is not None:
             self._fast = _speedups.Reader(
-                self._rec_at,
-                self._records,
-                self._stride,
+                self._blocks.payload,
+                self._blocks.block_samples,
                 self._n,
                 tuple(self._exts),
                 tuple(self.urls),
@@ -232,11 +228,9 @@ class TarDataset:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range for {n} samples")
-        records, stride = self._records, self._stride
-        at = i * stride if stride else self._rec_at[i]
-        offset, size, shard, spans, key = unpack_record(records, at, i)
+        shard, offset, size, members, raw_key = self._blocks.record(i)
         if shard >= len(self.urls):
-            raise IndexFormatError(f"the index record of sample {i} is damaged; rebuild the index")
+            raise IndexFormatError(f"{self.index_path}: the record of sample {i} names shard {shard} of {len(self.urls)}; rebuild the index")
         inflight = self._inflight
         with self._lock:  # the handle, and the count that keeps another thread from closing it under us
             handle = self._fds.get(shard)
@@ -257,13 +251,10 @@ class TarDataset:
             buf = handle.read_at(offset, size)
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
-        sample: Sample = {"__key__": key, "__url__": self.urls[shard], "__index__": i}
-        exts, nm = self._exts, len(spans) // 3
-        for j in range(nm):
-            o, end = spans[2 * j], spans[2 * j] + spans[2 * j + 1]
-            if end > size:
-                raise CorruptArchiveError(self.urls[shard], offset, "index entry out of bounds")
-            sample[exts[spans[2 * nm + j]]] = buf[o:end]
+        sample: Sample = {"__key__": raw_key.decode("utf-8", "surrogateescape"), "__url__": self.urls[shard], "__index__": i}
+        exts = self._exts
+        for e, o, z in members:  # checked against the sample's range when the record was read
+            sample[exts[e]] = buf[o : o + z]
         return sample
 
     def __getitem__(self, i: int) -> Any:
@@ -294,7 +285,7 @@ class TarDataset:
     @property
     def shard_sizes(self) -> list[int]:
         """Samples per shard, in index order (sample numbers run shard after shard)."""
-        starts = self.index.array("shard_start")
+        starts = self.index.shard_starts()
         return [int(b - a) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
 
     @property

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 __all__ = [
     "CorruptArchiveError",
     "CorruptFrameError",
     "DecodeError",
     "DuplicateMemberError",
+    "IndexChangedError",
     "IndexFormatError",
     "IndexNotFoundError",
     "RandomAccessError",
@@ -117,6 +120,15 @@ class StaleIndexError(TarIndexError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:
         return (type(self), (self.path, self.changed))
+
+
+class IndexChangedError(StaleIndexError):
+    """The index file at a path is no longer the one first opened there (rebuilt in place)."""
+
+    def __init__(self, path: str | os.PathLike[str], changed: str) -> None:
+        self.path = str(path)
+        self.changed = changed
+        TarIndexError.__init__(self, f"{path}: the index was rebuilt since it was opened ({changed}); open it again")
 
 
 class SampleNotFoundError(TarIndexError, KeyError):

@@ -50,7 +50,7 @@ def _shard_list(urls: Any) -> tuple[list[str], list[int] | None]:
     if reader is None:
         return expand_shards(urls), None
     names = [info.path if is_url(info.path) else str(reader.shard_path(i)) for i, info in enumerate(reader.shards)]
-    starts = [int(x) for x in reader.array("shard_start").tolist()]
+    starts = [int(x) for x in reader.shard_starts().tolist()]
     if reader is not urls:
         reader.close()
     return names, starts
