@@ -1,7 +1,7 @@
 """Index layout: LMDB keys, ``FORMAT_VERSION``, sealed values and per-shard records.
 
 See ``docs/design.md`` ("Index layout") for the table of keys. Every value but the
-LMDB container's own pages is *sealed*: a little-endian CRC-32 of the payload, then the
+LMDB container's own pages is *sealed*: a little-endian CRC-32 of its key and payload, then the
 payload, so a damaged value is an :class:`~tarindex.errors.IndexFormatError`, never data.
 """
 
@@ -19,13 +19,13 @@ from ..errors import IndexFormatError
 __all__ = [
     "BLOCK_SAMPLES",
     "BUCKET_KEYS",
-    "bucket_of",
-    "key_hash",
     "FORMAT_VERSION",
     "MAGIC",
     "SHARD_BLOCK",
     "ShardInfo",
     "ShardTable",
+    "bucket_of",
+    "key_hash",
     "numbered",
     "seal",
     "unseal",
@@ -54,13 +54,16 @@ def numbered(prefix: bytes, number: int) -> bytes:
     return prefix + number.to_bytes(8, "big")
 
 
-def seal(payload: bytes | bytearray | memoryview) -> bytes:
-    """``payload`` behind its CRC-32 (4 bytes, little-endian)."""
-    return zlib.crc32(payload).to_bytes(4, "little") + bytes(payload)
+def seal(key: bytes, payload: bytes | bytearray | memoryview) -> bytes:
+    """``payload`` behind the CRC-32 of its LMDB key and itself (4 bytes, little-endian).
+
+    The key is in the checksum, so a value found under another key (a damaged B-tree) is refused too.
+    """
+    return zlib.crc32(payload, zlib.crc32(key)).to_bytes(4, "little") + bytes(payload)
 
 
-def unseal(raw: Any, where: str) -> memoryview:
-    """The payload of a sealed value, its checksum verified (a view, no copy).
+def unseal(raw: Any, key: bytes, where: str) -> memoryview:
+    """The payload of a value sealed under ``key``, its checksum verified (a view, no copy).
 
     Raises:
         IndexFormatError: the value is missing, too short, or its checksum does not match.
@@ -70,7 +73,7 @@ def unseal(raw: Any, where: str) -> memoryview:
     view = memoryview(raw)
     if len(view) < 4:
         raise IndexFormatError(f"{where} is damaged (expected at least 4 bytes, got {len(view)}); rebuild the index")
-    expected, got = int.from_bytes(view[:4], "little"), zlib.crc32(view[4:])
+    expected, got = int.from_bytes(view[:4], "little"), zlib.crc32(view[4:], zlib.crc32(key))
     if expected != got:
         raise IndexFormatError(f"{where} is damaged (checksum expected {expected:08x}, got {got:08x}); rebuild the index")
     return view[4:]
@@ -107,7 +110,7 @@ class ShardInfo:
         Raises:
             IndexFormatError: a field is missing, unknown or of the wrong type or sign.
         """
-        if not isinstance(obj, dict) or set(obj) - _SHARD_FIELDS or not _REQUIRED <= set(obj):
+        if not isinstance(obj, dict) or set(obj) - _SHARD_FIELDS or not set(obj) >= _REQUIRED:
             raise IndexFormatError(f"bad shard record {str(obj)[:200]!r}")
         ints = ("size", "mtime_ns", "n_samples", "n_members")
         if not (

@@ -158,7 +158,7 @@ def _check_meta(path: Path, raw: Any) -> dict[str, Any]:
     if raw is None:
         raise IndexFormatError(f"{path}: an LMDB file, but not a tarindex index")
     try:
-        meta = json.loads(bytes(unseal(raw, f"{path}: the index's meta")))
+        meta = json.loads(bytes(unseal(raw, META_KEY, f"{path}: the index's meta")))
     except ValueError as exc:
         raise IndexFormatError(f"{path}: the index's meta is damaged ({exc}); rebuild the index") from exc
     if not isinstance(meta, dict) or meta.get("magic") != MAGIC:
@@ -226,7 +226,8 @@ class BlockSource:
             if not 0 <= b * self.block_samples < self._n:
                 raise IndexError(f"record block {b} out of range")
             where = f"{self._where}: record block {b}"
-            view = unseal(self._env.get(numbered(BLOCK_PREFIX, b), Path(self._where)), where)
+            key = numbered(BLOCK_PREFIX, b)
+            view = unseal(self._env.get(key, Path(self._where)), key, where)
             expected = min(self.block_samples, self._n - b * self.block_samples)
             found = parse(view, self._n_exts, expected, where)
             if len(self._blocks) >= 4096:
@@ -403,10 +404,12 @@ class IndexReader:
 
     def _shard_block(self, b: int, expected: int) -> list[ShardInfo]:
         where = f"{self.path}: shard records block {b}"
+        key = numbered(SHARDS_PREFIX, b)
+        payload = unseal(self._get(key), key, where)
         try:
-            raw = json.loads(bytes(unseal(self._get(numbered(SHARDS_PREFIX, b)), where)))
+            raw = json.loads(bytes(payload))
             if not isinstance(raw, list) or len(raw) != expected:
-                raise IndexFormatError(f"{where} is damaged (expected {expected} records); rebuild the index")
+                raise IndexFormatError(f"expected {expected} records")
             infos = [ShardInfo.from_json(obj) for obj in raw]
         except (ValueError, IndexFormatError) as exc:
             raise IndexFormatError(f"{where} is damaged ({exc}); rebuild the index") from exc
@@ -414,7 +417,7 @@ class IndexReader:
         first = b * self.meta["shard_block"]
         for k, info in enumerate(infos):
             if info.n_samples != int(starts[first + k + 1] - starts[first + k]):
-                raise IndexFormatError(f"{where} is damaged (shard {first + k} has {info.n_samples} samples, the table says otherwise)")
+                raise IndexFormatError(f"{where} is damaged (shard {first + k} has {info.n_samples} samples, the start table says otherwise)")
         return infos
 
     @cached_property
@@ -451,7 +454,7 @@ class IndexReader:
         found = self.__dict__.get("_starts")
         if found is None:
             where = f"{self.path}: the shard start table"
-            starts = np.frombuffer(unseal(self._get(START_KEY), where), "<u8")
+            starts = np.frombuffer(unseal(self._get(START_KEY), START_KEY, where), "<u8")
             n = self.meta["n_shards"]
             if len(starts) != n + 1 or int(starts[0]) != 0 or int(starts[-1]) != self.n_samples or bool((np.diff(starts.astype(np.int64)) < 0).any()):
                 raise IndexFormatError(f"{where} is damaged (expected {n + 1} ascending starts from 0 to {self.n_samples}); rebuild the index")
@@ -495,10 +498,11 @@ class IndexReader:
         n, h = self.n_samples, key_hash(raw_key)
         if n:
             bucket = bucket_of(h, self.meta["n_buckets"])
-            found = self._get(numbered(KEYS_PREFIX, bucket))
+            bucket_key = numbered(KEYS_PREFIX, bucket)
+            found = self._get(bucket_key)
             if found is not None:
                 width = 2 + self.meta["sample_bytes"]
-                entries = unseal(found, f"{self.path}: key table bucket {bucket}")
+                entries = unseal(found, bucket_key, f"{self.path}: key table bucket {bucket}")
                 if len(entries) % width:
                     raise IndexFormatError(f"{self.path}: key table bucket {bucket} is damaged ({len(entries)} bytes); rebuild the index")
                 rows = np.frombuffer(entries, np.uint8).reshape(-1, width)
@@ -570,11 +574,12 @@ class IndexReader:
         Raises:
             IndexFormatError: the table is damaged.
         """
-        raw = self._get(numbered(FRAMES_PREFIX, shard))
+        key = numbered(FRAMES_PREFIX, shard)
+        raw = self._get(key)
         if raw is None:
             return None
         where = f"{self.path}: the frame table of shard {shard}"
-        table = unseal(raw, where)
+        table = unseal(raw, key, where)
         if len(table) % 32:
             raise IndexFormatError(f"{where} is damaged ({len(table)} bytes, not rows of 32); rebuild the index")
         return np.frombuffer(table, "<u8").reshape(-1, 4).copy()

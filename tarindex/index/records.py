@@ -245,7 +245,8 @@ class Block:
         if len(used) and int(used.max()) >= n_exts:
             raise IndexFormatError(f"{bad} (a member pattern names extension {int(used.max())} of {n_exts}); rebuild the index")
         self.view, self.n, self.m, self.mode, self.digits = view, n, m, mode, digits
-        self.widths, self.bases, self.rowlen, self.heap_len = widths, bases, rowlen, heap_len
+        self.widths, self.rowlen, self.heap_len = widths, rowlen, heap_len
+        self.bases: list[int] = bases
         self.patterns: list[tuple[int, ...]] = [tuple(row[1 : 1 + row[0]]) for row in table.tolist()]
         self.prefix = bytes(view[pos : pos + plen])
         self.rows = view[pos + plen : pos + plen + n * rowlen]
@@ -254,7 +255,8 @@ class Block:
 
     def _field(self, row: memoryview, c: int) -> int:
         w = self.widths[c]
-        return (self.bases[c] + (int.from_bytes(row[self.at[c] : self.at[c] + w], "little") if w else 0)) & _MASK
+        base: int = self.bases[c]
+        return (base + (int.from_bytes(row[self.at[c] : self.at[c] + w], "little") if w else 0)) & _MASK
 
     def record(self, j: int, where: str) -> tuple[int, int, int, list[tuple[int, int, int]], bytes]:
         """Row ``j``: ``(shard, offset, size, [(extension number, data offset, data size)...], key)``, checked.

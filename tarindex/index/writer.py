@@ -13,9 +13,9 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import lmdb
@@ -252,12 +252,15 @@ class IndexWriter:
         done = 0
         while len(cols) - done >= BLOCK_SAMPLES or (final and done < len(cols)):
             block = cols.cut(done, min(done + BLOCK_SAMPLES, len(cols)))
-            self._put(numbered(BLOCK_PREFIX, self._n_blocks), seal(encode_block(block)))
+            self._put_sealed(numbered(BLOCK_PREFIX, self._n_blocks), encode_block(block))
             self._n_blocks += 1
             done += len(block)
         rest = cols.cut(done, len(cols)) if done < len(cols) else None
         self._pending = [rest] if rest is not None else []
         self._pending_n = len(rest) if rest is not None else 0
+
+    def _put_sealed(self, key: bytes, payload: bytes) -> None:
+        self._put(key, seal(key, payload))
 
     def _put(self, key: bytes, value: bytes) -> None:
         try:
@@ -297,9 +300,9 @@ class IndexWriter:
         if self._pending_n:
             self._flush(final=True)
         n = self._starts[-1]
-        self._put(START_KEY, seal(np.array(self._starts, "<u8").tobytes()))
+        self._put_sealed(START_KEY, np.array(self._starts, "<u8").tobytes())
         for shard, raw in self._frame_tables():
-            self._put(numbered(FRAMES_PREFIX, shard), seal(raw))
+            self._put_sealed(numbered(FRAMES_PREFIX, shard), raw)
         n_buckets = -(-n // BUCKET_KEYS)
         sample_bytes = max(1, (max(n - 1, 0).bit_length() + 7) // 8)
         self._txn.commit()  # the records are readable from here on (duplicate keys are compared by their bytes)
@@ -322,10 +325,10 @@ class IndexWriter:
             "sample_bytes": sample_bytes,
             "shard_block": SHARD_BLOCK,
         }
-        self._put(META_KEY, seal(json.dumps(meta, separators=(",", ":")).encode()))
+        self._put_sealed(META_KEY, json.dumps(meta, separators=(",", ":")).encode())
         for b in range(0, len(self._infos), SHARD_BLOCK):
             infos = [info.to_json() for info in self._infos[b : b + SHARD_BLOCK]]
-            self._put(numbered(SHARDS_PREFIX, b // SHARD_BLOCK), seal(json.dumps(infos, separators=(",", ":")).encode()))
+            self._put_sealed(numbered(SHARDS_PREFIX, b // SHARD_BLOCK), json.dumps(infos, separators=(",", ":")).encode())
         self._txn.commit()
         self._txn = None
 
@@ -366,7 +369,7 @@ class IndexWriter:
             starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]]) if len(bucket) else np.zeros(0, np.int64)
             ends = np.r_[starts[1:], len(bucket)]
             for a, b in zip(starts.tolist(), ends.tolist()):
-                self._put(numbered(KEYS_PREFIX, int(bucket[a])), seal(entries[a:b].tobytes()))
+                self._put_sealed(numbered(KEYS_PREFIX, int(bucket[a])), entries[a:b].tobytes())
         return duplicates
 
 
