@@ -5,13 +5,17 @@ Importing this package never imports torch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .build import BuildReport, build_index, merge_indexes
 from .dataset import TarDataset
 from .errors import (
+    CommandNotAllowedError,
     CorruptArchiveError,
     CorruptFrameError,
     DecodeError,
     DuplicateMemberError,
+    IndexChangedError,
     IndexFormatError,
     IndexNotFoundError,
     RandomAccessError,
@@ -22,19 +26,27 @@ from .errors import (
     StaleIndexError,
     StreamWarning,
     TarIndexError,
+    TarIndexWarning,
+    WriteError,
 )
 from .index.reader import IndexReader
 from .sampler import ShardSampler
 from .shard_writer import ShardWriter, compress_shard
+from .verify import VerifyReport, verify_index
+
+if TYPE_CHECKING:  # type checkers and editors see the real class; at run time __getattr__ imports it on use
+    from .stream import TarStream
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BuildReport",
+    "CommandNotAllowedError",
     "CorruptArchiveError",
     "CorruptFrameError",
     "DecodeError",
     "DuplicateMemberError",
+    "IndexChangedError",
     "IndexFormatError",
     "IndexNotFoundError",
     "IndexReader",
@@ -49,11 +61,15 @@ __all__ = [
     "StreamWarning",
     "TarDataset",
     "TarIndexError",
+    "TarIndexWarning",
     "TarStream",
+    "VerifyReport",
+    "WriteError",
     "__version__",
     "build_index",
     "compress_shard",
     "merge_indexes",
+    "verify_index",
 ]
 
 

@@ -1,12 +1,14 @@
 /* Random reads of zstd shards, in C: ZstdReader and FrameCache (part of the _speedups module).
  *
- * Same behaviour as tarindex.zstd.ZstdShardReader (the reference, used when
+ * Same behaviour as tarindex.zstd_random.ZstdShardReader (the reference, used when
  * the extension is not built): read_at(offset, size) finds the frame holding
- * `offset` in the shard's frame table (binary search), preads the compressed
- * frame (the GIL released), checks its header against the table and calls
- * python-zstandard's ZstdDecompressor.decompress on it, so every frame is
- * decompressed whole and its checksum verified before any byte of it is
- * returned. Damage raises CorruptFrameError(path, compressed offset, what).
+ * `offset` in the shard's frame table (binary search), reads the compressed
+ * frame (pread on a local descriptor, the GIL released, or the read_at method
+ * of any other handle, such as a URL's RangeReader), checks its header against
+ * the table and decompresses it whole, so every frame's checksum is verified
+ * before any byte of it is returned. Damage raises CorruptFrameError(path,
+ * compressed offset, what). The shard is never mapped: a shard truncated in
+ * place under a reader is a short read (CorruptFrameError), not a SIGBUS.
  *
  * FrameCache keeps decompressed frames in one ring of max_bytes, allocated on
  * first use and reused: a frame is copied in at the write position and the
@@ -24,10 +26,9 @@
 #include <Python.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "_zstdread.h"
@@ -249,11 +250,12 @@ static PyTypeObject FrameCacheType = {
 
 typedef struct {
     PyObject_HEAD
-    int fd;
-    const char *map;      /* the compressed shard, mapped read-only (NULL: pread instead) */
-    size_t map_len;
-    int busy;             /* decompressions from the map in progress (the decompressor may let other threads run) */
-    int closing;          /* closed while busy: unmap when the last one ends */
+    int fd;               /* the compressed shard, read with pread; -1 when read through source or closed */
+    PyObject *source;     /* a handle with read_at(offset, size) when the shard is not a local descriptor */
+    PyObject *read_at;    /* its bound read_at */
+    char *scratch;        /* compressed frames are read here for libzstd (no allocation per read) */
+    size_t scratch_len;
+    int scratch_busy;     /* a read into scratch is in progress (the GIL released): others allocate */
     PyObject *path;       /* str, for errors */
     Py_buffer table;      /* (n, 4) uint64: c_offset, c_size, d_offset, d_size */
     int has_table;
@@ -301,17 +303,6 @@ static PyObject *frame_error(ZstdReader *self, uint64_t offset, PyObject *what) 
     return NULL;
 }
 
-static void unmap(ZstdReader *self) {
-    if (self->map) munmap((void *)self->map, self->map_len);
-    self->map = NULL;
-    self->map_len = 0;
-}
-
-/* A decompression from the map has ended: unmap now if the reader was closed meanwhile. */
-static void done_with_map(ZstdReader *self, int mapped) {
-    if (mapped && !--self->busy && self->closing) unmap(self);
-}
-
 /* The frame content size in a zstd frame header: 1 and *out set, 0 when the header has none, -1 unparsable. */
 static int header_content_size(const unsigned char *p, size_t len, uint64_t *out) {
     if (len < 5 || p[0] != 0x28 || p[1] != 0xB5 || p[2] != 0x2F || p[3] != 0xFD) return -1;
@@ -329,6 +320,19 @@ static int header_content_size(const unsigned char *p, size_t len, uint64_t *out
 }
 
 static int decompress_direct(ZstdReader *self, const char *src, size_t n, uint64_t d_size, uint64_t c_off);
+
+/* A reused buffer of at least n bytes: 0, or -1 with MemoryError set. */
+static int grow(char **buf, size_t *len, size_t n) {
+    if (*buf && *len >= n) return 0;
+    char *grown = PyMem_Realloc(*buf, n ? n : 1);
+    if (!grown) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *buf = grown;
+    *len = n;
+    return 0;
+}
 static PyObject *decompress_python(ZstdReader *self, PyObject *raw, int sized, uint64_t d_size, uint64_t c_off);
 
 /* Frame k: a pointer to its bytes in the cache or the reader's buffer (*owner NULL; valid until the next
@@ -362,7 +366,7 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
         }
         self->serial[k] = 0;
     }
-    if (self->fd < 0) {
+    if (self->fd < 0 && !self->read_at) {
         PyErr_SetString(PyExc_ValueError, "read from a closed zstd shard reader");
         return -1;
     }
@@ -371,20 +375,36 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
         return -1;
     }
     PyObject *raw = NULL;
-    const char *buf;
     size_t got = 0;
-    int mapped = self->map != NULL;
-    if (mapped) { /* no system call: the frame in the map */
-        got = c_off >= self->map_len ? 0 : (self->map_len - c_off < c_size ? self->map_len - c_off : c_size);
-        buf = self->map + (got ? c_off : 0);
-    } else {
-        raw = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)c_size);
+    int direct = Z.on;    /* libzstd decompresses: a compressed frame needs no Python object */
+    int scratch = 0;      /* read into self->scratch */
+    const char *buf;
+    if (self->read_at) { /* any random-read handle: its read_at returns the frame's bytes */
+        raw = PyObject_CallFunction(self->read_at, "KK", (unsigned long long)c_off, (unsigned long long)c_size);
         if (!raw) return -1;
-        char *dst = PyBytes_AS_STRING(raw);
-        int err = 0;
+        if (!PyBytes_Check(raw)) {
+            PyErr_Format(PyExc_TypeError, "read_at returned %.100s, not bytes", Py_TYPE(raw)->tp_name);
+            Py_DECREF(raw);
+            return -1;
+        }
+        got = (size_t)PyBytes_GET_SIZE(raw);
+        buf = PyBytes_AS_STRING(raw);
+    } else {
+        char *dst;
+        if (direct && !self->scratch_busy) {
+            if (grow(&self->scratch, &self->scratch_len, (size_t)c_size) < 0) return -1;
+            dst = self->scratch;
+            scratch = self->scratch_busy = 1;
+        } else {
+            raw = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)c_size);
+            if (!raw) return -1;
+            dst = PyBytes_AS_STRING(raw);
+        }
+        buf = dst;
+        int err = 0, fd = self->fd;
         Py_BEGIN_ALLOW_THREADS
         while (got < c_size) {
-            ssize_t r = pread(self->fd, dst + got, c_size - got, (off_t)(c_off + got));
+            ssize_t r = pread(fd, dst + got, c_size - got, (off_t)(c_off + got));
             if (r < 0 && errno == EINTR) continue;
             if (r < 0) err = errno;
             if (r <= 0) break;
@@ -392,42 +412,39 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
         }
         Py_END_ALLOW_THREADS
         if (err) {
-            Py_DECREF(raw);
+            Py_XDECREF(raw);
+            if (scratch) self->scratch_busy = 0;
             errno = err;
             PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, self->path);
             return -1;
         }
-        buf = dst;
     }
     if (got != c_size) {
         Py_XDECREF(raw);
-        frame_error(self, c_off, PyUnicode_FromFormat("truncated zstd frame (%zu of %llu bytes)", got, (unsigned long long)c_size));
+        if (scratch) self->scratch_busy = 0;
+        frame_error(self, c_off, PyUnicode_FromFormat("truncated zstd frame (%zu of %llu bytes; the shard is shorter than indexed)", got, (unsigned long long)c_size));
         return -1;
     }
     uint64_t content = 0;
     int known = header_content_size((const unsigned char *)buf, got, &content);
     if (known == 1 && content != d_size) { /* never let a damaged header size the output */
         Py_XDECREF(raw);
+        if (scratch) self->scratch_busy = 0;
         frame_error(self, c_off, PyUnicode_FromFormat("zstd frame header disagrees with the index (%llu bytes)", (unsigned long long)d_size));
         return -1;
     }
-    if (Z.on) {
+    if (direct) {
         int rc = decompress_direct(self, buf, got, d_size, c_off);
         Py_XDECREF(raw);
+        if (scratch) self->scratch_busy = 0;
         if (rc < 0) return -1;
         Py_CLEAR(self->last);
         self->out_k = k;
         *ptr = self->out;
         *owner = NULL;
     } else {
-        if (mapped) { /* a view of the mapped frame, for the decompressor */
-            raw = PyMemoryView_FromMemory((char *)buf, (Py_ssize_t)got, PyBUF_READ);
-            if (!raw) return -1;
-            self->busy++;
-        }
         PyObject *data = decompress_python(self, raw, known == 1, d_size, c_off);
         Py_DECREF(raw);
-        done_with_map(self, mapped);
         if (!data) return -1;
         Py_XSETREF(self->last, Py_NewRef(data));
         self->last_k = k;
@@ -448,15 +465,7 @@ static int get_frame(ZstdReader *self, Py_ssize_t k, int keep, const char **ptr,
 /* Decompress the frame at src into self->out with libzstd: 0, or -1 with CorruptFrameError set. */
 static int decompress_direct(ZstdReader *self, const char *src, size_t n, uint64_t d_size, uint64_t c_off) {
     self->out_k = -1; /* its bytes are about to change */
-    if (self->out_len < d_size || !self->out) {
-        char *grown = PyMem_Realloc(self->out, d_size ? (size_t)d_size : 1);
-        if (!grown) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        self->out = grown;
-        self->out_len = (size_t)d_size;
-    }
+    if (grow(&self->out, &self->out_len, (size_t)d_size) < 0) return -1;
     size_t frame = Z.frame_size(src, n); /* the first frame only, as python-zstandard reads it */
     size_t r = Z.is_error(frame) ? frame : Z.decompress(Z.dctx, self->out, (size_t)d_size, src, frame);
     if (Z.is_error(r)) {
@@ -601,28 +610,49 @@ static PyObject *ZstdReader_read_at(ZstdReader *self, PyObject *const *args, Py_
 }
 
 static PyObject *ZstdReader_close(ZstdReader *self, PyObject *unused) {
-    if (self->busy) self->closing = 1; /* another thread decompresses from the map: it unmaps when done */
-    else unmap(self);
     Py_CLEAR(self->last);
     self->out_k = -1;
     if (self->fd >= 0) {
         close(self->fd);
         self->fd = -1;
     }
+    Py_CLEAR(self->read_at);
+    PyObject *source = self->source;
+    self->source = NULL;
+    if (source) {
+        PyObject *r = PyObject_CallMethod(source, "close", NULL);
+        Py_DECREF(source);
+        if (!r) return NULL;
+        Py_DECREF(r);
+    }
     Py_RETURN_NONE;
 }
 
 static int ZstdReader_init(ZstdReader *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"path", "fd", "frames", "decompressor", "error", "zstd_error", "cache", NULL};
-    PyObject *path, *frames, *decompressor, *error, *zstd_error, *cache;
-    int fd;
+    static char *names[] = {"path", "source", "frames", "decompressor", "error", "zstd_error", "cache", NULL};
+    PyObject *path, *source, *frames, *decompressor, *error, *zstd_error, *cache;
+    int fd = -1;
     if (self->path || self->has_table) {
         PyErr_SetString(PyExc_RuntimeError, "ZstdReader is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UiOOOOO!", names, &path, &fd, &frames, &decompressor, &error, &zstd_error,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UOOOOOO!", names, &path, &source, &frames, &decompressor, &error, &zstd_error,
                                      &FrameCacheType, &cache))
         return -1;
+    if (PyLong_Check(source)) { /* a local descriptor */
+        long v = PyLong_AsLong(source);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        if (v < 0 || v > INT_MAX) {
+            PyErr_SetString(PyExc_ValueError, "source must be a descriptor >= 0 or a handle with read_at");
+            return -1;
+        }
+        fd = (int)v;
+    } else {
+        PyObject *read_at = PyObject_GetAttrString(source, "read_at");
+        if (!read_at) return -1;
+        self->read_at = read_at;
+        self->source = Py_NewRef(source);
+    }
     if (PyObject_GetBuffer(frames, &self->table, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
     self->has_table = 1;
     if (self->table.itemsize != 8 || self->table.ndim != 2 || self->table.shape[1] != 4) {
@@ -646,15 +676,7 @@ static int ZstdReader_init(ZstdReader *self, PyObject *args, PyObject *kw) {
     self->error = Py_NewRef(error);
     self->zstd_error = Py_NewRef(zstd_error);
     self->cache = (FrameCache *)Py_NewRef(cache);
-    self->fd = fd; /* owned from here on */
-    struct stat st;
-    if (fstat(fd, &st) == 0 && st.st_size > 0 && (uint64_t)st.st_size <= SIZE_MAX) {
-        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-        if (m != MAP_FAILED) {
-            self->map = m;
-            self->map_len = (size_t)st.st_size;
-        }
-    }
+    self->fd = fd; /* owned from here on (or the source) */
     return 0;
 }
 
@@ -668,8 +690,10 @@ static PyObject *ZstdReader_new(PyTypeObject *type, PyObject *args, PyObject *kw
 }
 
 static void ZstdReader_dealloc(ZstdReader *self) {
-    unmap(self);
     if (self->fd >= 0) close(self->fd);
+    Py_XDECREF(self->read_at);
+    Py_XDECREF(self->source);
+    PyMem_Free(self->scratch);
     if (self->has_table) PyBuffer_Release(&self->table);
     PyMem_Free(self->serial);
     PyMem_Free(self->seen);
@@ -706,7 +730,7 @@ static PyTypeObject ZstdReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex._speedups.ZstdReader",
     .tp_basicsize = sizeof(ZstdReader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "ZstdReader(path, fd, frames, decompressor, error, zstd_error, cache): read_at over a zstd shard's frame table.",
+    .tp_doc = "ZstdReader(path, source, frames, decompressor, error, zstd_error, cache): read_at over a zstd shard's frame table (source: an fd or a handle with read_at).",
     .tp_new = ZstdReader_new,
     .tp_init = (initproc)ZstdReader_init,
     .tp_dealloc = (destructor)ZstdReader_dealloc,

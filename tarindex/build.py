@@ -11,12 +11,14 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from .errors import IndexFormatError, IndexNotFoundError, ShardNotFoundError, TarIndexError
+from .identity import current_info
 from .index.format import ShardInfo, ShardTable
-from .index.merge import merge_indexes, relative_path
+from .index.merge import merge, placed, relative_path
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
+from .opener import shard_name
 from .scan import scan_shard
-from .shards import INDEX_SUFFIX, default_index_path, expand_shards
+from .shards import INDEX_SUFFIX, default_index_path, expand_shards, shard_kind
 from .sources import is_url
 
 __all__ = ["BuildReport", "build_index", "merge_indexes"]
@@ -43,14 +45,6 @@ def _reusable(previous: Path) -> dict[str, tuple[IndexReader, int]]:
     except (IndexNotFoundError, IndexFormatError):
         return {}
     return {info.path: (reader, i) for i, info in enumerate(reader.shards)}
-
-
-def _unchanged(shard: str, info: ShardInfo) -> bool:
-    try:
-        st = os.stat(shard)
-    except FileNotFoundError:
-        return False
-    return st.st_size == info.size and st.st_mtime_ns == info.mtime_ns
 
 
 def _slice(shards: list[str], part: tuple[int, int]) -> list[str]:
@@ -144,7 +138,8 @@ def build_index(
         raise TarIndexError("the same shard is named twice")
     previous = _reusable(out)
     try:
-        todo = [s for s, r in zip(paths, rel) if not (r in previous and _unchanged(s, previous[r][0].shards[previous[r][1]]))]
+        kept = {s: current_info(s, previous[r][0].shards[previous[r][1]]) for s, r in zip(paths, rel) if r in previous}
+        todo = [s for s in paths if kept.get(s) is None]
         if progress and len(todo) < len(paths):
             progress(len(paths) - len(todo))
         scans = _scanned(todo, workers or os.cpu_count() or 1, executor, progress)
@@ -153,15 +148,25 @@ def build_index(
             for s, r in zip(paths, rel):
                 if s in todo_set:
                     info, table = next(scans)
-                    writer.add(_with_path(info, r), table)
+                    writer.add(placed(info, r, shard_kind(s)), table)
                 else:
                     reader, i = previous[r]
-                    writer.add(reader.shards[i], reader.shard_table(i))
+                    writer.add(kept[s] or reader.shards[i], reader.shard_table(i))
     finally:
         for reader in {id(r): r for r, _ in previous.values()}.values():
             reader.close()
     return BuildReport(out, todo, [s for s in paths if s not in todo_set])
 
 
-def _with_path(info: ShardInfo, path: str) -> ShardInfo:
-    return dataclasses.replace(info, path=path)
+def merge_indexes(parts: Iterable[str | os.PathLike[str]], output: str | os.PathLike[str]) -> Path:
+    """Combine indexes into one: parts of a ``--part K/N`` build in K order (all N of them), other indexes as given.
+
+    Streams shard by shard (memory bounded by the largest shard); the output is
+    written atomically, so an interrupted merge leaves any previous index at
+    ``output`` as it was.
+
+    Raises:
+        IndexNotFoundError, IndexFormatError: a part is missing or not an index.
+        TarIndexError: two parts name the same shard; a part of a split is missing or given twice.
+    """
+    return merge(parts, output, shard_name)

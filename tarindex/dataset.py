@@ -11,11 +11,11 @@ from typing import Any
 from ._native import SPEEDUPS
 from ._process import FORK
 from .decode import DecodeMode, Decoder
-from .errors import CorruptArchiveError, IndexFormatError, ShardNotFoundError, StaleIndexError
+from .errors import CorruptArchiveError, IndexFormatError, RandomAccessError, ShardNotFoundError
+from .identity import Check, check_shard
 from .index.reader import IndexReader
-from .opener import close_handle, open_url, open_zstd_shard
+from .opener import close_handle, open_url, open_zstd_shard, shard_name
 from .shards import resolve_index
-from .sources import is_url
 
 _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
 
@@ -53,6 +53,12 @@ class TarDataset:
             See docs/zstd.md.
         zstd_cache_bytes: size bound of ``zstd_cache_dir`` (least recently
             used shards are deleted).
+        verify: how a shard is checked when a process first opens it
+            (:mod:`tarindex.identity`): ``"stat"`` compares size and mtime, and
+            the fingerprint (first and last 64 KiB) only when the mtime
+            differs, so an identical copy is accepted; ``"fingerprint"``
+            compares the fingerprint always (catches a rewrite that kept size
+            and mtime, within 64 KiB of either end).
 
     Raises:
         IndexNotFoundError: no index at ``source`` or beside the shards.
@@ -70,6 +76,7 @@ class TarDataset:
         max_open_files: int = 64,
         zstd_cache_dir: str | os.PathLike[str] | None = None,
         zstd_cache_bytes: int = 16 << 30,
+        verify: Check = "stat",
     ) -> None:
         self.index_path = resolve_index(source)
         self.index = IndexReader(self.index_path)
@@ -78,10 +85,13 @@ class TarDataset:
         self.max_open_files = max(1, max_open_files)
         self.zstd_cache_dir = os.fspath(zstd_cache_dir) if zstd_cache_dir is not None else None
         self.zstd_cache_bytes = zstd_cache_bytes
+        if verify not in ("stat", "fingerprint"):
+            raise ValueError(f"verify must be 'stat' or 'fingerprint', not {verify!r}")
+        self.verify: Check = verify
         self._gen = -1  # FORK[0] this object attached under; -1: not attached
         self._n = self.index.n_samples
         self._samples_per_frame: int | None = None
-        self.urls = [info.path if is_url(info.path) else str(self.index.shard_path(i)) for i, info in enumerate(self.index.shards)]
+        self.urls = [shard_name(self.index.path, info) for info in self.index.shards]
 
     # -- per-process state ----------------------------------------------------
     def _attach(self) -> None:
@@ -121,19 +131,21 @@ class TarDataset:
     def _open_handle(self, shard: int) -> Any:
         path = self.urls[shard]
         info = self.index.shards[shard]
-        if path.startswith(("http://", "https://")):  # an index built from URLs: Range requests
-            return open_url(path, info)
+        if info.kind == "command":  # never run from here: a command's output has no random access
+            raise RandomAccessError(
+                path, "a command's output cannot be read at random; stream the index with TarStream(..., allow_commands=True)"
+            )
+        if info.kind == "url" and path.startswith(("http://", "https://")):  # an index built from URLs: Range requests
+            return open_url(path, info, self.index.frame_table(shard))
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:
             raise ShardNotFoundError(f"{path}: shard named by {self.index_path} is missing") from exc
-        st = os.fstat(fd)
-        if st.st_size != info.size or st.st_mtime_ns != info.mtime_ns:
+        try:
+            check_shard(path, fd, info, check=self.verify)
+        except BaseException:
             os.close(fd)
-            what = (
-                f"size {info.size} -> {st.st_size}" if st.st_size != info.size else f"mtime {info.mtime_ns} -> {st.st_mtime_ns}"
-            )
-            raise StaleIndexError(path, what)
+            raise
         handle: Any = fd
         if info.compression == "zstd":
             handle = open_zstd_shard(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from typing import Any, ClassVar, overload
 
 __all__ = [
+    "CommandNotAllowedError",
     "CorruptArchiveError",
     "CorruptFrameError",
     "DecodeError",
@@ -21,28 +23,84 @@ __all__ = [
     "StreamWarning",
     "TarIndexError",
     "TarIndexWarning",
+    "WriteError",
 ]
 
 
 class TarIndexError(Exception):
-    """Base class of every tarindex error."""
+    """Base class of every tarindex error.
+
+    Every error can be made from its finished message alone, ``SomeError(message=...)``: that is how
+    torch's DataLoader re-raises a worker's exception in the main process (it calls ``type(exc)(message=...)``
+    when the class has a ``message`` attribute), so the type survives DataLoader workers. Errors pickle as
+    their type, message and fields, without calling ``__init__`` again (process pools, spawned workers).
+    """
+
+    def __init__(self, *args: object, message: str | None = None) -> None:
+        super().__init__(*((message,) if message is not None else args))
+
+    @property
+    def message(self) -> str:
+        """The error's message: what, where, expected vs got."""
+        return str(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (type(self), self.args, dict(self.__dict__)))
+
+
+def _restore(cls: type[TarIndexError], args: tuple[object, ...], fields: dict[str, Any]) -> TarIndexError:
+    """An unpickled error: its type, its message and its fields, as they were."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
+
+
+class _AtOffset(TarIndexError):
+    """An error at a byte offset of a shard: ``.path``, ``.offset``, ``.what``; the message from ``_template``."""
+
+    _template: ClassVar[str] = "{path}: {what} at offset {offset}"
+    path: str = ""  # these defaults hold for an error made from its message alone
+    offset: int = -1
+    what: str = ""
+
+    @overload
+    def __init__(self, path: str | os.PathLike[str], offset: int, what: str) -> None: ...
+    @overload
+    def __init__(self, *, message: str) -> None: ...
+    def __init__(
+        self, path: str | os.PathLike[str] = "", offset: int = -1, what: str = "", *, message: str | None = None
+    ) -> None:
+        if message is None:
+            self.path, self.offset, self.what = str(path), offset, what
+            message = self._template.format(path=self.path, offset=offset, what=what)
+        super().__init__(message=message)
+
+
+class _OfShard(TarIndexError):
+    """An error about a whole shard: ``.path``, ``.what``; the message from ``_template``."""
+
+    _template: ClassVar[str] = "{path}: {what}"
+    path: str = ""  # these defaults hold for an error made from its message alone
+    what: str = ""
+
+    @overload
+    def __init__(self, path: str | os.PathLike[str], what: str) -> None: ...
+    @overload
+    def __init__(self, *, message: str) -> None: ...
+    def __init__(self, path: str | os.PathLike[str] = "", what: str = "", *, message: str | None = None) -> None:
+        if message is None:
+            self.path, self.what = str(path), what
+            message = self._template.format(path=self.path, what=what)
+        super().__init__(message=message)
 
 
 class TarIndexWarning(UserWarning):
     """Base class of every tarindex warning."""
 
 
-class CorruptArchiveError(TarIndexError, ValueError):
+class CorruptArchiveError(_AtOffset, ValueError):
     """A shard is not a valid tar archive at some byte offset."""
-
-    def __init__(self, path: str, offset: int, what: str) -> None:
-        self.path = str(path)
-        self.offset = offset
-        self.what = what
-        super().__init__(f"{path}: {what} at offset {offset}")
-
-    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # survive worker processes
-        return (type(self), (self.path, self.offset, self.what))
 
 
 class CorruptFrameError(CorruptArchiveError):
@@ -53,17 +111,10 @@ class DuplicateMemberError(CorruptArchiveError):
     """Two members of one sample share an extension."""
 
 
-class DecodeError(TarIndexError, ValueError):
+class DecodeError(_AtOffset, ValueError):
     """A sample's member could not be decoded (or its transform failed); names the shard and sample offset."""
 
-    def __init__(self, path: str, offset: int, what: str) -> None:
-        self.path = str(path)
-        self.offset = offset
-        self.what = what
-        super().__init__(f"{path}: {what} (sample at offset {offset})")
-
-    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # survive worker processes
-        return (type(self), (self.path, self.offset, self.what))
+    _template = "{path}: {what} (sample at offset {offset})"
 
 
 class StreamWarning(TarIndexWarning):
@@ -78,57 +129,39 @@ class ShardNotFoundError(TarIndexError, FileNotFoundError):
     """A shard named by the user or by an index does not exist."""
 
 
-class SourceError(TarIndexError, OSError):
+class SourceError(_AtOffset, OSError):
     """A shard's bytes could not be read: network failure after retries, a failing ``pipe:`` command."""
 
-    def __init__(self, url: str, offset: int, what: str) -> None:
-        self.path = str(url)
-        self.offset = offset
-        self.what = what
-        super().__init__(f"{url}: {what} at byte offset {offset}")
-
-    def __str__(self) -> str:  # OSError would format its arguments as (errno, strerror)
-        return f"{self.path}: {self.what} at byte offset {self.offset}"
-
-    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:  # survive worker processes
-        return (type(self), (self.path, self.offset, self.what))
+    _template = "{path}: {what} at byte offset {offset}"
 
 
 class IndexFormatError(TarIndexError, ValueError):
     """A file is not a tarindex index, or has an unsupported format version."""
 
 
-class RandomAccessError(TarIndexError, ValueError):
+class RandomAccessError(_OfShard, ValueError):
     """A shard cannot be read at random cheaply (a zstd shard made of one large frame)."""
 
-    def __init__(self, path: str, what: str) -> None:
-        self.path = str(path)
-        self.what = what
-        super().__init__(f"{path}: {what}")
 
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:
-        return (type(self), (self.path, self.what))
+class StaleIndexError(_OfShard):
+    """A shard changed after it was indexed; ``.changed`` (``.what``) says what changed."""
+
+    _template = "{path}: shard changed since it was indexed ({what}); rebuild the index"
+
+    @property
+    def changed(self) -> str:
+        """What changed: ``"size 10240 -> 20480"``, ``"content fingerprint differs"``."""
+        return self.what
 
 
-class StaleIndexError(TarIndexError):
-    """A shard changed after it was indexed."""
-
-    def __init__(self, path: str, changed: str) -> None:
-        self.path = str(path)
-        self.changed = changed
-        super().__init__(f"{path}: shard changed since it was indexed ({changed}); rebuild the index")
-
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:
-        return (type(self), (self.path, self.changed))
+class CommandNotAllowedError(TarIndexError, PermissionError):
+    """An index names a shard that is a command (``pipe:CMD``) and the caller did not allow commands."""
 
 
 class IndexChangedError(StaleIndexError):
-    """The index file at a path is no longer the one first opened there (rebuilt in place)."""
+    """The index file at a path is no longer the one first opened there (rebuilt in place); ``.what`` says how."""
 
-    def __init__(self, path: str | os.PathLike[str], changed: str) -> None:
-        self.path = str(path)
-        self.changed = changed
-        TarIndexError.__init__(self, f"{path}: the index was rebuilt since it was opened ({changed}); open it again")
+    _template = "{path}: the index was rebuilt since it was opened ({what}); open it again"
 
 
 class SampleNotFoundError(TarIndexError, KeyError):
@@ -140,3 +173,10 @@ class SampleNotFoundError(TarIndexError, KeyError):
 
 class SamplerStateError(TarIndexError, ValueError):
     """A sampler state dict is malformed or belongs to another dataset or configuration."""
+
+
+class WriteError(_OfShard, OSError):
+    """A file (index, shard, cache entry) could not be written: full disk, read-only directory, I/O error.
+    ``.path`` is the file, ``.what`` the cause."""
+
+    _template = "{path}: cannot write ({what})"

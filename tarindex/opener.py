@@ -1,24 +1,73 @@
 """Opening indexed shards for random reads: the handle kinds and the checks made at open.
 
 A handle is an ``int`` descriptor (a plain local shard, or a decompressed copy of a zstd shard in
-an opt-in cache) or an object with ``read_at(offset, size)`` (:class:`tarindex.zstd.ZstdShardReader`
+an opt-in cache) or an object with ``read_at(offset, size)`` (:class:`tarindex.zstd_random.ZstdShardReader`
 or the C ``ZstdReader``; :class:`tarindex.sources.RangeReader` for URL shards).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from .errors import CorruptFrameError, IndexFormatError, RandomAccessError, StaleIndexError
+from ._cache import FileCache
+from .errors import CommandNotAllowedError, CorruptFrameError, IndexFormatError, RandomAccessError, StaleIndexError
 from .index.format import ShardInfo
+from .shards import as_path, is_fingerprint, shard_kind
 from .sources import RangeReader
-from .zstd import MAP_SLICE, decompress_frames, zstd_reader
+from .zstd import MAP_SLICE, decompress_frames
+from .zstd_random import ReadAt, zstd_reader
 
-__all__ = ["close_handle", "fix_command", "open_url", "open_zstd_shard"]
+__all__ = ["check_commands", "close_handle", "fix_command", "open_url", "open_zstd_shard", "shard_name"]
+
+
+def shard_name(index_path: str | os.PathLike[str], info: ShardInfo) -> str:
+    """The name a shard of an index is opened by, checked against its recorded kind.
+
+    A ``file`` is a path relative to the index's directory and stays inside it
+    (no ``..``, not absolute) unless the index recorded it as built outside;
+    whatever it looks like, the result reads as a path (``./pipe:x`` for a file
+    named ``pipe:x``). A ``url`` or ``command`` is returned as recorded (a
+    command runs only where :func:`check_commands` allowed it).
+
+    Raises:
+        IndexFormatError: the entry's kind is unknown or does not match its path, or a file's path
+            leaves the index's directory and the index does not say it was built so.
+    """
+    path, kind = info.path, info.kind
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise IndexFormatError(f"{index_path}: a shard entry has no usable path ({path!r}); rebuild the index")
+    if kind == "file":
+        norm = os.path.normpath(path)
+        leaves = os.path.isabs(norm) or norm.split(os.sep)[0] == os.pardir
+        if leaves and not info.outside:
+            raise IndexFormatError(
+                f"{index_path}: shard path {path!r} leaves the index's directory, and the index was not built so; "
+                f"rebuild the index"
+            )
+        return as_path(os.path.join(os.path.dirname(os.fspath(index_path)), path))
+    if kind in ("url", "command") and shard_kind(path) == kind:
+        return path
+    raise IndexFormatError(f"{index_path}: shard {path!r} is recorded as kind {kind!r}, which its name is not; rebuild the index")
+
+
+def check_commands(index_path: str | os.PathLike[str], infos: Sequence[ShardInfo], allow_commands: bool) -> None:
+    """Refuse an index whose shards are commands unless the caller allowed commands (as with pickle).
+
+    Raises:
+        CommandNotAllowedError: a shard is a command and ``allow_commands`` is false.
+    """
+    if allow_commands:
+        return
+    for info in infos:
+        if info.kind == "command":
+            raise CommandNotAllowedError(
+                f"{index_path}: shard {info.path!r} is a command; an index runs commands only when allowed "
+                f"(allow_commands=True, --allow-commands), and only for an index you trust"
+            )
 
 
 def fix_command(path: str) -> str:
@@ -26,11 +75,16 @@ def fix_command(path: str) -> str:
     return f"tarindex compress {path} {path}"
 
 
-def open_url(url: str, info: ShardInfo) -> RangeReader:
+def open_url(url: str, info: ShardInfo, frames: np.ndarray | None = None) -> Any:
     """A ranged reader for a URL shard, checked against its index entry (size; mtime when both know one).
+
+    A zstd shard (``info.compression``) is read through its frame table over the ranged reads
+    (:func:`open_zstd_shard`): the reader hands out decompressed tar bytes, never compressed ones.
 
     Raises:
         StaleIndexError: the server's size or Last-Modified differs from the index.
+        IndexFormatError: a zstd shard without a frame table in the index.
+        RandomAccessError: a zstd shard of large frames (no local cache of decompressed URL shards).
     """
     reader = RangeReader(url)
     if reader.size >= 0 and reader.size != info.size:
@@ -39,6 +93,8 @@ def open_url(url: str, info: ShardInfo) -> RangeReader:
     if reader.mtime_ns and info.mtime_ns and reader.mtime_ns != info.mtime_ns:
         reader.close()
         raise StaleIndexError(url, f"mtime {info.mtime_ns} -> {reader.mtime_ns}")
+    if info.compression == "zstd":
+        return open_zstd_shard(url, reader, info, frames)
     return reader
 
 
@@ -51,7 +107,7 @@ def close_handle(handle: Any) -> None:
 
 def open_zstd_shard(
     path: str,
-    fd: int,
+    fd: int | ReadAt,
     info: ShardInfo,
     frames: np.ndarray | None,
     *,
@@ -60,7 +116,8 @@ def open_zstd_shard(
 ) -> Any:
     """A handle for random reads of an indexed zstd shard: a :class:`ZstdShardReader`, or the
     ``int`` descriptor of a decompressed copy in ``cache_dir`` for a shard whose frames are too
-    large to decompress per sample. Takes ownership of ``fd``.
+    large to decompress per sample. Takes ownership of ``fd`` (a local descriptor, or any handle
+    with ``read_at``, such as a URL's :class:`RangeReader`; only a local shard has a cached copy).
 
     Raises:
         IndexFormatError: the index has no frame table for the shard.
@@ -68,13 +125,13 @@ def open_zstd_shard(
         CorruptArchiveError: the shard is corrupt or does not decompress to the indexed size.
     """
     if frames is None:
-        os.close(fd)
+        close_handle(fd)
         raise IndexFormatError(f"{path}: the index has no zstd frame table for this shard; rebuild the index")
     if info.random_access:
         return zstd_reader(path, fd, frames)
     largest = int(frames[:, 3].max())
-    if cache_dir is None:
-        os.close(fd)
+    if cache_dir is None or not isinstance(fd, int):
+        close_handle(fd)
         raise RandomAccessError(
             path,
             f"{len(frames)} zstd frame(s), the largest {largest} bytes uncompressed: random access would "
@@ -88,52 +145,29 @@ def open_zstd_shard(
         os.close(fd)
 
 
+ZSTD_CACHE_ENTRY = r"[0-9a-f]{32}-[0-9]+\.tar"
+"""Entries of the decompressed-shard cache: ``<fingerprint>-<compressed size>.tar``."""
+
+
 def _cached_copy(path: str, fd: int, info: ShardInfo, frames: np.ndarray, cache_dir: str, cache_bytes: int) -> int:
-    """The descriptor of ``cache_dir/<fingerprint>.tar``, decompressing the shard there first if needed."""
+    """The descriptor of the shard's decompressed copy in the cache under ``cache_dir``, decompressing it first if needed."""
     total = int(frames[-1, 2] + frames[-1, 3]) if len(frames) else 0
     if total > cache_bytes:
         raise RandomAccessError(path, f"decompressed size {total} exceeds zstd_cache_bytes={cache_bytes}")
-    root = Path(cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / f"{info.fingerprint}-{info.size}.tar"
-    try:
-        out = os.open(target, os.O_RDONLY)
-    except FileNotFoundError:
-        pass
-    else:
-        if os.fstat(out).st_size == total:
-            os.utime(target)  # most recently used
-            return out
-        os.close(out)
-    _evict(root, cache_bytes - total)
-    tmp = root / f".{target.name}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            pieces = iter(lambda: os.read(fd, MAP_SLICE // 4), b"")
-            os.lseek(fd, 0, os.SEEK_SET)
-            for chunk in decompress_frames(pieces, path):
-                f.write(chunk)
-            written = f.tell()
-        if written != total:
-            raise CorruptFrameError(path, 0, f"decompresses to {written} bytes, the index says {total}")
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return os.open(target, os.O_RDONLY)
+    if not is_fingerprint(info.fingerprint) or type(info.size) is not int or info.size < 0:
+        raise IndexFormatError(f"{path}: the index's fingerprint {info.fingerprint!r} or size {info.size!r} is damaged; rebuild the index")
+    cache = FileCache(cache_dir, "zstd", ZSTD_CACHE_ENTRY, cache_bytes)
+    name = f"{info.fingerprint}-{info.size}.tar"
+    found = cache.open(name, total)
+    if found is not None:
+        return found
 
+    def fill(f: BinaryIO) -> None:
+        pieces = iter(lambda: os.read(fd, MAP_SLICE // 4), b"")
+        os.lseek(fd, 0, os.SEEK_SET)
+        for chunk in decompress_frames(pieces, path):
+            f.write(chunk)
+        if f.tell() != total:
+            raise CorruptFrameError(path, 0, f"decompresses to {f.tell()} bytes, the index says {total}")
 
-def _evict(root: Path, budget: int) -> None:
-    """Delete least recently used ``*.tar`` files in ``root`` until they total at most ``budget`` bytes."""
-    entries = []
-    for p in root.glob("*.tar"):
-        try:
-            st = p.stat()
-        except FileNotFoundError:
-            continue
-        entries.append((st.st_mtime_ns, st.st_size, p))
-    used = sum(size for _, size, _ in entries)
-    for _, size, p in sorted(entries):
-        if used <= budget:
-            break
-        p.unlink(missing_ok=True)
-        used -= size
+    return cache.add(name, total, fill)

@@ -17,10 +17,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, Literal, NoReturn
 
 import zstandard
 
+from ._atomic import AtomicFile
 from .errors import CorruptArchiveError, ShardNotFoundError
 from .grouping import group_members
 from .tar import BLOCK, iter_tar
@@ -34,24 +35,6 @@ DEFAULT_FRAME_SIZE = 8 << 10
 """Target uncompressed bytes per frame; chosen from the table in docs/performance.md."""
 
 _READ = 4 << 20
-
-
-class _AtomicFile:
-    """A binary file written as ``.<name>.tmp-<pid>`` and renamed over ``path`` by ``commit``."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file: BinaryIO = open(self.tmp, "wb")  # noqa: SIM115 - closed by commit/abort
-
-    def commit(self) -> None:
-        self.file.close()
-        os.replace(self.tmp, self.path)
-
-    def abort(self) -> None:
-        self.file.close()
-        self.tmp.unlink(missing_ok=True)
 
 
 class SeekableZstdWriter:
@@ -159,13 +142,13 @@ def compress_shard(
         fd = os.open(src, os.O_RDONLY)
     except FileNotFoundError as exc:
         raise ShardNotFoundError(f"{src}: no such shard") from exc
-    out = _AtomicFile(dst)
-    plain: _AtomicFile | None = None
+    out = AtomicFile(dst)
+    plain: AtomicFile | None = None
     try:
         if os.fstat(fd).st_size == 0:
             raise CorruptArchiveError(src, 0, "empty file, not a tar archive")
         if is_zstd(os.pread(fd, 4, 0)):  # decompress to a temporary tar beside the output first
-            plain = _AtomicFile(Path(dst).with_name(Path(dst).name + ".plain"))
+            plain = AtomicFile(Path(dst).with_name(Path(dst).name + ".plain"))
             with open(src, "rb") as f:
                 for piece in iter_decompressed(iter(lambda: f.read(_READ), b""), src):
                     plain.file.write(piece)
@@ -173,6 +156,8 @@ def compress_shard(
             os.close(fd)
             fd = os.open(plain.tmp, os.O_RDONLY)
         sizes = _compress_plain(src, fd, out.file, level, frame_size)
+    except OSError as exc:  # a full disk: one line naming the output, and no partial file
+        raise out.failed(exc) from exc
     except BaseException:
         out.abort()
         raise
@@ -251,7 +236,7 @@ class ShardWriter:
         self.shards: list[str] = []
         """Paths of the shards completed so far."""
         self._mtime = int(time.time())
-        self._out: _AtomicFile | None = None
+        self._out: AtomicFile | None = None
         self._zw: SeekableZstdWriter | None = None
         self._count = 0
         self._size = 0
@@ -269,7 +254,7 @@ class ShardWriter:
             self._out = self._zw = None
 
     def _open(self) -> None:
-        self._out = _AtomicFile(self.pattern % self.shard)
+        self._out = AtomicFile(self.pattern % self.shard)
         self._zw = (
             SeekableZstdWriter(self._out.file, level=self.level, frame_size=self.frame_size)
             if self.compress == "zstd"
@@ -278,18 +263,30 @@ class ShardWriter:
         self._count = self._size = 0
 
     def _emit(self, data: bytes) -> None:
-        if self._zw is not None:
-            self._zw.write(data)
-        elif self._out is not None:
-            self._out.file.write(data)
+        try:
+            if self._zw is not None:
+                self._zw.write(data)
+            elif self._out is not None:
+                self._out.file.write(data)
+        except OSError as exc:  # a full disk: one line naming the shard, and no partial file
+            self._fail(exc)
         self._size += len(data)
+
+    def _fail(self, exc: OSError) -> NoReturn:
+        out, self._out, self._zw = self._out, None, None
+        if out is None:
+            raise exc
+        raise out.failed(exc) from exc
 
     def _finish(self) -> None:
         if self._out is None:
             return
         self._emit(bytes(2 * BLOCK))  # end-of-archive marker
         if self._zw is not None:
-            self._zw.close()
+            try:
+                self._zw.close()
+            except OSError as exc:
+                self._fail(exc)
         self._out.commit()
         self.shards.append(str(self._out.path))
         self._out = self._zw = None

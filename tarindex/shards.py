@@ -1,4 +1,9 @@
-"""Shard arguments (paths, globs, brace patterns), default index paths, fingerprints."""
+"""Shard arguments (paths, globs, brace patterns), default index paths, fingerprints.
+
+Names are data: a scheme (``pipe:``, ``-``, ``scheme://``) means something only in a name the caller
+wrote. A name that came from a glob, a directory listing or an index is a path; :func:`as_path` makes
+sure it reads as one (``pipe:rm -rf x.tar`` matched by ``*.tar`` becomes ``./pipe:rm -rf x.tar``).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,27 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 from .errors import IndexNotFoundError, ShardNotFoundError
 
 __all__ = [
     "FINGERPRINT_SPAN",
-    "INDEX_SUFFIX", "default_index_path", "expand_braces", "expand_shards", "fingerprint", "fingerprint_stream", "resolve_index"]
+    "INDEX_SUFFIX",
+    "ShardKind",
+    "as_path",
+    "default_index_path",
+    "expand_braces",
+    "expand_shards",
+    "fingerprint",
+    "fingerprint_stream",
+    "is_fingerprint",
+    "resolve_index",
+    "shard_kind",
+]
+
+ShardKind = Literal["file", "url", "command"]
+"""How a shard is opened: a local ``file``, a ``url`` (``scheme://``), or a ``command`` (``pipe:CMD``, ``-``)."""
 
 INDEX_SUFFIX = ".tarindex"
 _RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)\}")
@@ -39,12 +59,27 @@ def expand_braces(pattern: str) -> list[str]:
     return [head + item + rest for item in items for rest in expand_braces(tail)]
 
 
-def _is_url(s: str) -> bool:
-    return "://" in s or s.startswith("pipe:") or s == "-"
+def shard_kind(name: str) -> ShardKind:
+    """What a name the caller wrote means: ``command`` (``pipe:CMD``, ``-``), ``url`` (``scheme://``) or ``file``."""
+    if name.startswith("pipe:") or name == "-":
+        return "command"
+    return "url" if "://" in name else "file"
+
+
+def as_path(name: str) -> str:
+    """A name from a listing (glob, directory, index) as a path that cannot read as a URL or command."""
+    return name if shard_kind(name) == "file" else os.path.join(os.curdir, name)
+
+
+def is_fingerprint(value: object) -> bool:
+    """Whether ``value`` has the form :func:`fingerprint` gives (32 lower-case hex digits): safe in a file name."""
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{32}", value) is not None
 
 
 def expand_shards(specs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *, must_exist: bool = True) -> list[str]:
     """Turn paths, globs and brace patterns into a list of shard paths, in order.
+
+    A scheme is honoured in the names given, never in the names a glob matches (see :func:`as_path`).
 
     Raises:
         ShardNotFoundError: a path does not exist, or a glob matches nothing.
@@ -53,13 +88,13 @@ def expand_shards(specs: str | os.PathLike[str] | Iterable[str | os.PathLike[str
     out: list[str] = []
     for spec in items:
         for s in expand_braces(os.fspath(spec)):
-            if _is_url(s):
+            if shard_kind(s) != "file":
                 out.append(s)
             elif glob.has_magic(s):
                 matches = sorted(glob.glob(s))
                 if not matches and must_exist:
                     raise ShardNotFoundError(f"{s}: no shard matches this pattern")
-                out.extend(matches)
+                out.extend(as_path(m) for m in matches)
             else:
                 if must_exist and not os.path.isfile(s):
                     raise ShardNotFoundError(f"{s}: no such shard")

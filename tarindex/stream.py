@@ -25,6 +25,7 @@ from .decode import DecodeMode, Decoder
 from .errors import DecodeError, StreamWarning, TarIndexError
 from .grouping import fused, iter_samples
 from .index.reader import IndexReader
+from .opener import check_commands, shard_name
 from .scan import archive
 from .shards import INDEX_SUFFIX, expand_shards
 from .sources import DEFAULT_BLOCK_SIZE, FileSource, is_url, open_source
@@ -38,8 +39,9 @@ Handler = Literal["raise", "warn", "skip_shard"] | Callable[[Exception], bool]
 _HANDLERS = ("raise", "warn", "skip_shard")
 
 
-def _shard_list(urls: Any) -> tuple[list[str], list[int] | None]:
-    """Shard names, and each shard's first global sample number when ``urls`` is an index."""
+def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] | None]:
+    """Shard names, and each shard's first global sample number when ``urls`` is an index (checked by its
+    recorded kinds: a command only when ``allow_commands``)."""
     reader: IndexReader | None = None
     if isinstance(urls, IndexReader):
         reader = urls
@@ -49,10 +51,13 @@ def _shard_list(urls: Any) -> tuple[list[str], list[int] | None]:
             reader = IndexReader(p)
     if reader is None:
         return expand_shards(urls), None
-    names = [info.path if is_url(info.path) else str(reader.shard_path(i)) for i, info in enumerate(reader.shards)]
-    starts = [int(x) for x in reader.shard_starts().tolist()]
-    if reader is not urls:
-        reader.close()
+    try:
+        check_commands(reader.path, reader.shards, allow_commands)
+        names = [shard_name(reader.path, info) for info in reader.shards]
+        starts = [int(x) for x in reader.shard_starts().tolist()]
+    finally:
+        if reader is not urls:
+            reader.close()
     return names, starts
 
 
@@ -146,9 +151,13 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             already use the cores (measured: with the cores busy, the thread costs a third of the
             throughput). Plain local tars, plain HTTP, pipes and standard input are read by the C
             walk itself (descriptor to member bytes, no thread) when the extension is built.
+        allow_commands: run the ``pipe:`` commands an index names as shards. Off by default: an
+            index is data, and opening one runs nothing (names you pass yourself always run).
 
     Raises:
         ShardNotFoundError: a local shard or pattern matches nothing.
+        CommandNotAllowedError: the index names a command shard and ``allow_commands`` is false.
+        IndexFormatError: an index's shard entry is damaged or leaves the index's directory.
         ValueError: a bad option value.
     """
 
@@ -173,6 +182,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         timeout: float = 60.0,
         storage_options: Mapping[str, Any] | None = None,
         read_ahead: int | None = None,
+        allow_commands: bool = False,
     ) -> None:
         super().__init__()
         if not callable(handler) and handler not in _HANDLERS:
@@ -181,7 +191,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             raise ValueError(f"shuffle must be >= 0, not {shuffle}")
         if epoch_size is not None and epoch_size < 0:
             raise ValueError(f"epoch_size must be >= 0, not {epoch_size}")
-        self.urls, self._starts = _shard_list(urls)
+        self.urls, self._starts = _shard_list(urls, allow_commands)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
         self.shuffle_size = shuffle

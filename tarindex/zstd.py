@@ -10,26 +10,25 @@ one, whose last 4 bytes are ``0x8F92EAB1``.
 
 The *frame table* of a shard is a ``uint64`` array of shape ``(n_frames, 4)``:
 compressed offset, compressed size, decompressed offset, decompressed size
-of each data frame. Indexing records it; :class:`ZstdShardReader` reads any
-decompressed byte range through it, decompressing only the frames that hold
-it, with a per-process LRU of decompressed frames bounded in bytes.
+of each data frame. Indexing records it; :mod:`tarindex.zstd_random` reads any
+decompressed byte range through it.
+
+No frame header is trusted: a declared content size must match what the frame's
+blocks decompress to (a declared size of 0 with data after it is a
+:class:`~tarindex.errors.CorruptFrameError`, not an empty frame), and content
+checksums are verified wherever a frame has one.
 """
 
 from __future__ import annotations
 
-import array
-import bisect
 import mmap
-import os
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import zstandard
 
-from ._native import SPEEDUPS as _speedups
-from ._process import FORK
 from .errors import CorruptFrameError
 
 __all__ = [
@@ -38,24 +37,20 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "PIECE_LIMIT",
     "RANDOM_ACCESS_FRAME_LIMIT",
-    "SEED_BYTES",
     "SEEKABLE_MAGIC",
     "ZSTD_MAGIC",
-    "FrameCache",
     "SeekTableMismatch",
-    "ZstdShardReader",
     "by_seek_table",
     "check_seek_table",
     "close_map",
+    "decompress_frame",
     "decompress_frames",
     "frame_array",
-    "frame_cache",
     "is_zstd",
     "iter_decompressed",
     "random_access",
     "read_seek_table",
     "seek_table_frame",
-    "zstd_reader",
 ]
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -300,9 +295,49 @@ def _whole_frame(dctx: Any, piece: Any, path: str, off: int) -> bytes:
         size = zstandard.frame_content_size(piece)
         if size > _PIECE_BLOCKS * _BLOCK_MAX:
             raise CorruptFrameError(path, off, f"corrupt zstd frame (header says {size} bytes, its blocks hold less)")
+        if size == 0:  # python-zstandard returns b"" for a declared size of 0 without decoding: stream it
+            return _checked_empty(dctx, piece, path, off)
         return bytes(dctx.decompress(piece, max_output_size=_PIECE_BLOCKS * _BLOCK_MAX))
     except zstandard.ZstdError as exc:
         raise CorruptFrameError(path, off, f"corrupt zstd frame ({exc})") from exc
+
+
+def _checked_empty(dctx: Any, frame: Any, path: str, off: int) -> bytes:
+    """A frame whose header declares 0 bytes, decoded block by block (its checksum verified): ``b""``, or an error.
+
+    Raises:
+        zstandard.ZstdError: the frame's blocks hold data (libzstd: "Src size is incorrect").
+        CorruptFrameError: the frame decodes to data without libzstd objecting.
+    """
+    out = dctx.decompressobj().decompress(bytes(frame))
+    if out:
+        raise CorruptFrameError(path, off, f"zstd frame header says 0 bytes, its blocks hold {len(out)}")
+    return b""
+
+
+def decompress_frame(dctx: Any, frame: Any, d_size: int, path: str, off: int) -> bytes:
+    """Decompress one whole frame that must hold exactly ``d_size`` bytes (a frame table's row).
+
+    The header's content size is checked first (a damaged header never sizes an allocation), a
+    declared size of 0 is decoded to prove it, and the checksum, when present, is verified.
+
+    Raises:
+        CorruptFrameError: the header disagrees with ``d_size``, the frame is corrupt, or it
+            decompresses to another size, naming ``path`` and the frame's compressed offset.
+    """
+    try:
+        declared = zstandard.frame_content_size(frame)
+        if declared not in (-1, d_size):  # never allocate what a damaged header claims
+            raise CorruptFrameError(path, off, f"zstd frame header disagrees with the index ({d_size} bytes)")
+        if declared == 0:
+            data = _checked_empty(dctx, frame, path, off)
+        else:
+            data = dctx.decompress(frame, max_output_size=d_size)
+    except zstandard.ZstdError as exc:
+        raise CorruptFrameError(path, off, f"corrupt zstd frame ({exc})") from exc
+    if len(data) != d_size:
+        raise CorruptFrameError(path, off, f"zstd frame decompresses to {len(data)} bytes, the index says {d_size}")
+    return data
 
 
 def decompress_frames(
@@ -459,224 +494,6 @@ def frame_array(rows: list[tuple[int, int, int, int]]) -> np.ndarray:
     return np.array(rows, np.uint64).reshape(-1, 4)
 
 
-# -- random access --------------------------------------------------------------
-
-
-SEED_BYTES = 4 << 20
-"""A frame cache's first length; it grows towards ``max_bytes`` by half the bytes its hits serve."""
-
-
-class FrameCache:
-    """Decompressed frames, bounded in bytes, least recently used dropped first; one per process (see :func:`frame_cache`).
-
-    Holding a frame costs fresh memory, whose page faults can cost more than
-    decompressing the frame again, so the bound in force (``limit``) starts at
-    :data:`SEED_BYTES` and grows by half the bytes that hits serve, up to
-    ``max_bytes``: the cache grows only as fast as it pays for itself.
-    ``decompressed`` counts the bytes that readers decompressed through it
-    (their admission test, see :meth:`ZstdShardReader.frame`).
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self._max_bytes = max_bytes
-        self.limit = min(max_bytes, SEED_BYTES)
-        self.hit_bytes = 0
-        self.bytes = 0
-        self.decompressed = 0
-        self._items: OrderedDict[tuple[Any, int], bytes] = OrderedDict()
-
-    @property
-    def max_bytes(self) -> int:
-        """The bound (0: keep nothing); setting another value empties the cache."""
-        return self._max_bytes
-
-    @max_bytes.setter
-    def max_bytes(self, value: int) -> None:
-        if value < 0:
-            raise ValueError("max_bytes must be >= 0")
-        if value != self._max_bytes:
-            self.clear()
-            self._max_bytes = value
-            self.limit = min(value, SEED_BYTES)
-            self.hit_bytes = 0
-
-    def get(self, key: tuple[Any, int]) -> bytes | None:
-        data = self._items.get(key)
-        if data is not None:
-            self._items.move_to_end(key)
-            self.hit_bytes += len(data)
-            self.limit = max(self.limit, min(self._max_bytes, SEED_BYTES + self.hit_bytes // 2))
-        return data
-
-    def put(self, key: tuple[Any, int], data: bytes) -> None:
-        if not data or len(data) > self.limit:
-            return
-        old = self._items.pop(key, None)
-        if old is not None:
-            self.bytes -= len(old)
-        self._items[key] = data
-        self.bytes += len(data)
-        while self.bytes > self.limit:
-            _, dropped = self._items.popitem(last=False)
-            self.bytes -= len(dropped)
-
-    def clear(self) -> None:
-        """Drop every frame."""
-        self._items.clear()
-        self.bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-_CACHE: Any = None
-_CACHE_GEN = -1
-DEFAULT_CACHE_BYTES = 64 << 20
-
-
-def frame_cache() -> Any:
-    """This process's cache of decompressed frames (64 MiB; set ``.max_bytes`` to change, 0 turns it off).
-
-    With the C extension, a ``_speedups.FrameCache``: one ring of ``max_bytes``
-    allocated at first use, oldest frames dropped first (see docs/zstd.md);
-    without it, a :class:`FrameCache`. Both have ``max_bytes``, ``limit`` (the
-    bound in force, growing from :data:`SEED_BYTES` as hits pay for it),
-    ``bytes``, ``decompressed``, ``clear()`` and ``len()``.
-    """
-    global _CACHE, _CACHE_GEN
-    if _CACHE is None or FORK[0] != _CACHE_GEN:  # a forked child starts with an empty cache
-        _CACHE, _CACHE_GEN = (_speedups.FrameCache if _speedups is not None else FrameCache)(DEFAULT_CACHE_BYTES), FORK[0]
-    return _CACHE
-
-
-_pread = os.pread
-_bisect_right = bisect.bisect_right
-
-
-class ZstdShardReader:
-    """``read_at(offset, size)`` over a zstd shard's decompressed bytes, through its frame table.
-
-    Reads and decompresses only the frames that overlap the range, each whole
-    (its checksum verified before any byte of it is returned). The frame
-    decompressed last is remembered (consecutive samples of one frame: one
-    decompression); other frames come from the per-process
-    :func:`frame_cache`, which keeps a frame only when it was decompressed
-    before, recently enough that a cache of its current ``limit`` holding
-    every decompressed frame would still have it (a frame read whole for one
-    range, such as a one-sample frame, is never kept). The C extension's ``ZstdReader`` does the same (see
-    :func:`zstd_reader`).
-
-    Args:
-        path: the shard (used in errors).
-        fd: an open file descriptor of the shard; the reader owns it.
-        frames: the shard's ``(n, 4)`` frame table.
-    """
-
-    def __init__(self, path: str, fd: int, frames: np.ndarray) -> None:
-        self.path = str(path)
-        self.fd = fd
-        self._c_off = frames[:, 0].tolist()
-        self._c_size = frames[:, 1].tolist()
-        self._d_off = frames[:, 2].tolist()
-        self._d_size = frames[:, 3].tolist()
-        st = os.fstat(fd)
-        self._key = (st.st_dev, st.st_ino, st.st_mtime_ns)
-        self._dctxs = [zstandard.ZstdDecompressor()]  # one per concurrent call: decompress lets other threads run
-        self._seen = array.array("Q", bytes(8 * len(self._c_off)))  # per frame: the cache's clock after its last decompression
-        self._last_k = -1
-        self._last = b""
-
-    def frame(self, k: int, *, keep: bool = True) -> bytes:
-        """Decompressed frame ``k`` (from the cache, or read and decompressed; cached if ``keep``).
-
-        Raises:
-            CorruptFrameError: the frame is truncated or corrupt, or decompresses
-                to another size than the frame table says.
-        """
-        if k == self._last_k:
-            return self._last
-        cache: FrameCache = _CACHE if FORK[0] == _CACHE_GEN and _CACHE is not None else frame_cache()
-        key = (self._key, k)
-        data = cache.get(key)
-        if data is not None:
-            return data
-        c_off, c_size, d_size = self._c_off[k], self._c_size[k], self._d_size[k]
-        raw = _pread(self.fd, c_size, c_off)
-        if len(raw) != c_size:
-            raise CorruptFrameError(self.path, c_off, f"truncated zstd frame ({len(raw)} of {c_size} bytes)")
-        try:
-            if zstandard.frame_content_size(raw) not in (-1, d_size):  # never allocate what a damaged header claims
-                raise CorruptFrameError(self.path, c_off, f"zstd frame header disagrees with the index ({d_size} bytes)")
-            dctxs = self._dctxs
-            dctx = dctxs.pop() if dctxs else zstandard.ZstdDecompressor()
-            try:
-                data = dctx.decompress(raw, max_output_size=d_size)
-            finally:
-                dctxs.append(dctx)
-        except zstandard.ZstdError as exc:
-            raise CorruptFrameError(self.path, c_off, f"corrupt zstd frame ({exc})") from exc
-        if len(data) != d_size:
-            raise CorruptFrameError(
-                self.path, c_off, f"zstd frame decompresses to {len(data)} bytes, the index says {d_size}"
-            )
-        self._last_k, self._last = k, data
-        prev, before = self._seen[k], cache.decompressed
-        cache.decompressed = self._seen[k] = before + d_size
-        if keep and prev and before - prev + d_size <= cache.limit:  # reused, recently: worth keeping
-            cache.put(key, data)
-        return data
-
-    def read_at(self, offset: int, size: int) -> bytes:
-        """``size`` decompressed bytes from ``offset`` (fewer only at the end of the shard).
-
-        Raises:
-            CorruptFrameError: see :meth:`frame`.
-        """
-        d_off = self._d_off
-        k = _bisect_right(d_off, offset) - 1
-        if k < 0 or size <= 0:
-            return b""
-        start = offset - d_off[k]
-        end = start + size
-        whole = start == 0 and end >= self._d_size[k]  # a frame that holds just this range is not kept
-        data = self.frame(k, keep=not whole)
-        if end <= len(data):
-            return data if whole and end == len(data) else data[start:end]
-        parts = [data[start:]]
-        need = size - len(parts[0])
-        while need > 0 and k + 1 < len(d_off):
-            k += 1
-            data = self.frame(k)
-            parts.append(data[:need])
-            need -= len(parts[-1])
-        return b"".join(parts)
-
-    def close(self) -> None:
-        """Close the shard file."""
-        self._last_k, self._last = -1, b""
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def zstd_reader(path: str, fd: int, frames: np.ndarray) -> Any:
-    """A reader with ``read_at(offset, size)``, ``close()`` and ``fd`` over a zstd shard; takes ownership of ``fd``.
-
-    The C extension's ``ZstdReader`` (same behaviour, errors included) when it
-    is built, else :class:`ZstdShardReader`; both use :func:`frame_cache`.
-    """
-    if _speedups is None:
-        return ZstdShardReader(path, fd, frames)
-    try:
-        table = np.ascontiguousarray(frames, np.uint64)
-        return _speedups.ZstdReader(
-            str(path), fd, table, zstandard.ZstdDecompressor, CorruptFrameError, zstandard.ZstdError, frame_cache()
-        )
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 # -- indexing -------------------------------------------------------------------
 
 
@@ -707,13 +524,13 @@ def by_seek_table(mv: memoryview, seek: np.ndarray, rows: list[tuple[int, int, i
     off = d_off = 0
     for c_size, d_size in seek.tolist():
         frame = mv[off : off + c_size]
+        if len(frame) != c_size or zstandard.frame_content_size(frame) == 0:  # a 0 is proved by the frame walk
+            raise SeekTableMismatch
         try:
-            if len(frame) != c_size or zstandard.frame_content_size(frame) not in (-1, d_size):
-                raise SeekTableMismatch
             out = dctx.decompress(frame, max_output_size=d_size, allow_extra_data=False)
         except zstandard.ZstdError as exc:
             raise SeekTableMismatch from exc
-        if len(out) != d_size:
+        if len(out) != d_size or zstandard.frame_content_size(frame) not in (-1, d_size):
             raise SeekTableMismatch
         rows.append((off, c_size, d_off, d_size))
         off += c_size

@@ -70,7 +70,11 @@ def test_incremental_rebuild_scans_only_changed_shard(tmp_path: Path) -> None:
     shards = _make_shards(tmp_path)
     pattern = str(tmp_path / "train-*.tar")
     assert _run("build", pattern)[0] == 0
-    os.utime(shards[2], ns=(1, 1))
+    os.utime(shards[2], ns=(1, 1))  # a new mtime alone: the fingerprint says it is the same shard
+    code, out, _ = _run("build", pattern)
+    assert code == 0 and "0 shards scanned, 4 unchanged" in out
+    with tarfile.open(shards[2], "a") as tf:  # new content
+        tf.addfile(tarfile.TarInfo("extra.txt"))
     code, out, _ = _run("build", pattern)
     assert code == 0 and "1 shards scanned, 3 unchanged" in out
 

@@ -417,7 +417,9 @@ def test_build_index_from_http_and_pipe(http_server: HTTPServer, shards: list[Pa
         ta, tb = a.shard_table(i), b.shard_table(i)
         for col in ("sample_offset", "sample_size", "sample_nmembers", "member_offset", "member_size", "keys"):
             assert np.array_equal(getattr(ta, col), getattr(tb, col)), col
-    streamed = list(TarStream(remote.path))  # an index of URLs streams its URLs
+    with pytest.raises(tarindex.errors.CommandNotAllowedError, match="is a command"):
+        TarStream(remote.path)  # an index is data: its commands run only when allowed
+    streamed = list(TarStream(remote.path, allow_commands=True))  # an index of URLs streams its URLs
     assert [s["__index__"] for s in streamed] == list(range(21))
     assert [s["__url__"] for s in streamed][:7] == [urls[0]] * 7
     with pytest.raises(tarindex.TarIndexError, match="URL shards need an index path"):

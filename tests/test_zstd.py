@@ -7,6 +7,8 @@ compared with what ``tarfile`` extracts from the tar that ``zstd -d`` gives back
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import random
 import shutil
@@ -15,6 +17,7 @@ import tarfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,17 +34,8 @@ from tarindex.grouping import split_key
 from tarindex.index.reader import IndexReader
 from tarindex.scan import scan_shard
 from tarindex.shard_writer import compress_shard
-from tarindex.zstd import (
-    DEFAULT_CACHE_BYTES,
-    SEED_BYTES,
-    FrameCache,
-    ZstdShardReader,
-    frame_array,
-    frame_cache,
-    is_zstd,
-    iter_decompressed,
-    zstd_reader,
-)
+from tarindex.zstd import frame_array, is_zstd, iter_decompressed
+from tarindex.zstd_random import DEFAULT_CACHE_BYTES, SEED_BYTES, FrameCache, ZstdShardReader, frame_cache, zstd_reader
 
 pytestmark = pytest.mark.skipif(shutil.which("zstd") is None or shutil.which("pzstd") is None, reason="zstd CLI")
 # .ci/run installs Debian's zstd package (zstd and pzstd), so in CI this never skips.
@@ -466,7 +460,11 @@ def test_zstd_of_something_that_is_not_tar(tmp_path: Path) -> None:
 def test_stale_zstd_shard(big: Path, tmp_path: Path) -> None:
     shard = _by_compress(big, tmp_path / "s.tar.zst")
     report = tarindex.build_index([shard], index=tmp_path / "s.tarindex", workers=1)
-    _by_compress(big, shard)  # rewritten: new mtime
+    _by_compress(big, shard)  # rewritten: new mtime, the same bytes (accepted: an identical copy)
+    assert tarindex.TarDataset(report.path)[0]["__key__"]
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 1  # same size, other bytes
+    shard.write_bytes(bytes(data))
     os.utime(shard, ns=(1, 1))
     with pytest.raises(StaleIndexError, match=r"s\.tar\.zst: shard changed since it was indexed"):
         tarindex.TarDataset(report.path)[0]
@@ -500,7 +498,9 @@ def test_single_frame_shard_needs_opt_in(one_frame: tuple[Path, Path], tmp_path:
     cache = tmp_path / "cache"
     ds = tarindex.TarDataset(index, zstd_cache_dir=cache, zstd_cache_bytes=64 << 20)
     check_dataset(ds, expected_samples(tar), random_order(len(ds))[:200])
-    assert [p.name for p in cache.iterdir()] == [f"{ds.index.shards[0].fingerprint}-{shard.stat().st_size}.tar"]
+    assert [p.name for p in cache.iterdir()] == ["tarindex-zstd"]
+    entries = sorted(p.name for p in (cache / "tarindex-zstd").iterdir())
+    assert entries == [".lock", ".tarindex-cache", f"{ds.index.shards[0].fingerprint}-{shard.stat().st_size}.tar"]
     small = tarindex.TarDataset(index, zstd_cache_dir=tmp_path / "c2", zstd_cache_bytes=1 << 20)
     with pytest.raises(RandomAccessError, match="exceeds zstd_cache_bytes"):
         small[0]
@@ -517,16 +517,6 @@ def test_recompress_in_place_fixes_it(one_frame: tuple[Path, Path], tmp_path: Pa
     ds = tarindex.TarDataset(tmp_path / "one.tarindex")
     assert ds.index.shards[0].random_access
     check_dataset(ds, expected_samples(tar), random_order(len(ds))[:200])
-
-
-def test_cache_dir_evicts_least_recent(tmp_path: Path) -> None:
-    from tarindex.opener import _evict
-
-    for k, name in enumerate(["a.tar", "b.tar", "c.tar"]):
-        (tmp_path / name).write_bytes(bytes(1000))
-        os.utime(tmp_path / name, ns=(k, k))
-    _evict(tmp_path, 2000)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.tar", "c.tar"]
 
 
 def test_frame_cache_is_bounded_in_bytes() -> None:
@@ -680,7 +670,7 @@ def test_reader_errors_name_the_frame(tmp_path: Path, zstd_backend: str) -> None
     longer[-1, 1] += 100  # the table says the last frame runs past the end of the file
     wrong = frames.copy()
     wrong[3, 3] += 1  # the frame header disagrees
-    for table, k, what in ((longer, len(frames) - 1, r"truncated zstd frame \(\d+ of \d+ bytes\)"), (wrong, 3, r"zstd frame header disagrees with the index \(\d+ bytes\)")):
+    for table, k, what in ((longer, len(frames) - 1, r"truncated zstd frame \(\d+ of \d+ bytes; the shard is shorter than indexed\)"), (wrong, 3, r"zstd frame header disagrees with the index \(\d+ bytes\)")):
         reader = zstd_reader(str(path), os.open(path, os.O_RDONLY), table)
         with pytest.raises(CorruptFrameError, match=rf"e\.zst: {what} at offset {int(table[k, 0])}$"):
             reader.read_at(int(table[k, 2]), 10)
@@ -793,3 +783,151 @@ def test_get_cli_on_zstd(big: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0 and result.stdout_bytes == b"1234"
 
 
+
+
+# -- frames that lie (issue 19.1) and a mutation fuzzer --------------------------------
+
+
+def _fcs_field(frame: bytes | bytearray) -> tuple[int, int]:
+    """Where a frame header's content-size field lies: (position, length)."""
+    d = frame[4]
+    single = (d >> 5) & 1
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[d & 3]
+    return pos, ((1 if single else 0), 2, 4, 8)[d >> 6]
+
+
+def _lying_frames(tmp_path: Path, n: int = 20) -> tuple[Path, list[tuple[int, int]], bytes]:
+    """A tar of ``n`` samples of ~70 KB, one zstd frame per sample (content size 4 bytes in each header)."""
+    rng = np.random.default_rng(5)
+    specs = [(f"s{i:03d}.bin", rng.integers(0, 40, 70_000, dtype=np.uint8).tobytes()) for i in range(n)]
+    tar = py_tar(tmp_path / "lie.tar", specs, tarfile.GNU_FORMAT, dirs=False)
+    data = tar.read_bytes()
+    cctx = zstandard.ZstdCompressor(level=1, write_checksum=True, write_content_size=True)
+    bounds = [0, *(512 + i * (512 + 70_144) for i in range(1, n)), len(data)]
+    frames, out = [], bytearray()
+    for a, b in itertools.pairwise(bounds):
+        comp = cctx.compress(data[a:b])
+        frames.append((len(out), len(comp)))
+        out += comp
+    return tar, frames, bytes(out)
+
+
+@pytest.mark.parametrize("declared", [0, 1, "smaller", "larger"])
+def test_frame_header_that_disagrees_with_its_data(declared: int | str, tmp_path: Path) -> None:
+    """Issue 19.1: a content size of 0 (or any other wrong size) is CorruptFrameError in build and TarStream."""
+    _, frames, data = _lying_frames(tmp_path)
+    off, _ = frames[7]
+    pos, length = _fcs_field(data[off:])
+    assert length == 4
+    true = int.from_bytes(data[off + pos : off + pos + 4], "little")
+    value = {0: 0, 1: 1, "smaller": true - 1, "larger": true + 1}[declared]
+    lied = bytearray(data)
+    lied[off + pos : off + pos + 4] = value.to_bytes(4, "little")
+    shard = tmp_path / "lie.tar.zst"
+    shard.write_bytes(bytes(lied))
+    with pytest.raises(CorruptFrameError, match=rf"lie\.tar\.zst: corrupt zstd frame .* at offset {off}$"):
+        scan_shard(str(shard))
+    with pytest.raises(CorruptFrameError, match=rf"lie\.tar\.zst: corrupt zstd frame .* at offset {off}$"):
+        list(tarindex.TarStream([str(shard)]))
+    with pytest.raises(CorruptFrameError, match=rf"at offset {off}$"):
+        list(iter_decompressed([bytes(lied)], "x.zst"))
+
+
+def test_compress_output_with_a_zero_size_header(big: Path, tmp_path: Path) -> None:
+    """The seek table agrees with nothing a lying header says: build and stream both refuse the frame."""
+    shard = _by_compress(big, tmp_path / "c.tar.zst")
+    rows: list[tuple[int, int, int, int]] = []
+    list(iter_decompressed([shard.read_bytes()], str(shard), frames=rows))
+    data = bytearray(shard.read_bytes())
+    for c_off, _, _, _ in rows:  # the first frame with a 2-byte field can't say 0; find a 4-byte one
+        pos, length = _fcs_field(data[c_off:])
+        if length == 4:
+            data[c_off + pos : c_off + pos + 4] = bytes(4)
+            break
+    else:  # frames under 64 KiB: say 0 through the 1-byte field of a single-segment header
+        c_off = rows[1][0]
+        pos, length = _fcs_field(data[c_off:])
+        data[c_off + pos : c_off + pos + length] = (256).to_bytes(length, "little")  # 2-byte field: 0 + 256
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorruptFrameError, match=rf"at offset {c_off}$"):
+        scan_shard(str(shard))
+    with pytest.raises(CorruptFrameError, match=rf"at offset {c_off}$"):
+        list(tarindex.TarStream([str(shard)]))
+
+
+def _outcome(fn: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn()
+    except CorruptArchiveError as exc:  # CorruptFrameError included: a named error with path and offset
+        assert exc.path and exc.offset >= 0
+        return type(exc).__name__, None
+
+
+def test_zstd_mutation_fuzzer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded mutations of a ``tarindex compress`` shard: build, stream and random reads (C and Python)
+    each give exactly the original bytes or a named error, and the two readers agree."""
+    from tarindex import zstd_random
+
+    specs = [(f"m{i:03d}.{ext}", bytes(np.random.default_rng(i).integers(0, 30, 3000 if ext == "bin" else 5, dtype=np.uint8)))
+             for i in range(60) for ext in ("bin", "cls")]
+    tar = py_tar(tmp_path / "m.tar", specs, tarfile.GNU_FORMAT, dirs=False)
+    original = tmp_path / "m.tar.zst"
+    compress_shard(tar, original, frame_size=4)
+    oracle = expected_samples(tar)
+    plain = tar.read_bytes()
+    _, table = scan_shard(str(original))
+    frames = table.frames
+    assert frames is not None and len(frames) > 10
+    pristine = original.read_bytes()
+    shard = tmp_path / "fuzz.tar.zst"
+    rng = random.Random(19)
+    outcomes: dict[str, int] = {}
+    for case in range(150):
+        data = bytearray(pristine)
+        kind = case % 5
+        if kind == 0:  # flip bits
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        elif kind == 1:  # a random byte
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        elif kind == 2:  # truncate
+            del data[rng.randrange(1, len(data)) :]
+        elif kind == 3:  # a header's content size
+            c_off = int(frames[rng.randrange(len(frames)), 0])
+            pos, length = _fcs_field(data[c_off:])
+            data[c_off + pos : c_off + pos + length] = bytes(length) if rng.random() < 0.5 else rng.randbytes(length)
+        else:  # a run of bytes overwritten
+            at = rng.randrange(len(data))
+            data[at : at + rng.randint(2, 40)] = rng.randbytes(rng.randint(2, 40))
+        shard.write_bytes(bytes(data))
+        name, scanned = _outcome(lambda: scan_shard(str(shard))[1])
+        if scanned is not None:  # indexed: exactly the original tables
+            assert scanned.keys == table.keys and (scanned.sample_offset == table.sample_offset).all(), case
+        streamed = _outcome(lambda: {s["__key__"]: {k: v for k, v in s.items() if not k.startswith("__")}
+                                     for s in tarindex.TarStream([str(shard)])})[1]
+        if streamed is not None:
+            assert streamed == oracle, case
+        results = []
+        for backend in ("c", "python"):
+            if backend == "c" and zstd_random._speedups is None:
+                continue
+            with monkeypatch.context() as patch:
+                if backend == "python":
+                    patch.setattr(zstd_random, "_speedups", None)
+                    patch.setattr(zstd_random, "_CACHE", None)
+                zstd_random.frame_cache().clear()
+                reader = zstd_reader(str(shard), os.open(shard, os.O_RDONLY), frames)
+                assert isinstance(reader, ZstdShardReader) == (backend == "python")
+                got = []
+                for k in range(len(frames)):
+                    d_off, d_size = int(frames[k, 2]), int(frames[k, 3])
+                    outcome = _outcome(functools.partial(reader.read_at, d_off, d_size))
+                    if outcome[1] is not None:
+                        assert outcome[1] == plain[d_off : d_off + d_size], (case, k)
+                    got.append(outcome[0])
+                reader.close()
+            zstd_random._CACHE = None
+            results.append(got)
+        assert all(r == results[0] for r in results), case  # C and Python agree frame by frame
+        outcomes[name] = outcomes.get(name, 0) + 1
+    assert outcomes.get("CorruptFrameError", 0) > 50  # the mutations mostly hit frames

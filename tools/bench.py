@@ -410,7 +410,7 @@ def _zstd_d(paths: list[str]) -> None:
 
 def _random_reads(index: Path, order: list[int], cache_bytes: int | None) -> float:
     """Seconds for one pass of ``ds.read`` over ``order`` (frame cache of ``cache_bytes``; ``None``: default)."""
-    from tarindex.zstd import DEFAULT_CACHE_BYTES, frame_cache
+    from tarindex.zstd_random import DEFAULT_CACHE_BYTES, frame_cache
 
     ds = tarindex.TarDataset(index)
     ds.read(0)
@@ -532,7 +532,7 @@ def bench_sampler_order(index: str | Path, name: str, *, world: int = 2) -> list
     """
     from torch.utils.data import DistributedSampler
 
-    from tarindex.zstd import frame_cache
+    from tarindex.zstd_random import frame_cache
 
     ds = tarindex.TarDataset(index)
     orders = {

@@ -8,6 +8,7 @@ payload, so a damaged value is an :class:`~tarindex.errors.IndexFormatError`, ne
 from __future__ import annotations
 
 import hashlib
+import os
 import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import IndexFormatError
+from ..shards import ShardKind, shard_kind
 
 __all__ = [
     "BLOCK_SAMPLES",
@@ -99,6 +101,11 @@ class ShardInfo:
     """``"zstd"`` for a zstd shard (offsets are then in the decompressed tar), else ``None``."""
     random_access: bool = True
     """Whether one sample can be read without decompressing a large part of the shard."""
+    kind: ShardKind = "file"
+    """How the shard is opened: ``file`` (``path`` is a path, whatever it looks like), ``url``, or ``command``
+    (``pipe:CMD``: run only when the reader allows commands)."""
+    outside: bool = False
+    """A ``file`` outside the index's directory (built so): ``path`` may then start with ``..`` or be absolute."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,13 +127,15 @@ class ShardInfo:
             and type(obj["mtime_ns"]) is int
             and obj.get("compression") in (None, "zstd")
             and type(obj.get("random_access", True)) is bool
+            and obj["kind"] in ("file", "url", "command")
+            and type(obj.get("outside", False)) is bool
         ):
             raise IndexFormatError(f"bad shard record {str(obj)[:200]!r}")
         return cls(**obj)
 
 
-_SHARD_FIELDS = {"path", "size", "mtime_ns", "fingerprint", "n_samples", "n_members", "compression", "random_access"}
-_REQUIRED = _SHARD_FIELDS - {"compression", "random_access"}
+_SHARD_FIELDS = {"path", "size", "mtime_ns", "fingerprint", "n_samples", "n_members", "compression", "random_access", "kind", "outside"}
+_REQUIRED = _SHARD_FIELDS - {"compression", "random_access", "kind", "outside"}
 
 
 @dataclass(slots=True)

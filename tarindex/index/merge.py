@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import TarIndexError
-from ..sources import is_url
+from ..shards import ShardKind, shard_kind
+from .format import ShardInfo
 from .reader import IndexReader
 from .writer import IndexWriter
 
-__all__ = ["merge_indexes", "relative_path"]
+__all__ = ["merge", "placed", "relative_path"]
 
 
 def relative_path(shard: str, index_dir: Path) -> str:
-    """How an index in ``index_dir`` names ``shard``: relative to it, a URL as given, absolute on another drive."""
-    if is_url(shard):
+    """How an index in ``index_dir`` names ``shard``: a file relative to it (absolute on another drive), others as given."""
+    if shard_kind(shard) != "file":
         return shard
     absolute = os.path.abspath(shard)
     try:
@@ -58,12 +59,18 @@ def _ordered(readers: list[IndexReader]) -> list[IndexReader]:
     return [by_k[k] for k in range(1, n + 1)]
 
 
-def merge_indexes(parts: Iterable[str | os.PathLike[str]], output: str | os.PathLike[str]) -> Path:
-    """Combine indexes into one: parts of a ``--part K/N`` build in K order (all N of them), other indexes as given.
+def placed(info: ShardInfo, path: str, kind: ShardKind) -> ShardInfo:
+    """``info`` under its path relative to the index, with the kind of name it was given as (names are data)."""
+    norm = os.path.normpath(path)
+    outside = kind == "file" and (os.path.isabs(norm) or norm.split(os.sep)[0] == os.pardir)
+    return dataclasses.replace(info, path=path, kind=kind, outside=outside)
 
-    Streams shard by shard (memory bounded by the largest shard); the output is
-    written atomically, so an interrupted merge leaves any previous index at
-    ``output`` as it was.
+
+def merge(
+    parts: Iterable[str | os.PathLike[str]], output: str | os.PathLike[str], shard_name: Callable[[Path, ShardInfo], str]
+) -> Path:
+    """Combine indexes into one (see :func:`tarindex.build.merge_indexes`); ``shard_name(index, info)`` is the name
+    a shard of an index opens by (checked against its recorded kind).
 
     Raises:
         IndexNotFoundError, IndexFormatError: a part is missing or not an index.
@@ -77,11 +84,12 @@ def merge_indexes(parts: Iterable[str | os.PathLike[str]], output: str | os.Path
         with IndexWriter(out) as writer:
             for reader in readers:
                 for i, info in enumerate(reader.shards):
-                    path = relative_path(info.path if is_url(info.path) else str(reader.shard_path(i)), out_dir)
+                    name = shard_name(reader.path, info)
+                    path = relative_path(name, out_dir) if info.kind == "file" else name
                     if path in seen:
                         raise TarIndexError(f"{reader.path}: shard {path} is already in {seen[path]}")
                     seen[path] = reader.path
-                    writer.add(dataclasses.replace(info, path=path), reader.shard_table(i))
+                    writer.add(placed(info, path, info.kind), reader.shard_table(i))
     finally:
         for reader in readers:
             reader.close()

@@ -7,6 +7,7 @@ index, and the key table is built one hash range at a time from them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from typing import Any, BinaryIO
 import lmdb
 import numpy as np
 
+from .._atomic import clean_stale, commit, temp_name, write_error
 from ..errors import TarIndexError
 from .format import (
     BLOCK_PREFIX,
@@ -52,30 +54,18 @@ _COMMIT_BYTES = 64 << 20  # a write transaction's dirty pages live in memory: co
 _MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
 
 
-def _temp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
 def remove_stale_temporaries(path: Path) -> list[Path]:
-    """Remove what writers of ``path`` killed before they finished left beside it (their process is gone).
-
-    Returns the paths removed.
+    """Remove what writers of ``path`` killed before they finished left beside it (their process is gone):
+    temporary files (:func:`tarindex._atomic.clean_stale`) and spill directories. Returns the paths removed.
     """
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.tmp-(\d+)(?:\.spill|-lock)?")
-    removed = []
-    try:
-        entries = list(path.parent.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        found = pattern.fullmatch(entry.name)
-        if found is None or _alive(int(found.group(1))):
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-        removed.append(entry)
+    removed = clean_stale(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.tmp-(\d+)\.spill")
+    with contextlib.suppress(OSError):
+        for entry in path.parent.iterdir():
+            found = pattern.fullmatch(entry.name)
+            if found is not None and entry.is_dir() and not entry.is_symlink() and not _alive(int(found.group(1))):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
     return removed
 
 
@@ -86,7 +76,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # another user's live process
         return True
     return True
 
@@ -118,7 +108,7 @@ class IndexWriter:
         self._env: Any = None
         self._txn: Any = None
         self._txn_bytes = 0
-        self._tmp = _temp_name(self.path)
+        self._tmp = temp_name(self.path)
         self._spill = self._tmp.with_name(self._tmp.name + ".spill")
         self._parts: list[BinaryIO] = []  # spill files of key entries by partition, once memory holds too many
         self._rows: list[np.ndarray] = []  # key entries (hash, sample) held in memory
@@ -142,14 +132,14 @@ class IndexWriter:
     def _start(self) -> None:
         if self._env is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(self.path)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(self.path)
             self._env = lmdb.open(str(self._tmp), subdir=False, lock=False, map_size=_MAP_SIZE, max_dbs=0, sync=False, metasync=False)
             self._txn = self._env.begin(write=True)
         except (OSError, lmdb.Error) as exc:
             self._discard()
-            raise TarIndexError(f"{self.path}: cannot write the index ({_cause(exc)})") from exc
+            raise write_error(self.path, exc) from exc
 
     def _discard(self) -> None:
         """Drop everything written so far (the previous index, if any, stays)."""
@@ -165,7 +155,8 @@ class IndexWriter:
         if self._spill.exists():
             shutil.rmtree(self._spill, ignore_errors=True)
         for leftover in (self._tmp, Path(str(self._tmp) + "-lock")):
-            leftover.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # absent, or a read-only directory that holds none
+                leftover.unlink()
 
     # -- adding shards ---------------------------------------------------------
     def add(self, info: ShardInfo, table: ShardTable) -> None:
@@ -173,7 +164,7 @@ class IndexWriter:
 
         Raises:
             IndexFormatError: a sample has too many members or too long a key.
-            TarIndexError: the index cannot be written (full disk, permissions).
+            WriteError: the index cannot be written (full disk, permissions).
         """
         self._start()
         shard, n, first = len(self._infos), table.n_samples, self._starts[-1]
@@ -271,15 +262,15 @@ class IndexWriter:
                 self._txn.commit()
                 self._txn = self._env.begin(write=True)
                 self._txn_bytes = 0
-        except lmdb.Error as exc:
-            raise TarIndexError(f"{self.path}: cannot write the index ({_cause(exc)})") from exc
+        except (OSError, lmdb.Error) as exc:  # a full disk, a read-only directory: one line naming the index
+            raise write_error(self.path, exc) from exc
 
     # -- finishing ---------------------------------------------------------------
     def write(self) -> Path:
         """Finish the index and rename it over ``path``; returns the path.
 
         Raises:
-            TarIndexError: the index cannot be written (full disk, permissions); the previous one stays.
+            WriteError: the index cannot be written (full disk, permissions); the previous one stays.
         """
         self._start()
         try:
@@ -288,10 +279,9 @@ class IndexWriter:
             self._env.close()
             self._env = None
             _fsync(self._tmp)
-            os.replace(self._tmp, self.path)
-            _fsync(self.path.parent)
-        except (OSError, lmdb.Error) as exc:
-            raise TarIndexError(f"{self.path}: cannot write the index ({_cause(exc)})") from exc
+            commit(self._tmp, self.path)
+        except (OSError, lmdb.Error) as exc:  # a full disk, a read-only directory: one line naming the index
+            raise write_error(self.path, exc) from exc
         finally:
             self._discard()
         return self.path
@@ -410,10 +400,3 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _cause(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc).split(": ")[-1] or type(exc).__name__
-

@@ -1,0 +1,62 @@
+"""Is this still the indexed shard? The one rule, for reads, ``verify`` and incremental builds.
+
+Same size and mtime: the indexed shard. Same size, another mtime (a copy made by ``cp -r`` or
+``rsync`` without ``-t``, a restore from backup): the fingerprint (size, first and last 64 KiB) is
+compared once, and an identical copy is accepted. Anything else is a :class:`StaleIndexError` that
+names what changed.
+
+What the rule cannot see: a shard rewritten in place with the same size and the same mtime (``touch -r``)
+and its first and last 64 KiB unchanged. ``verify="fingerprint"`` (``TarDataset``) compares the
+fingerprint at every first open even when the mtime matches (changes within 64 KiB of either end);
+only ``tarindex verify --deep`` (a rescan) sees a change in the middle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Literal
+
+from .errors import StaleIndexError
+from .index.format import ShardInfo
+from .shards import fingerprint
+
+__all__ = ["Check", "check_shard", "current_info"]
+
+Check = Literal["stat", "fingerprint"]
+"""``stat``: size and mtime, the fingerprint when only the mtime differs; ``fingerprint``: always the fingerprint too."""
+
+
+def check_shard(path: str, fd: int, info: ShardInfo, *, check: Check = "stat") -> int:
+    """Check that the open file ``fd`` is the shard ``info`` describes; returns its mtime in nanoseconds.
+
+    Raises:
+        StaleIndexError: the size differs, or the fingerprint does (compared when the mtime differs,
+            or always with ``check="fingerprint"``).
+    """
+    st = os.fstat(fd)
+    if st.st_size != info.size:
+        raise StaleIndexError(path, f"size {info.size} -> {st.st_size}")
+    if st.st_mtime_ns == info.mtime_ns and check == "stat":
+        return st.st_mtime_ns
+    if fingerprint(fd, st.st_size) != info.fingerprint:
+        what = "content fingerprint differs"
+        if st.st_mtime_ns != info.mtime_ns:
+            what = f"mtime {info.mtime_ns} -> {st.st_mtime_ns}, {what}"
+        raise StaleIndexError(path, what)
+    return st.st_mtime_ns
+
+
+def current_info(path: str, info: ShardInfo) -> ShardInfo | None:
+    """``info`` with the file's current mtime when ``path`` is still that shard (see the module rule), else ``None``."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        mtime_ns = check_shard(path, fd, info)
+    except StaleIndexError:
+        return None
+    finally:
+        os.close(fd)
+    return info if mtime_ns == info.mtime_ns else dataclasses.replace(info, mtime_ns=mtime_ns)

@@ -1,0 +1,76 @@
+"""One identity rule for reads, verify and incremental builds (tarindex.identity)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import tarindex
+from conftest import make_shard_set
+from tarindex.cli.main import main
+from tarindex.errors import StaleIndexError
+
+
+def read_all(index: Path, **kw: object) -> list[bytes]:
+    ds = tarindex.TarDataset(index, **kw)  # type: ignore[arg-type]
+    return [ds[i]["bin"] for i in range(len(ds))]
+
+
+def test_copied_dataset_stays_readable(tmp_path: Path) -> None:
+    """``cp -r`` (bytes identical, mtimes new): verify, reads and an incremental build all accept it."""
+    make_shard_set(tmp_path / "a", 3)
+    index = tarindex.build_index(str(tmp_path / "a" / "*.tar")).path
+    expected = read_all(index)
+    shutil.copytree(tmp_path / "a", tmp_path / "b", copy_function=shutil.copyfile)  # new mtimes
+    copy = tmp_path / "b" / index.name
+    assert os.stat(tmp_path / "b" / "train-000000.tar").st_mtime_ns != os.stat(tmp_path / "a" / "train-000000.tar").st_mtime_ns
+    assert CliRunner().invoke(main, ["verify", str(copy)]).exit_code == 0
+    assert read_all(copy) == expected
+    report = tarindex.build_index(str(tmp_path / "b" / "*.tar"))
+    assert (len(report.scanned), len(report.reused)) == (0, 3)
+    mtimes = [s.mtime_ns for s in tarindex.IndexReader(copy).shards]
+    assert mtimes == [os.stat(tmp_path / "b" / f"train-{k:06d}.tar").st_mtime_ns for k in range(3)]
+
+
+def test_same_size_other_content_is_stale_everywhere(tmp_path: Path) -> None:
+    shard = make_shard_set(tmp_path / "a", 1)[0]
+    index = tarindex.build_index([shard]).path
+    data = bytearray(shard.read_bytes())
+    data[600] ^= 0xFF  # inside the first member's data
+    shard.write_bytes(bytes(data))
+    with pytest.raises(StaleIndexError, match=r"train-000000\.tar: shard changed .*\(mtime \d+ -> \d+, content fingerprint differs\)"):
+        read_all(index)
+    result = CliRunner().invoke(main, ["verify", str(index)])
+    assert result.exit_code == 1 and "content fingerprint differs" in result.output
+    assert tarindex.build_index([shard]).scanned == [str(shard)]
+
+
+def test_size_change_is_named(tmp_path: Path) -> None:
+    shard = make_shard_set(tmp_path / "a", 1)[0]
+    index = tarindex.build_index([shard]).path
+    size = shard.stat().st_size
+    with open(shard, "ab") as f:
+        f.write(bytes(512))
+    with pytest.raises(StaleIndexError, match=f"size {size} -> {size + 512}"):
+        read_all(index)
+
+
+def test_rewrite_keeping_size_and_mtime(tmp_path: Path) -> None:
+    """``touch -r`` after a rewrite: the stat rule cannot see it; verify="fingerprint" and verify do."""
+    shard = make_shard_set(tmp_path / "a", 1)[0]
+    index = tarindex.build_index([shard]).path
+    st = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[600] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert len(read_all(index)) == 6  # documented: only a fingerprint or a rescan can tell
+    with pytest.raises(StaleIndexError, match=r"\(content fingerprint differs\)"):
+        read_all(index, verify="fingerprint")
+    assert CliRunner().invoke(main, ["verify", str(index)]).exit_code == 1
+    with pytest.raises(ValueError, match="verify must be"):
+        tarindex.TarDataset(index, verify="deep")  # type: ignore[arg-type]

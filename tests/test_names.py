@@ -1,0 +1,177 @@
+"""Names are data: a scheme is honoured only in a name the caller wrote, never in one from a glob or an index."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+from click.testing import CliRunner
+
+import tarindex
+from conftest import make_shard_set, tarfile_members
+from tarindex.cli.main import main
+from tarindex.errors import CommandNotAllowedError, IndexFormatError, RandomAccessError, ShardNotFoundError
+from tarindex.index.format import META_KEY, SHARDS_PREFIX, numbered, seal
+from tarindex.shards import as_path, expand_shards, shard_kind
+
+
+def edit_meta(index: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite an index's meta and shard records in place (sealed again), as a hostile or careless tool would.
+
+    ``edit`` gets the meta with the shard records as ``meta["shards"]``.
+    """
+    env = lmdb.open(str(index), subdir=False, lock=False)
+    try:
+        with env.begin(write=True) as txn:
+            meta = json.loads(bytes(txn.get(META_KEY))[4:])
+            per = meta["shard_block"]
+            keys = [numbered(SHARDS_PREFIX, b) for b in range(-(-meta["n_shards"] // per))]
+            meta["shards"] = [info for key in keys for info in json.loads(bytes(txn.get(key))[4:])]
+            edit(meta)
+            shards = meta.pop("shards")
+            txn.put(META_KEY, seal(META_KEY, json.dumps(meta).encode()))
+            for b, key in enumerate(keys):
+                txn.put(key, seal(key, json.dumps(shards[b * per : (b + 1) * per]).encode()))
+    finally:
+        env.close()
+
+
+def all_streamed(stream: tarindex.TarStream) -> list[tuple[str, bytes]]:
+    return [(s["__key__"], s["txt"]) for s in stream]
+
+
+def test_kinds_and_listed_names() -> None:
+    assert [shard_kind(n) for n in ("a.tar", "pipe:cat a", "-", "http://h/a.tar", "s3://b/a.tar")] == [
+        "file", "command", "command", "url", "url"]  # fmt: skip
+    assert as_path("pipe:x.tar") == "./pipe:x.tar" and as_path("-") == "./-" and as_path("a.tar") == "a.tar"
+
+
+def test_glob_match_named_like_a_command_is_indexed_as_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "d"
+    shards = make_shard_set(root, 2)
+    hostile = root / "pipe:touch PWNED; cat train-000000.tar #.tar"
+    shutil.copy(shards[1], hostile)
+    monkeypatch.chdir(root)
+    assert expand_shards("*.tar")[0] == "./pipe:touch PWNED; cat train-000000.tar #.tar"
+    result = CliRunner().invoke(main, ["build", "*.tar", "-q", "-w", "1"])
+    assert result.exit_code == 0, result.output
+    index = root / "shards.tarindex"
+    ix = tarindex.IndexReader(index)
+    assert (ix.shards[0].path, ix.shards[0].kind) == (hostile.name, "file")
+    result = CliRunner().invoke(main, ["verify", str(index)])
+    assert result.exit_code == 0, result.output
+    streamed = all_streamed(tarindex.TarStream(index))
+    ds = tarindex.TarDataset(index)
+    read = [(ds[i]["__key__"], ds[i]["txt"]) for i in range(len(ds))]
+    expected = [(n.split(".")[0], d) for p in (hostile, *shards) for n, d in tarfile_members(p) if n.endswith(".txt")]
+    assert streamed == read == expected
+    assert ds[0]["__url__"] == str(hostile)
+    assert not (root / "PWNED").exists()
+
+
+def test_glob_match_named_dash_is_not_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "d"
+    shards = make_shard_set(root, 1)
+    shutil.copy(shards[0], root / "-")
+    monkeypatch.chdir(root)
+    assert expand_shards("?") == ["./-"]
+    assert len(all_streamed(tarindex.TarStream("?"))) == 6
+
+
+@pytest.fixture
+def command_index(tmp_path: Path) -> tuple[Path, Path]:
+    """An index built from a ``pipe:`` shard the caller named (which ran then, and only then)."""
+    root = tmp_path / "c"
+    shard = make_shard_set(root, 1)[0]
+    index = root / "cmd.tarindex"
+    tarindex.build_index([f"pipe:touch {root}/RAN; cat {shard}"], index=index)
+    (root / "RAN").unlink()
+    return index, root / "RAN"
+
+
+def test_index_with_command_shard_runs_nothing_unless_allowed(command_index: tuple[Path, Path]) -> None:
+    index, marker = command_index
+    assert tarindex.IndexReader(index).shards[0].kind == "command"
+    with pytest.raises(CommandNotAllowedError, match=r"cmd\.tarindex: shard 'pipe:touch .* is a command.*allow_commands=True"):
+        tarindex.TarStream(index)
+    result = CliRunner().invoke(main, ["verify", str(index)])
+    assert result.exit_code == 1 and "is a command" in result.output and "--allow-commands" in result.output
+    ds = tarindex.TarDataset(index)
+    with pytest.raises(RandomAccessError, match="a command's output cannot be read at random"):
+        ds[0]
+    assert not marker.exists()
+    assert len(all_streamed(tarindex.TarStream(index, allow_commands=True))) == 6
+    assert marker.exists()
+    marker.unlink()
+    result = CliRunner().invoke(main, ["verify", "--allow-commands", str(index)])
+    assert result.exit_code == 0, result.output
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("kind", [None, "file", "url"])
+def test_index_meta_naming_a_command(command_index: tuple[Path, Path], kind: str | None) -> None:
+    """An edited meta: without a kind (an older index) the name's look decides (a command: refused); a
+    ``file`` kind makes it a path; a kind that does not fit the name is a damaged index."""
+    index, marker = command_index
+
+    def edit(meta: dict[str, Any]) -> None:
+        meta["shards"][0]["path"] = f"pipe:touch {marker}"
+        del meta["shards"][0]["kind"]
+        if kind is not None:
+            meta["shards"][0]["kind"] = kind
+
+    edit_meta(index, edit)
+    expected = {None: CommandNotAllowedError, "file": ShardNotFoundError, "url": IndexFormatError}[kind]
+    with pytest.raises(expected):
+        all_streamed(tarindex.TarStream(index))
+    result = CliRunner().invoke(main, ["verify", str(index)])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    with pytest.raises((expected, RandomAccessError)):
+        tarindex.TarDataset(index)[0]
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("path", ["../outside.tar", "sub/../../outside.tar", "/etc/passwd"])
+def test_index_paths_that_leave_its_directory(tmp_path: Path, path: str) -> None:
+    shards = make_shard_set(tmp_path / "d", 1)
+    shutil.copy(shards[0], tmp_path / "outside.tar")
+    index = tarindex.build_index(shards).path
+    edit_meta(index, lambda meta: meta["shards"][0].update(path=path))
+    pattern = "leaves the index's directory, and the index was not built so"
+    with pytest.raises(IndexFormatError, match=pattern):
+        tarindex.TarDataset(index)
+    with pytest.raises(IndexFormatError, match=pattern):
+        tarindex.TarStream(index)
+    result = CliRunner().invoke(main, ["verify", str(index)])
+    assert result.exit_code == 1 and pattern in result.output
+
+
+def test_index_built_outside_its_shards_directory(tmp_path: Path) -> None:
+    shards = make_shard_set(tmp_path / "d", 2)
+    index = tarindex.build_index(shards, index=tmp_path / "elsewhere" / "x.tarindex").path
+    assert [(s.path, s.outside) for s in tarindex.IndexReader(index).shards] == [
+        ("../d/train-000000.tar", True), ("../d/train-000001.tar", True)]  # fmt: skip
+    assert len(list(tarindex.TarDataset(index))) == len(all_streamed(tarindex.TarStream(index))) == 12
+    assert CliRunner().invoke(main, ["verify", str(index)]).exit_code == 0
+
+
+def test_hostile_fingerprint_writes_nothing_outside_the_cache(tmp_path: Path) -> None:
+    import subprocess
+
+    tar = make_shard_set(tmp_path / "d", 1)[0]
+    shard = tmp_path / "d" / "one.tar.zst"
+    subprocess.run(["zstd", "-q", "--no-check", "-19", str(tar), "-o", str(shard)], check=True)
+    tar.unlink()
+    index = tarindex.build_index([shard]).path
+    assert tarindex.IndexReader(index).shards[0].compression == "zstd"
+    edit_meta(index, lambda meta: meta["shards"][0].update(fingerprint="../OUTSIDE_CACHE", random_access=False))
+    cache = tmp_path / "cache"
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(IndexFormatError, match=r"fingerprint '\.\./OUTSIDE_CACHE'.*is damaged"):
+        tarindex.TarDataset(index, zstd_cache_dir=cache)[0]
+    assert sorted(p for p in tmp_path.rglob("*") if p != cache) == before
