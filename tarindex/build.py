@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator

@@ -119,6 +119,10 @@ class ShardInfo:
         """
         if not isinstance(obj, dict) or set(obj) - _SHARD_FIELDS or not set(obj) >= _REQUIRED:
             raise IndexFormatError(f"bad shard record {str(obj)[:200]!r}")
+        if "kind" not in obj:  # written without kinds (an edited record): the name's look is all there is
+            path = str(obj.get("path", ""))
+            norm = os.path.normpath(path)
+            obj = {**obj, "kind": shard_kind(path), "outside": os.path.isabs(norm) or norm.split(os.sep)[0] == os.pardir}
         ints = ("size", "mtime_ns", "n_samples", "n_members")
         if not (
             isinstance(obj["path"], str)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -265,7 +266,9 @@ class ShardList(Sequence[ShardInfo]):
     """The shard records, read in blocks of ``SHARD_BLOCK`` on first use."""
 
     def __init__(self, reader: IndexReader) -> None:
-        self._reader = reader
+        self._reader = weakref.ref(reader)  # not a cycle: a reader that goes closes its environment at once
+        self._own: IndexReader | None = None
+        self._path, self._build = reader.path, reader.build_id
         self._n: int = reader.meta["n_shards"]
         self._per: int = reader.meta["shard_block"]
         self._blocks: dict[int, list[ShardInfo]] = {}
@@ -287,12 +290,20 @@ class ShardList(Sequence[ShardInfo]):
         b, j = divmod(s, self._per)
         block = self._blocks.get(b)
         if block is None:
-            block = self._blocks[b] = self._reader._shard_block(b, min(self._per, self._n - b * self._per))
+            block = self._blocks[b] = self._source()._shard_block(b, min(self._per, self._n - b * self._per))
         return block[j]
 
     def __iter__(self) -> Iterator[ShardInfo]:
         for s in range(self._n):
             yield self[s]
+
+    def _source(self) -> IndexReader:
+        reader = self._reader() or self._own
+        if reader is None:  # the reader this list came from is gone: the same file, opened again
+            reader = self._own = IndexReader(self._path)
+            if reader.build_id != self._build:
+                raise IndexChangedError(self._path, f"build {self._build} -> {reader.build_id}")
+        return reader
 
 
 class IndexReader:
