@@ -50,12 +50,19 @@ class FileCache:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             if not marker.is_file():
-                if any(p.name != _LOCK for p in self.dir.iterdir()):
-                    raise TarIndexError(f"{self.dir}: exists and is not a tarindex cache (no {MARKER}); choose another directory")
-                with atomic_write(marker) as f:
-                    f.write(json.dumps({"cache": kind}).encode())
+                with self.locked():  # another process may be marking it now
+                    self._mark(marker)
         except OSError as exc:
             raise write_error(self.dir, exc) from exc
+
+    def _mark(self, marker: Path) -> None:
+        """Mark an empty subdirectory as this cache (under the lock)."""
+        if marker.is_file():
+            return
+        if any(p.name != _LOCK for p in self.dir.iterdir()):
+            raise TarIndexError(f"{self.dir}: exists and is not a tarindex cache (no {MARKER}); choose another directory")
+        with atomic_write(marker) as f:
+            f.write(json.dumps({"cache": self.kind}).encode())
 
     def path(self, name: str) -> Path:
         """Where entry ``name`` lives.

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tarindex
-from conftest import make_shard_set, py_tar, require_c_extension, tarfile_members
+from conftest import make_shard_set, py_tar, tarfile_members
 from tarindex import TarDataset, build_index, merge_indexes
 from tarindex.index.format import ShardInfo, ShardTable
 
@@ -36,16 +36,10 @@ def _oracle(paths: list[Path]) -> list[dict]:
     return out
 
 
-@pytest.fixture(params=["c", "python"], autouse=True)
-def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here runs on both read paths: the C one (built by the install) and the Python reference."""
-    import tarindex.dataset
-
-    if request.param == "python":
-        monkeypatch.setattr(tarindex.dataset, "_speedups", None)
-    else:
-        require_c_extension()
-    return str(request.param)
+@pytest.fixture(autouse=True)
+def read_path(impl: str) -> str:
+    """Every test here runs on both backends: the C read path (built by the install) and the Python reference."""
+    return impl
 
 
 def test_read_paths_agree(built: tuple[list[Path], TarDataset], read_path: str) -> None:

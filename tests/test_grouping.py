@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tarindex
-from conftest import PY_FORMATS, py_tar, require_c_extension, tarfile_members, wds_write
+from conftest import PY_FORMATS, py_tar, require_c_extension, tarfile_members, use_pure_python, wds_write
 from tarindex.grouping import group_members, split_key
 from tarindex.tar import iter_tar
 
@@ -161,10 +161,10 @@ def _table(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> dict:
 
     buf = path.read_bytes()
     with monkeypatch.context() as m:
-        if way in ("c-add", "python"):
+        if way == "c-add":  # the C packer fed by the Python walker
             m.setattr(tarindex.tar, "_scan_headers", None)
         if way == "python":
-            m.setattr(tarindex.grouping, "_CPacker", None)
+            use_pure_python(m)
         if way == "c-file":
             fd = os.open(path, os.O_RDONLY)
             try:
@@ -352,10 +352,10 @@ def _samples_outcome(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> t
     buf = path.read_bytes()
     got: list = []
     with monkeypatch.context() as m:
-        if way in ("c-add", "python"):
+        if way == "c-add":  # the C packer fed by the Python walker
             m.setattr(tarindex.tar, "_scan_headers", None)
         if way == "python":
-            m.setattr(tarindex.grouping, "_CPacker", None)
+            use_pure_python(m)
         if way.endswith("-batches"):
             m.setattr(tarindex.tar, "_BATCH_BYTES", 3000)
             m.setattr(tarindex.tar, "_BATCH_HEADERS", 5)

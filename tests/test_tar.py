@@ -13,20 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tarindex
-from conftest import PY_FORMATS, require_c_extension, tarfile_members
+from conftest import PY_FORMATS, tarfile_members
 from tarindex.tar import BLOCK, iter_members, iter_tar
 
 
-@pytest.fixture(params=["c", "python"], autouse=True)
-def walk_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+@pytest.fixture(autouse=True)
+def walk_path(impl: str) -> str:
     """Every parser test runs with the C walk of plain headers and with the Python walker alone."""
-    import tarindex.tar
-
-    if request.param == "python":
-        monkeypatch.setattr(tarindex.tar, "_scan_headers", None)
-    else:
-        require_c_extension()
-    return str(request.param)
+    return impl
 
 
 def test_c_walk_covers_plain_headers_and_stops_at_the_rest(walk_path: str) -> None:

@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tarindex
-from conftest import make_shard_set, py_tar, require_c_extension, tarfile_members
+from conftest import make_shard_set, py_tar, require_c_extension, tarfile_members, use_pure_python
 from tarindex.cli.main import main
 from tarindex.errors import CorruptArchiveError, CorruptFrameError, RandomAccessError, StaleIndexError
 from tarindex.grouping import split_key
@@ -93,16 +93,18 @@ def random_order(n: int) -> list[int]:
     return order
 
 
-@pytest.fixture(params=["libzstd", "python-zstandard"])
-def zstd_backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The C reader decompresses with the system's libzstd, or through python-zstandard (also the Python path's)."""
+@pytest.fixture(params=["libzstd", "python-zstandard", "python"])
+def zstd_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The C reader decompressing with the system's libzstd or through python-zstandard, or the Python reader
+    (the reference: python-zstandard, the Python frame cache)."""
+    if request.param == "python":
+        use_pure_python(monkeypatch)
+        yield "python"
+        return
+    require_c_extension()
     from tarindex._native import SPEEDUPS
 
-    if SPEEDUPS is None:
-        if request.param == "libzstd":
-            pytest.skip("the C extension is off: the Python path uses python-zstandard")
-        yield request.param
-        return
+    assert SPEEDUPS is not None
     was = SPEEDUPS._libzstd()
     if request.param == "libzstd" and not was:
         pytest.skip("libzstd.so.1 is not installed here")
@@ -754,22 +756,15 @@ def test_dataloader_workers_read_zstd_shards(tmp_path: Path) -> None:
     assert got == {k: v["bin"] for k, v in oracle.items()}
 
 
-@pytest.mark.parametrize("read_path", ["c", "python"])
-def test_both_read_paths_on_zstd(read_path: str, big: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_both_read_paths_on_zstd(impl: str, big: Path, tmp_path: Path) -> None:
     """The C read path calls the zstd reader's read_at and slices members itself; the Python path is the reference."""
-    import tarindex.dataset
-
-    if read_path == "python":
-        monkeypatch.setattr(tarindex.dataset, "_speedups", None)
-    else:
-        require_c_extension()
     shard = _by_compress(big, tmp_path / "c.tar.zst")
     plain = shutil.copy(big, tmp_path / "p.tar")
     report = tarindex.build_index([shard, plain], index=tmp_path / "c.tarindex", workers=1)
     ds = tarindex.TarDataset(report.path)
     order = random_order(len(ds))
     got = [ds.read(i) for i in order]
-    assert (ds._fast is not None) == (read_path == "c")
+    assert (ds._fast is not None) == (impl == "c")
     assert got == [ds._read_py(i) for i in order]
     check_dataset(ds, expected_samples(big), order[:300])
     ds.close()  # the C reader lets go of its handles too
@@ -913,8 +908,7 @@ def test_zstd_mutation_fuzzer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
                 continue
             with monkeypatch.context() as patch:
                 if backend == "python":
-                    patch.setattr(zstd_random, "_speedups", None)
-                    patch.setattr(zstd_random, "_CACHE", None)
+                    use_pure_python(patch)
                 zstd_random.frame_cache().clear()
                 reader = zstd_reader(str(shard), os.open(shard, os.O_RDONLY), frames)
                 assert isinstance(reader, ZstdShardReader) == (backend == "python")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,25 +19,11 @@ from test_zstd import big_tar, check_dataset, expected_samples, pzstd_cli, rando
 import tarindex
 import tarindex.dataset
 import tarindex.zstd_random
-from conftest import require_c_extension
 from tarindex.cli.main import main
 from tarindex.errors import CorruptFrameError, StaleIndexError
 from tarindex.shard_writer import compress_shard
 
 pytestmark = pytest.mark.skipif(shutil.which("pzstd") is None, reason="zstd CLI")  # .ci/run installs it
-
-
-@pytest.fixture(params=["c", "python"])
-def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The C reader (``ZstdReader`` and the C read path), or the Python reference for both."""
-    if request.param == "c":
-        require_c_extension()
-    else:
-        monkeypatch.setattr(tarindex.dataset, "_speedups", None)
-        monkeypatch.setattr(tarindex.zstd_random, "_speedups", None)
-        monkeypatch.setattr(tarindex.zstd_random, "_CACHE", None)
-    yield request.param
-    tarindex.zstd_random._CACHE = None  # the next test makes the cache of its own backend
 
 
 @pytest.fixture(scope="module")
