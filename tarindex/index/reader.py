@@ -556,8 +556,8 @@ class IndexReader:
             raise IndexFormatError(f"{self.path}: a record names shard {int(cols.shard.max())} of {len(self.shards)}; rebuild the index")
         return cols
 
-    def shard_table(self, shard: int) -> ShardTable:
-        """Cut one shard's tables out of the index (for incremental builds and merges).
+    def shard_columns(self, shard: int) -> Columns:
+        """One shard's records as arrays (extension numbers into :attr:`exts`, keys as bytes), checked.
 
         Raises:
             IndexFormatError: the records of the shard are damaged or name another shard.
@@ -566,6 +566,15 @@ class IndexReader:
         cols = self.decode(int(starts[shard]), int(starts[shard + 1]))
         if len(cols) and bool((cols.shard != shard).any()):
             raise IndexFormatError(f"{self.path}: a record of shard {shard} names another shard; rebuild the index")
+        return cols
+
+    def shard_table(self, shard: int) -> ShardTable:
+        """Cut one shard's tables out of the index (for incremental builds and merges).
+
+        Raises:
+            IndexFormatError: the records of the shard are damaged or name another shard.
+        """
+        cols = self.shard_columns(shard)
         exts_used, local = np.unique(cols.member_ext, return_inverse=True)
         return ShardTable(
             cols.offset,

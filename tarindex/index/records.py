@@ -185,7 +185,12 @@ def encode_block(cols: Columns) -> bytes:
     patterns = np.zeros((n, m + 1), np.uint16)
     patterns[:, 0] = cols.nmembers
     patterns[:, 1:] = ext
-    table, pattern = np.unique(patterns, axis=0, return_inverse=True) if n else (np.zeros((0, m + 1), np.uint16), np.zeros(0, np.int64))
+    if n and bool((patterns == patterns[0]).all()):  # the usual case: one pattern (np.unique on rows is slow)
+        table, pattern = patterns[:1], np.zeros(n, np.int64)
+    elif n:
+        table, pattern = np.unique(patterns, axis=0, return_inverse=True)
+    else:
+        table, pattern = np.zeros((0, m + 1), np.uint16), np.zeros(0, np.int64)
     predicted = np.zeros((n, m), _U64)
     if m:
         predicted[:, 0] = 512

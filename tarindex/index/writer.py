@@ -8,6 +8,7 @@ index, and the key table is built one hash range at a time from them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -166,27 +167,38 @@ class IndexWriter:
             IndexFormatError: a sample has too many members or too long a key.
             WriteError: the index cannot be written (full disk, permissions).
         """
-        self._start()
-        shard, n, first = len(self._infos), table.n_samples, self._starts[-1]
-        self._infos.append(info)
-        self._starts.append(first + n)
-        self._n_members += table.n_members
-        remap = np.array([self._exts.setdefault(e, len(self._exts)) for e in table.exts] or [0], np.uint16)
-        keys = [k.encode("utf-8", "surrogateescape") for k in table.keys]
-        self._spill_keys(keys, first)
-        if table.frames is not None:
-            self._add_frames(shard, np.ascontiguousarray(table.frames, "<u8").tobytes())
         cols = Columns(
-            np.full(n, shard, np.uint64),
+            np.zeros(0, np.uint64),  # the shard number is set by add_columns
             np.asarray(table.sample_offset, np.uint64),
             np.asarray(table.sample_size, np.uint64),
             np.asarray(table.sample_nmembers, np.int64),
-            remap[np.asarray(table.member_ext, np.int64)] if table.n_members else np.zeros(0, np.uint16),
+            np.asarray(table.member_ext, np.uint16),
             np.asarray(table.member_offset, np.uint64),
             np.asarray(table.member_size, np.uint64),
-            keys,
+            [k.encode("utf-8", "surrogateescape") for k in table.keys],
         )
-        self._pending.append(cols)
+        self.add_columns(info, cols, table.exts, table.frames)
+
+    def add_columns(self, info: ShardInfo, cols: Columns, exts: list[str], frames: np.ndarray | None = None) -> None:
+        """Append one shard given as columns (``cols.member_ext`` numbers into ``exts``; ``cols.shard`` is ignored).
+
+        What :meth:`add` does after encoding the keys; merges hand over decoded records this way.
+
+        Raises:
+            IndexFormatError: a sample has too many members or too long a key.
+            WriteError: the index cannot be written (full disk, permissions).
+        """
+        self._start()
+        shard, n, first = len(self._infos), len(cols), self._starts[-1]
+        self._infos.append(info)
+        self._starts.append(first + n)
+        self._n_members += len(cols.member_ext)
+        remap = np.array([self._exts.setdefault(e, len(self._exts)) for e in exts] or [0], np.uint16)
+        self._spill_keys(cols.keys, first)
+        if frames is not None:
+            self._add_frames(shard, np.ascontiguousarray(frames, "<u8").tobytes())
+        member_ext = remap[cols.member_ext.astype(np.int64)] if len(cols.member_ext) else np.zeros(0, np.uint16)
+        self._pending.append(dataclasses.replace(cols, shard=np.full(n, shard, np.uint64), member_ext=member_ext))
         self._pending_n += n
         if self._pending_n >= BLOCK_SAMPLES:
             self._flush(final=False)
