@@ -433,3 +433,25 @@ def test_no_temp_names_are_left_by_a_failed_write(tmp_path: Path) -> None:
         w.add(info, table)
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["train-000000.tar"]
 
+
+
+def test_kill_9_during_builds_leaves_a_valid_index_and_the_next_build_cleans_up(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    paths = [str(p) for p in make_shard_set(tmp_path / "d", n_shards=12, per=40)]
+    index = tarindex.build_index(paths, workers=1).path
+    expected = [_strip(s) for s in tarindex.TarDataset(index)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rng = random.Random(7)
+    for _ in range(10):
+        for p in paths:
+            os.utime(p)  # every shard looks changed: the build rescans and rewrites
+        proc = subprocess.Popen([sys.executable, "-m", "tarindex.cli.main", "build", *paths, "-q", "--workers", "2"], env=env)
+        time.sleep(rng.uniform(0.3, 2.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        ds = tarindex.TarDataset(index)  # the previous index, or the new one if the rename came first: whole either way
+        assert [_strip(s) for s in ds] == expected
+    tarindex.build_index(paths, workers=1)
+    assert [p.name for p in index.parent.iterdir() if ".tmp-" in p.name] == []
