@@ -1,14 +1,14 @@
 """tarindex: tar shards as a fast random-access dataset for PyTorch.
 
-Importing this package never imports torch.
+Importing this package imports neither torch nor numpy nor lmdb: the public names that need them
+are imported on first use.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
-from .build import BuildReport, build_index, merge_indexes
-from .dataset import TarDataset
 from .errors import (
     CommandNotAllowedError,
     CorruptArchiveError,
@@ -18,6 +18,7 @@ from .errors import (
     IndexChangedError,
     IndexFormatError,
     IndexNotFoundError,
+    PatternError,
     RandomAccessError,
     SampleNotFoundError,
     SamplerStateError,
@@ -29,13 +30,15 @@ from .errors import (
     TarIndexWarning,
     WriteError,
 )
-from .index.reader import IndexReader
-from .sampler import ShardSampler
-from .shard_writer import ShardWriter, compress_shard
-from .verify import VerifyReport, verify_index
 
-if TYPE_CHECKING:  # type checkers and editors see the real class; at run time __getattr__ imports it on use
+if TYPE_CHECKING:
+    from .build import BuildReport, build_index, merge_indexes
+    from .dataset import TarDataset
+    from .index.reader import IndexReader
+    from .sampler import ShardSampler
+    from .shard_writer import ShardWriter, compress_shard
     from .stream import TarStream
+    from .verify import VerifyReport, verify_index
 
 __version__ = "0.1.0"
 
@@ -50,6 +53,7 @@ __all__ = [
     "IndexFormatError",
     "IndexNotFoundError",
     "IndexReader",
+    "PatternError",
     "RandomAccessError",
     "SampleNotFoundError",
     "SamplerStateError",
@@ -73,9 +77,31 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name == "TarStream":  # imports torch, so only on use
-        from .stream import TarStream
+_LAZY = {
+    "BuildReport": "build",
+    "build_index": "build",
+    "merge_indexes": "build",
+    "TarDataset": "dataset",
+    "IndexReader": "index.reader",
+    "ShardSampler": "sampler",
+    "ShardWriter": "shard_writer",
+    "compress_shard": "shard_writer",
+    "VerifyReport": "verify",
+    "verify_index": "verify",
+    "TarStream": "stream",  # imports torch
+}
+"""Public names imported on first use, so that ``import tarindex`` (and the CLI's ``--help``) imports
+neither numpy, lmdb nor torch."""
 
-        return TarStream
-    raise AttributeError(f"module 'tarindex' has no attribute {name!r}")
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tarindex' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,39 +1,44 @@
 """Network sources: HTTP(S) with retries and ``Range`` resume, random reads of URL shards, fsspec URLs.
 
-Re-exported by :mod:`tarindex.sources`; every name here is reached through it.
+Every failure goes through the one retry policy (:mod:`tarindex._retry`); every option comes from one
+:class:`~tarindex.options.SourceOptions`. HTTP(S) honours ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY``
+and the caller's ``headers``. Re-exported by :mod:`tarindex.sources`; every name here is reached through it.
 """
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import http.client
 import socket
 import ssl
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
-from ._source import DEFAULT_BLOCK_SIZE, Source, _reads
+from ._process import FORK
+from ._retry import RETRYABLE_STATUS, Transient, parse_retry_after
+from ._source import Source, _reads
 from .errors import ShardNotFoundError, SourceError, StaleIndexError, TarIndexError
+from .options import SourceOptions
 
-__all__ = ["FsspecSource", "HTTPSource", "RangeReader"]
+__all__ = ["FsspecSource", "HTTPSource", "RangeReader", "http_status_error"]
 
-_RETRYABLE_STATUS = frozenset((408, 425, 429, 500, 502, 503, 504))
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _MAX_REDIRECTS = 5
 
 
 class _Retrying(Source):
-    """Shared retry loop: reconnect at ``position`` after a failure, with exponential backoff."""
+    """Shared retry loop: reconnect at ``position`` after a failure, under the one retry policy."""
 
-    def __init__(
-        self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE, retries: int = 5, backoff: float = 0.5, timeout: float = 60.0
-    ) -> None:
-        super().__init__(url, block_size=block_size)
-        self.retries = max(0, retries)
-        self.backoff = backoff
-        self.timeout = timeout
+    def __init__(self, url: str, options: SourceOptions | None = None) -> None:
+        self.options = options or SourceOptions()
+        super().__init__(url, block_size=self.options.block_size)
+        self.policy = self.options.retry
+        self.timeout = self.options.timeout
         self._stream: Any = None
         self._closed = False
         self._ended = False
@@ -48,9 +53,6 @@ class _Retrying(Source):
         """Called at the end of a stream; raise ``OSError`` if it ended before ``size``."""
         if self.size is not None and self.position < self.size:
             raise ConnectionError(f"stream ended at byte {self.position} of {self.size}")
-
-    def _retryable(self, exc: Exception) -> bool:
-        return isinstance(exc, (OSError, http.client.HTTPException))
 
     def read(self, n: int) -> bytes:
         """Up to ``n`` bytes from ``position`` (``b""`` at the end, or once closed), reconnecting at
@@ -71,28 +73,24 @@ class _Retrying(Source):
                 self._finished()
                 self._drop()
                 self._ended = True
-            except TarIndexError:  # not found, changed on the server: retrying cannot help
-                self._drop()
-                raise
             except Exception as exc:
                 self._drop()
-                if self._closed:  # the consumer stopped: the failure is our own doing
+                if self._closed and not isinstance(exc, TarIndexError):  # the consumer stopped: our own doing
                     break
-                if not self._retryable(exc):
-                    raise
                 self._failed(exc)
         return b""
 
     def _failed(self, exc: Exception) -> None:
-        """Count a failure (a fresh budget after progress) and wait before the next try."""
+        """Count a failure (a fresh budget after progress) and wait before the next try.
+
+        Raises:
+            TarIndexError: not found, changed on the server, a refused connection, or the retries spent.
+        """
         if self.position != self._failed_at:
             self._failures, self._failed_at = 0, self.position
         self._failures += 1
-        if self._failures > self.retries:
-            raise SourceError(
-                self.url, self.position, f"read failed after {self.retries} retries ({type(exc).__name__}: {exc})"
-            ) from exc
-        time.sleep(min(self.backoff * 2 ** (self._failures - 1), 30.0))
+        self.policy.check(exc, self._failures, self.url, self.position)
+        time.sleep(self.policy.delay(self._failures, exc))
 
     def _chunks(self) -> Iterator[bytes]:
         return _reads(self.read, self.block_size)
@@ -174,11 +172,46 @@ class _HTTPBody:
         self.conn.close()
 
 
+class _ProxiedConnection(http.client.HTTPConnection):
+    """A connection to a plain-HTTP proxy, with the proxy's credentials sent on every request."""
+
+    proxy_headers: dict[str, str]
+
+
+def _proxy_for(scheme: str, host: str) -> str | None:
+    """The proxy URL for ``scheme://host`` from ``HTTP_PROXY``/``HTTPS_PROXY`` (any case), unless ``NO_PROXY`` exempts it."""
+    import urllib.request  # only when a URL is opened: it costs milliseconds at import
+
+    proxy = urllib.request.getproxies_environment().get(scheme)
+    if not proxy or urllib.request.proxy_bypass(host):
+        return None
+    return proxy if "://" in proxy else "http://" + proxy
+
+
 def _http_connect(url: str, timeout: float, rcvbuf: int) -> tuple[http.client.HTTPConnection, str]:
-    """A connected ``HTTP(S)Connection`` for ``url`` and the request target (path and query)."""
+    """A connected ``HTTP(S)Connection`` for ``url`` and the request target (path and query; the whole URL
+    through an HTTP proxy), through the environment's proxy if any (HTTPS: a ``CONNECT`` tunnel)."""
     parts = urlsplit(url)
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = cls(parts.hostname or "localhost", parts.port, timeout=timeout)
+    host = parts.hostname or "localhost"
+    https = parts.scheme == "https"
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    proxy = _proxy_for(parts.scheme, host)
+    if proxy is None:
+        cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
+        conn = cls(host, parts.port, timeout=timeout)
+    else:
+        via = urlsplit(proxy)
+        auth = {}
+        if via.username:
+            token = base64.b64encode(f"{unquote(via.username)}:{unquote(via.password or '')}".encode()).decode()
+            auth["Proxy-Authorization"] = f"Basic {token}"
+        if https:
+            conn = http.client.HTTPSConnection(via.hostname or "localhost", via.port, timeout=timeout)
+            conn.set_tunnel(host, parts.port, headers=auth)
+        else:
+            conn = _ProxiedConnection(via.hostname or "localhost", via.port, timeout=timeout)
+            conn.proxy_headers = auth
+            target = url  # an HTTP proxy takes the absolute URL
     try:
         conn.connect()
         # a large receive window: measured 1.6 -> 2.3 GB/s from loopback nginx
@@ -186,23 +219,35 @@ def _http_connect(url: str, timeout: float, rcvbuf: int) -> tuple[http.client.HT
     except BaseException:
         conn.close()
         raise
-    return conn, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return conn, target
+
+
+def http_status_error(url: str, status: int, reason: str, retry_after: str | None, offset: int) -> Exception:
+    """The error of a failed HTTP answer: 404/410 -> :class:`ShardNotFoundError`, 401/403 -> a
+    :class:`SourceError` about credentials, a retryable status -> :class:`~tarindex._retry.Transient`."""
+    if status in (404, 410):
+        return ShardNotFoundError(f"{url}: no such shard (HTTP {status})")
+    if status in (401, 403):
+        return SourceError(url, offset, f"HTTP {status} {reason}: access denied (check the credentials or headers=)")
+    if status in RETRYABLE_STATUS:
+        return Transient(f"HTTP {status} {reason}", parse_retry_after(retry_after))
+    return SourceError(url, offset, f"HTTP {status} {reason}")
 
 
 def _http_get(
     url: str, headers: dict[str, str], timeout: float, rcvbuf: int, offset: int, method: str = "GET"
-) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, str]:
-    """Send a request, following redirects; return the connection, the response and the final URL.
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, str, str]:
+    """Send a request, following redirects; return the connection, the response, the final URL and
+    the request target of that URL on this connection.
 
     Raises:
         SourceError: more than 5 redirects.
         OSError, http.client.HTTPException: connection failures (the caller retries).
     """
-    headers = {"User-Agent": "tarindex", "Accept-Encoding": "identity", **headers}
     for _ in range(_MAX_REDIRECTS + 1):
         conn, target = _http_connect(url, timeout, rcvbuf)
         try:
-            conn.request(method, target, headers=headers)
+            conn.request(method, target, headers=_request_headers(conn, headers))
             resp = conn.getresponse()
         except BaseException:
             conn.close()
@@ -212,8 +257,14 @@ def _http_get(
             resp.close()
             conn.close()
             continue
-        return conn, resp, url
+        return conn, resp, url, target
     raise SourceError(url, offset, f"more than {_MAX_REDIRECTS} redirects")
+
+
+def _request_headers(conn: http.client.HTTPConnection, headers: dict[str, str]) -> dict[str, str]:
+    """Our defaults, the caller's headers, and a plain-HTTP proxy's credentials."""
+    extra = conn.proxy_headers if isinstance(conn, _ProxiedConnection) else {}
+    return {"User-Agent": "tarindex", "Accept-Encoding": "identity", **headers, **extra}
 
 
 class HTTPSource(_Retrying):
@@ -229,19 +280,18 @@ class HTTPSource(_Retrying):
 
     walks_direct = True
 
-    def __init__(
-        self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE, retries: int = 5, backoff: float = 0.5, timeout: float = 60.0
-    ) -> None:
-        super().__init__(url, block_size=block_size, retries=retries, backoff=backoff, timeout=timeout)
+    def __init__(self, url: str, options: SourceOptions | None = None) -> None:
+        super().__init__(url, options)
         self._validator: str | None = None
+        self.etag: str | None = None
 
     def _open_at(self, start: int) -> _HTTPBody:
-        headers = {}
+        headers = dict(self.options.headers)
         if start:
             headers["Range"] = f"bytes={start}-"
             if self._validator:
                 headers["If-Range"] = self._validator
-        conn, resp, _ = _http_get(self.url, headers, self.timeout, max(8 << 20, 4 * self.block_size), start)
+        conn, resp, _, _ = _http_get(self.url, headers, self.timeout, max(8 << 20, 4 * self.block_size), start)
         try:
             return self._accept(conn, resp, start)
         except BaseException:
@@ -251,10 +301,8 @@ class HTTPSource(_Retrying):
 
     def _accept(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, start: int) -> _HTTPBody:
         status = resp.status
-        if status in (404, 410):
-            raise ShardNotFoundError(f"{self.url}: no such shard (HTTP {status})")
-        if status in _RETRYABLE_STATUS:
-            raise ConnectionError(f"HTTP {status} {resp.reason}")
+        if status not in (200, 206):
+            raise http_status_error(self.url, status, resp.reason, resp.getheader("Retry-After"), start)
         body = _HTTPBody(conn, resp)
         if status == 200:
             if start == 0:
@@ -269,7 +317,7 @@ class HTTPSource(_Retrying):
             if not got.startswith(f"bytes {start}-"):
                 raise SourceError(self.url, start, f"server answered Range bytes={start}- with Content-Range {got!r}")
             return body
-        raise SourceError(self.url, start, f"HTTP {status} {resp.reason}")
+        raise SourceError(self.url, start, f"HTTP {status} {resp.reason} to a request from byte 0")
 
     def direct(self) -> tuple[int, int, int] | None:
         """The current body's socket for the C walk (see :meth:`_HTTPBody.direct`), or ``None``
@@ -290,6 +338,7 @@ class HTTPSource(_Retrying):
         length = resp.getheader("Content-Length")
         self.size = int(length) if length and length.isdigit() else None
         self._validator = resp.getheader("ETag") or resp.getheader("Last-Modified")
+        self.etag = resp.getheader("ETag")
         self.mtime_ns = _http_mtime(resp)
 
     def _skip(self, body: _HTTPBody, n: int) -> None:
@@ -303,29 +352,36 @@ class HTTPSource(_Retrying):
 class RangeReader:
     """Random reads of an HTTP(S) shard: ``read_at(offset, size)`` with ``Range`` requests.
 
-    One kept-alive connection per reader (per process), reconnected and
-    retried with backoff on failure. Every request carries ``If-Range`` with
-    the shard's ``ETag`` (or ``Last-Modified``), so a shard that changed on
-    the server is a :class:`~tarindex.errors.StaleIndexError`, never bytes of
-    another version.
+    Kept-alive connections per process (one per thread that reads), reconnected and retried under
+    the one retry policy. Every request carries ``If-Range`` with the shard's ``ETag`` (or
+    ``Last-Modified``), so a shard that changed on the server is a
+    :class:`~tarindex.errors.StaleIndexError`, never bytes of another version. :meth:`read_many`
+    reads many ranges at once, ``max_in_flight`` requests in flight.
 
     Raises:
         ShardNotFoundError: HTTP 404 or 410.
         SourceError: the server does not answer with ranges, or fails after the retries.
     """
 
-    def __init__(self, url: str, *, retries: int = 5, backoff: float = 0.5, timeout: float = 60.0) -> None:
+    def __init__(self, url: str, options: SourceOptions | None = None) -> None:
         self.url = url
-        self.retries = retries
-        self.backoff = backoff
-        self.timeout = timeout
-        self._conn: http.client.HTTPConnection | None = None
-        self._target = ""
+        self.options = options or SourceOptions()
+        self.policy = self.options.retry
         self._final = url
         self._validator: str | None = None
+        self._local = threading.local()
+        self._conns: list[http.client.HTTPConnection] = []
+        self._gen = FORK[0]
         self.size = -1
         self.mtime_ns = 0
-        first = self._request("GET", {"Range": "bytes=0-0"}, 0)  # GET, not HEAD: presigned URLs allow GET only
+        self.etag: str | None = None
+        first = self.policy.call(self._probe, url, 0)  # GET, not HEAD: presigned URLs allow GET only
+        self._validator = first.getheader("ETag") or first.getheader("Last-Modified")
+        self.etag = first.getheader("ETag")
+        self.mtime_ns = _http_mtime(first)
+
+    def _probe(self) -> http.client.HTTPResponse:
+        first = self._request({"Range": "bytes=0-0"}, 0)
         if first.status == 206:
             total = first.getheader("Content-Range", "").rpartition("/")[2]
             self.size = int(total) if total.isdigit() else -1
@@ -336,83 +392,127 @@ class RangeReader:
             self.close()
         else:
             first.read()
-            raise SourceError(url, 0, f"HTTP {first.status} {first.reason}")
-        self._validator = first.getheader("ETag") or first.getheader("Last-Modified")
-        self.mtime_ns = _http_mtime(first)
+            raise http_status_error(self.url, first.status, first.reason, first.getheader("Retry-After"), 0)
+        return first
 
-    def _request(self, method: str, headers: dict[str, str], offset: int) -> http.client.HTTPResponse:
-        failures = 0
-        while True:
-            try:
-                if self._conn is None:
-                    self._conn, resp, self._final = _http_get(self._final, headers, self.timeout, 1 << 20, offset, method)
-                    self._target = urlsplit(self._final).path or "/"
-                    if urlsplit(self._final).query:
-                        self._target += "?" + urlsplit(self._final).query
-                else:
-                    self._conn.request(method, self._target, headers={"User-Agent": "tarindex", **headers})
-                    resp = self._conn.getresponse()
-                if resp.status in (404, 410):
-                    resp.read()
-                    raise ShardNotFoundError(f"{self.url}: no such shard (HTTP {resp.status})")
-                if resp.status in _RETRYABLE_STATUS:
-                    resp.read()
-                    raise ConnectionError(f"HTTP {resp.status} {resp.reason}")
-                return resp
-            except TarIndexError:
-                raise
-            except (OSError, http.client.HTTPException) as exc:
-                self.close()
-                failures += 1
-                if failures > self.retries:
-                    raise SourceError(
-                        self.url, offset, f"read failed after {self.retries} retries ({type(exc).__name__}: {exc})"
-                    ) from exc
-                if failures > 1:  # a kept-alive connection the server closed is retried at once
-                    time.sleep(min(self.backoff * 2 ** (failures - 2), 30.0))
+    def _request(self, headers: dict[str, str], offset: int) -> http.client.HTTPResponse:
+        """One request on this thread's kept-alive connection (a new one if needed); not retried here."""
+        local = self._local
+        if self._gen != FORK[0]:  # inherited through fork: the parent's sockets are not ours
+            self._forget_connections()
+        conn: http.client.HTTPConnection | None = getattr(local, "conn", None)
+        if conn is None:
+            conn, resp, self._final, local.target = _http_get(self._final, headers, self.options.timeout, 1 << 20, offset)
+            local.conn = conn
+            self._conns.append(conn)
+            return resp
+        try:
+            conn.request("GET", local.target, headers=_request_headers(conn, headers))
+            return conn.getresponse()
+        except (OSError, http.client.HTTPException):  # a kept-alive connection the server closed: once more, new
+            self._drop_connection()
+            return self._request(headers, offset)
+
+    def _read_once(self, offset: int, size: int) -> bytes:
+        headers = {**self.options.headers, "Range": f"bytes={offset}-{offset + size - 1}"}
+        if self._validator:
+            headers["If-Range"] = self._validator
+        resp = self._request(headers, offset)
+        try:
+            data = resp.read()
+        except BaseException:
+            self._drop_connection()
+            raise
+        if resp.status == 206:
+            got = resp.getheader("Content-Range", "")
+            if not got.startswith(f"bytes {offset}-"):
+                raise SourceError(self.url, offset, f"asked for bytes {offset}-{offset + size - 1}, got Content-Range {got!r}")
+            return data
+        if resp.status == 416:
+            return b""
+        self._drop_connection()  # a whole body follows, or an error: not a connection to keep
+        if resp.status == 200:
+            if self._validator and (resp.getheader("ETag") or resp.getheader("Last-Modified")) != self._validator:
+                raise StaleIndexError(self.url, "the server has a new version (ETag or Last-Modified)")
+            raise SourceError(self.url, offset, "the server does not answer Range requests")
+        raise http_status_error(self.url, resp.status, resp.reason, resp.getheader("Retry-After"), offset)
 
     def read_at(self, offset: int, size: int) -> bytes:
-        """``size`` bytes at ``offset`` (fewer at the end of the shard).
+        """``size`` bytes at ``offset`` (fewer at the end of the shard): one request.
 
         Raises:
-            StaleIndexError: the shard changed on the server since this reader opened it.
-            SourceError: no ``Range`` support, or failures after the retries.
+            StaleIndexError: the shard changed on the server since it was indexed or opened.
+            ShardNotFoundError: the shard is gone (HTTP 404 or 410).
+            SourceError: no ``Range`` support, a refused connection, or failures after the retries.
         """
         if size <= 0:
             return b""
-        headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
-        if self._validator:
-            headers["If-Range"] = self._validator
-        failures = 0
-        while True:
-            resp = self._request("GET", headers, offset)
-            try:
-                data = resp.read()
-            except (OSError, http.client.HTTPException) as exc:  # cut short: once more, on a new connection
-                self.close()
-                failures += 1
-                if failures > self.retries:
-                    raise SourceError(self.url, offset, f"read failed after {self.retries} retries ({exc})") from exc
-                continue
-            if resp.status == 206:
-                return data
-            if resp.status == 416:
-                return b""
-            self.close()  # a whole body follows, or an error: not a connection to keep
-            if resp.status == 200:
-                if self._validator and (resp.getheader("ETag") or resp.getheader("Last-Modified")) != self._validator:
-                    raise StaleIndexError(self.url, "the server has a new version (ETag or Last-Modified)")
-                raise SourceError(self.url, offset, "the server does not answer Range requests")
-            raise SourceError(self.url, offset, f"HTTP {resp.status} {resp.reason}")
+        return self.policy.call(lambda: self._read_once(offset, size), self.url, offset, size)
 
-    def close(self) -> None:
-        """Close the connection (it reopens on the next read)."""
-        conn, self._conn = self._conn, None
+    @staticmethod
+    def read_many(requests: Sequence[tuple[RangeReader, int, int]], max_in_flight: int) -> list[bytes]:
+        """``read_at`` of every ``(reader, offset, size)``, at most ``max_in_flight`` at once, in order.
+
+        Raises:
+            StaleIndexError, ShardNotFoundError, SourceError: as :meth:`read_at`, the first one met.
+        """
+        if len(requests) <= 1 or max_in_flight <= 1:
+            return [r.read_at(o, n) for r, o, n in requests]
+        pool = _pool(max_in_flight)
+        futures = [pool.submit(r.read_at, o, n) for r, o, n in requests]
+        return [f.result() for f in futures]
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
         if conn is not None:
+            try:
+                self._conns.remove(conn)
+            except ValueError:
+                pass
             conn.close()
 
-    def __getstate__(self) -> dict[str, Any]:  # a connection does not cross processes
-        return {**self.__dict__, "_conn": None}
+    def _forget_connections(self) -> None:
+        """After fork: this process starts without connections (the parent keeps its own)."""
+        self._local = threading.local()
+        self._conns = []
+        self._gen = FORK[0]
+
+    def close(self) -> None:
+        """Close the connections (they reopen on the next read)."""
+        if self._gen != FORK[0]:
+            self._forget_connections()
+        conns, self._conns = self._conns, []
+        self._local = threading.local()
+        for conn in conns:
+            conn.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:  # connections do not cross processes
+        return {k: v for k, v in self.__dict__.items() if k not in ("_local", "_conns")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._forget_connections()
+
+
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """This process's thread pool of ``workers`` threads for concurrent range requests (made anew after fork)."""
+    key = (FORK[0], workers)
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = ThreadPoolExecutor(workers, thread_name_prefix="tarindex-range")
+        return pool
 
 
 def _http_mtime(resp: http.client.HTTPResponse) -> int:
@@ -428,18 +528,9 @@ def _http_mtime(resp: http.client.HTTPResponse) -> int:
 class FsspecSource(_Retrying):
     """Any other ``scheme://`` through :mod:`fsspec` (``s3://``, ``gs://``, ...), reopened at the byte reached."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        retries: int = 5,
-        backoff: float = 0.5,
-        timeout: float = 60.0,
-        storage_options: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(url, block_size=block_size, retries=retries, backoff=backoff, timeout=timeout)
-        self.storage_options = dict(storage_options or {})
+    def __init__(self, url: str, options: SourceOptions | None = None) -> None:
+        super().__init__(url, options)
+        self.storage_options = dict(self.options.storage_options)
 
     def _open_at(self, start: int) -> BinaryIO:
         try:

@@ -34,6 +34,7 @@ class Source:
         position: bytes delivered so far.
         size: total size when known in advance (file size, ``Content-Length``), else ``None``.
         mtime_ns: modification time when known (file, ``Last-Modified``), else 0.
+        etag: the object's ``ETag`` when a server or store gives one, else ``None``.
     """
 
     def __init__(self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
@@ -42,6 +43,7 @@ class Source:
         self.position = 0
         self.size: int | None = None
         self.mtime_ns = 0
+        self.etag: str | None = None
         self._reader: Iterator[bytes] | None = None
 
     prefetch = 8

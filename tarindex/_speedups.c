@@ -471,12 +471,13 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
     }
     PyObject *now = PyList_GET_SIZE(self->fork) == 1 ? PyList_GET_ITEM(self->fork, 0) : NULL;
     if (!now || !PyLong_Check(now) || PyLong_AsLong(now) != self->gen) return PyObject_CallOneArg(self->fallback, arg);
-    Py_ssize_t i = PyLong_AsSsize_t(arg);
-    if (i == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t asked = PyLong_CheckExact(arg) ? PyLong_AsSsize_t(arg) : PyNumber_AsSsize_t(arg, PyExc_IndexError); /* numpy ints too */
+    if (asked == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t i = asked;
     int given = i >= 0 && PyLong_CheckExact(arg); /* then arg itself is __index__ */
     if (i < 0) i += self->n;
     if (i < 0 || i >= self->n) {
-        PyErr_Format(PyExc_IndexError, "sample %zd out of range for %zd samples", PyLong_AsSsize_t(arg), self->n);
+        PyErr_Format(PyExc_IndexError, "sample %zd out of range for %zd samples", asked, self->n);
         return NULL;
     }
     Record r;

@@ -32,6 +32,8 @@ static PyObject *k_key, *k_url, *k_index; /* "__key__", "__url__", "__index__", 
  * ustar prefix, a header that does not fit in the buffer, or (with_data) member data that does not.
  * tarindex.tar._walk handles those, so it stays the one authority on everything unusual.
  */
+#define MAX_MEMBER_DEFAULT (8ULL << 30) /* tarindex.tar.MAX_MEMBER_SIZE: larger sizes are the Python walker's to judge */
+
 static int octal_field(const unsigned char *f, int len, uint64_t *out) {
     int i = 0;
     uint64_t v = 0;
@@ -71,8 +73,13 @@ static int plain_header(const unsigned char *h, uint64_t *size, int *regular) {
     uint64_t stored;
     if (!reg && !(typ >= '1' && typ <= '6')) return 0; /* links, devices, dirs, FIFOs: skipped */
     if (octal_field(h + 148, 8, &stored) < 0 || header_sum(h) != stored) return 0;
-    if (h[124] & 0x80 || octal_field(h + 124, 12, size) < 0) return 0;
+    if (h[124] & 0x80 || octal_field(h + 124, 12, size) < 0 || *size > MAX_MEMBER_DEFAULT) return 0;
     if (memcmp(h + 257, "ustar\0", 6) == 0 && h[345]) return 0;
+    if (typ == 0) { /* an old-style directory: type NUL, a name ending in '/' */
+        int n = 0;
+        while (n < 100 && h[n]) n++;
+        if (n > 0 && h[n - 1] == '/') reg = 0;
+    }
     *regular = reg;
     return 1;
 }
@@ -151,7 +158,7 @@ fail:
  *       a file of `size` bytes from `offset` (whose header the caller has at buf[pos]: nothing is read when the
  *       Python walker must take it), read with pread: headers through a small window, each large
  *       member's data straight into its own bytes object (one copy, as cat makes).
- *   scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base)
+ *   scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base[, max_member])
  *       -> (tail_offset, tail, next_header, last_header, last_size, received, timed_out): the same over a
  *       socket or pipe read with read() (at most `remaining` bytes; < 0: to the end), after the
  *       bytes buf[pos:] at absolute offset base + pos. A stream is read once, so it returns what it
@@ -630,6 +637,8 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
     return Py_BuildValue("(KKK)", offset, last_at, last_size);
 }
 
+#define GROW_FIRST (16 << 20) /* past this, a member of a stream of unknown length grows as its data arrives */
+
 /* ---- scan_stream: the walk over a socket or pipe, read with read() ---------------------------
  *
  * A stream cannot be read twice, so bytes already received stay in a window (self->win) until the
@@ -713,7 +722,9 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
     unsigned long long base;
     Py_buffer view;
     Py_ssize_t pos;
-    if (!ready(self) || !PyArg_ParseTuple(args, "iiLLy*nK", &s.fd, &s.timeout_ms, &s.remaining, &limit, &view, &pos, &base))
+    unsigned long long max_member = MAX_MEMBER_DEFAULT;
+    if (!ready(self) ||
+        !PyArg_ParseTuple(args, "iiLLy*nK|K", &s.fd, &s.timeout_ms, &s.remaining, &limit, &view, &pos, &base, &max_member))
         return NULL;
     uint64_t size;
     int regular;
@@ -751,22 +762,29 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
         uint64_t padded = (size + 511) & ~(uint64_t)511;
         size_t here = avail - 512; /* data bytes after the header in hand */
         uint64_t fetched = 0;      /* data bytes read past them, straight into the member */
-        if (size > (uint64_t)PY_SSIZE_T_MAX || (s.remaining >= 0 && size > (uint64_t)here + (uint64_t)s.remaining))
-            break; /* more than the stream holds: the Python walker says what is wrong */
+        if (size > (uint64_t)PY_SSIZE_T_MAX || (s.remaining >= 0 && size > (uint64_t)here + (uint64_t)s.remaining) ||
+            (s.remaining < 0 && size > max_member))
+            break; /* more than the stream holds or may hold: the Python walker says what is wrong */
         if (regular) {
-            PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+            /* a stream of unknown length: the member's bytes grow as its data arrives, never more than came */
+            uint64_t cap = s.remaining < 0 && size > (uint64_t)here + GROW_FIRST ? (uint64_t)here + GROW_FIRST : size;
+            PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
             if (!bytes) goto fail;
             size_t head = (uint64_t)here < size ? here : (size_t)size;
             memcpy(PyBytes_AS_STRING(bytes), h + 512, head);
-            if ((uint64_t)head < size) { /* the rest straight from the stream into the member's bytes */
-                size_t need = (size_t)(size - (uint64_t)head);
-                size_t got = stream_read_full(&s, PyBytes_AS_STRING(bytes) + head, need);
-                fetched = got;
+            while ((uint64_t)head + fetched < size) { /* the rest straight from the stream into the member's bytes */
+                if ((uint64_t)head + fetched == cap) {
+                    cap = cap * 2 < size ? cap * 2 : size;
+                    if (_PyBytes_Resize(&bytes, (Py_ssize_t)cap) < 0) goto fail; /* bytes is NULL then */
+                }
+                size_t need = (size_t)(cap - (uint64_t)head - fetched);
+                size_t got = stream_read_full(&s, PyBytes_AS_STRING(bytes) + head + fetched, need);
+                fetched += got;
                 if (got < need) { /* stopped: hand back the header and the data so far */
-                    tail = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(512 + head + got));
+                    tail = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(512 + head + fetched));
                     if (tail) {
                         memcpy(PyBytes_AS_STRING(tail), h, 512);
-                        memcpy(PyBytes_AS_STRING(tail) + 512, PyBytes_AS_STRING(bytes), head + got);
+                        memcpy(PyBytes_AS_STRING(tail) + 512, PyBytes_AS_STRING(bytes), head + fetched);
                     }
                     Py_DECREF(bytes);
                     if (!tail) goto fail;
@@ -775,6 +793,7 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
                     break;
                 }
             }
+            if (tail) break;
             int rc = pack(self, (const char *)h, name_len(h), NULL, at, at + 512, size, bytes);
             Py_DECREF(bytes);
             if (rc < 0) goto fail;
@@ -855,7 +874,7 @@ static PyMethodDef Packer_methods[] = {
     {"scan", (PyCFunction)Packer_scan, METH_VARARGS, "scan(buf, pos, base[, limit]) -> (pos, last_header, last_size)"},
     {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS, "scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size)"},
     {"scan_stream", (PyCFunction)Packer_scan_stream, METH_VARARGS,
-     "scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base) -> (tail_offset, tail, next_header, last_header, last_size, received, timed_out)"},
+     "scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base[, max_member]) -> (tail_offset, tail, next_header, last_header, last_size, received, timed_out)"},
     {"add", (PyCFunction)Packer_add, METH_VARARGS, "add(name, header_offset, data_offset, size[, data])"},
     {"take", (PyCFunction)Packer_take, METH_NOARGS, "take() -> ([sample_offset, ...], [sample dict, ...])"},
     {"finish", (PyCFunction)Packer_finish, METH_NOARGS, "finish() -> the offset tables; raises a recorded duplicate"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -15,6 +15,7 @@ from .index.format import ShardInfo, ShardTable
 from .index.merge import merge, placed, relative_path
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
+from .objstore import is_object_url
 from .opener import shard_name
 from .scan import scan_shard
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, shard_kind
@@ -74,7 +75,12 @@ def _scanned(shards: list[str], workers: int, executor: Executor | None, progres
         if executor is None and workers > 1 and len(shards) > 1:
             methods = multiprocessing.get_all_start_methods()
             ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-            executor = stack.enter_context(ProcessPoolExecutor(max_workers=min(workers, len(shards)), mp_context=ctx))
+            pool: Executor
+            if any(is_object_url(s) for s in shards):  # network-bound; and obstore's runtime does not survive fork
+                pool = ThreadPoolExecutor(max_workers=min(workers, len(shards)), thread_name_prefix="tarindex-scan")
+            else:
+                pool = ProcessPoolExecutor(max_workers=min(workers, len(shards)), mp_context=ctx)
+            executor = stack.enter_context(pool)
         results = executor.map(scan_shard, shards) if executor is not None else map(scan_shard, shards)
         for result in results:
             yield result

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._native import SPEEDUPS
 from ._process import FORK
@@ -14,7 +15,9 @@ from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, IndexFormatError, RandomAccessError, ShardNotFoundError
 from .identity import Check, check_shard
 from .index.reader import IndexReader
+from .objstore import is_remote_reader, read_many
 from .opener import close_handle, open_url, open_zstd_shard, shard_name
+from .options import SourceOptions
 from .shards import resolve_index
 
 _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
@@ -59,6 +62,13 @@ class TarDataset:
             differs, so an identical copy is accepted; ``"fingerprint"``
             compares the fingerprint always (catches a rewrite that kept size
             and mtime, within 64 KiB of either end).
+        options: how URL shards (``http(s)://``, ``s3://``, ``gs://``, ``az://``,
+            fsspec) are read: retries, timeout, requests in flight per batch,
+            coalescing gap (:class:`~tarindex.options.SourceOptions`; docs/remote.md).
+        storage_options: object-store or fsspec client options (endpoint,
+            credentials); overrides ``options.storage_options``. Never stored in the index.
+        headers: extra HTTP(S) request headers (e.g. ``Authorization``);
+            overrides ``options.headers``.
 
     Raises:
         IndexNotFoundError: no index at ``source`` or beside the shards.
@@ -77,6 +87,9 @@ class TarDataset:
         zstd_cache_dir: str | os.PathLike[str] | None = None,
         zstd_cache_bytes: int = 16 << 30,
         verify: Check = "stat",
+        options: SourceOptions | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.index_path = resolve_index(source)
         self.index = IndexReader(self.index_path)
@@ -92,6 +105,11 @@ class TarDataset:
         self._n = self.index.n_samples
         self._samples_per_frame: int | None = None
         self.urls = [shard_name(self.index.path, info) for info in self.index.shards]
+        self.options = (options or SourceOptions()).with_(
+            storage_options=dict(storage_options) if storage_options is not None else None,
+            headers=dict(headers) if headers is not None else None,
+        )
+        self._remote = any(info.kind == "url" for info in self.index.shards)  # batches of URL shards: concurrent requests
 
     # -- per-process state ----------------------------------------------------
     def _attach(self) -> None:
@@ -121,6 +139,7 @@ class TarDataset:
         # The hot path: this instance's `read` is the reader's own method, not the class's wrapper. Both
         # readers check the fork generation themselves (the C one hands a stale call to _read_py).
         self.read = self._fast.read if self._fast is not None else self._read_py  # type: ignore[method-assign]
+        self._choose_item()
 
     def _open_shard(self, shard: int) -> Any:
         """Open a shard in this process (stale check on the open handle): an int fd, or a handle with ``read_at``."""
@@ -135,8 +154,8 @@ class TarDataset:
             raise RandomAccessError(
                 path, "a command's output cannot be read at random; stream the index with TarStream(..., allow_commands=True)"
             )
-        if info.kind == "url" and path.startswith(("http://", "https://")):  # an index built from URLs: Range requests
-            return open_url(path, info, self.index.frame_table(shard))
+        if info.kind == "url":  # an index built from URLs: ranged requests (tarindex.objstore)
+            return open_url(path, info, self.index.frame_table(shard), self.options)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:
@@ -206,7 +225,7 @@ class TarDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = {
-            k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame")
+            k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame", "_remote")
         }
         state["_gen"] = -1
         return state
@@ -235,14 +254,7 @@ class TarDataset:
         if self._gen != FORK[0]:  # inherited through fork: attach anew in this process
             self._attach()
             return self.read(i)
-        n = self._n
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"sample {i} out of range for {n} samples")
-        shard, offset, size, members, raw_key = self._blocks.record(i)
-        if shard >= len(self.urls):
-            raise IndexFormatError(f"{self.index_path}: the record of sample {i} names shard {shard} of {len(self.urls)}; rebuild the index")
+        i, offset, size, shard, members, key = self._locate(i)
         inflight = self._inflight
         with self._lock:  # the handle, and the count that keeps another thread from closing it under us
             handle = self._fds.get(shard)
@@ -261,19 +273,76 @@ class TarDataset:
                     inflight[shard] -= 1
         else:
             buf = handle.read_at(offset, size)
+        return self._sample(i, buf, offset, size, shard, members, key)
+
+    def _locate(self, i: int) -> tuple[int, int, int, int, list[tuple[int, int, int]], bytes]:
+        """Sample ``i``'s record: ``(i, offset, size, shard, members, key)``, ``i`` made non-negative.
+
+        ``members`` holds ``(extension number, data offset relative to the sample, size)`` each, checked
+        against the sample's range; ``key`` is utf-8 (surrogateescape).
+
+        Raises:
+            IndexError: ``i`` is out of range.
+            IndexFormatError: the record names a shard the index does not have.
+        """
+        n = self._n
+        i = operator.index(i)  # numpy integers too, as the C reader takes them
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} out of range for {n} samples")
+        shard, offset, size, members, key = self._blocks.record(i)
+        if shard >= len(self.urls):
+            raise IndexFormatError(f"{self.index_path}: the record of sample {i} names shard {shard} of {len(self.urls)}; rebuild the index")
+        return i, offset, size, shard, members, key
+
+    def _sample(self, i: int, buf: Any, offset: int, size: int, shard: int, members: list[tuple[int, int, int]], key: bytes) -> Sample:
+        """The sample dict of sample ``i`` from the bytes of its whole range.
+
+        Raises:
+            CorruptArchiveError: ``buf`` is short, or a member lies outside the sample's range.
+        """
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
-        sample: Sample = {"__key__": raw_key.decode("utf-8", "surrogateescape"), "__url__": self.urls[shard], "__index__": i}
+        sample: Sample = {"__key__": key.decode("utf-8", "surrogateescape"), "__url__": self.urls[shard], "__index__": i}
         exts = self._exts
         for e, o, z in members:  # checked against the sample's range when the record was read
             sample[exts[e]] = buf[o : o + z]
         return sample
 
-    def __getitem__(self, i: int) -> Any:
+    if TYPE_CHECKING:
+
+        def __getitem__(self, i: int) -> Any:
+            """Sample ``i``, decoded and transformed when asked."""
+
+    else:
+        # ds[i] costs what ds.read(i) costs when nothing decodes or transforms: the type's __getitem__ is
+        # a C-level property that hands out this instance's item function (_choose_item), so no Python
+        # frame runs per sample on the raw path; with a decoder or a transform it is _decoded_item.
+        __getitem__ = property(operator.attrgetter("_item"), doc="ds[i]: sample i, decoded and transformed when asked.")
+
+    def _item(self, i: int) -> Any:
+        """``ds[i]`` before this process chose its item function (first use, after fork or a new decoder)."""
+        if self._gen != FORK[0]:
+            self._attach()
+        else:
+            self._choose_item()
+        item: Callable[[int], Any] = self.__dict__["_item"]
+        return item(i)
+
+    def _choose_item(self) -> None:
+        self._item = self.read if self.decoder is None and self.transform is None else self._decoded_item  # type: ignore[method-assign]
+
+    def _decoded_item(self, i: int) -> Any:
         sample = self.read(i)
         if self.decoder is not None:
             sample = self.decoder(sample)
         return self.transform(sample) if self.transform is not None else sample
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in ("decoder", "transform"):  # ds[i] chooses its item function again
+            self.__dict__.pop("_item", None)
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         """A batch of samples, read in index order (shard by shard, offset by offset) and returned in the order asked.
@@ -281,10 +350,36 @@ class TarDataset:
         ``DataLoader`` calls this for batched sampling; reading in file order keeps
         reads local (page cache, zstd frames) whatever order the sampler chose.
         """
+        if self._remote:
+            return self._getitems_remote(indices)
         out: list[Any] = [None] * len(indices)
         for k in sorted(range(len(indices)), key=indices.__getitem__):
             out[k] = self[indices[k]]
         return out
+
+    def _getitems_remote(self, indices: list[int]) -> list[Any]:
+        """A batch over URL shards: every range requested at once (``options.max_in_flight`` in
+        flight, neighbours within ``options.coalesce_gap`` in one request), samples in the order asked."""
+        if self._gen != FORK[0]:
+            self._attach()
+        located = [self._locate(i) for i in indices]
+        handles = {shard: self._fds.get(shard) or self._open_shard(shard) for shard in {loc[3] for loc in located}}
+        remote = [k for k, loc in enumerate(located) if is_remote_reader(handles[loc[3]])]
+        out: list[Any] = [None] * len(indices)
+        if remote:
+            got = read_many([(handles[located[k][3]], located[k][1], located[k][2]) for k in remote], self.options)
+            for k, buf in zip(remote, got):
+                out[k] = self._finish(self._sample(located[k][0], buf, *located[k][1:]))
+        for k in range(len(indices)):
+            if out[k] is None:
+                out[k] = self[indices[k]]
+        return out
+
+    def _finish(self, sample: Sample) -> Any:
+        """Decoding and transform, as ``ds[i]`` applies them."""
+        if self.decoder is not None:
+            sample = self.decoder(sample)
+        return self.transform(sample) if self.transform is not None else sample
 
     def get(self, key: str) -> Any:
         """The sample with ``key`` (the first one, if several share it).

@@ -14,6 +14,7 @@ __all__ = [
     "IndexChangedError",
     "IndexFormatError",
     "IndexNotFoundError",
+    "PatternError",
     "RandomAccessError",
     "SampleNotFoundError",
     "SamplerStateError",
@@ -127,6 +128,10 @@ class IndexNotFoundError(TarIndexError, FileNotFoundError):
 
 class ShardNotFoundError(TarIndexError, FileNotFoundError):
     """A shard named by the user or by an index does not exist."""
+
+
+class PatternError(TarIndexError, ValueError):
+    """A shard pattern cannot be expanded: unbalanced or unexpanded braces, a missing ``${VAR}``, an empty name."""
 
 
 class SourceError(_AtOffset, OSError):

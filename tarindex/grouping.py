@@ -199,11 +199,11 @@ def new_packer(path: str) -> Packer:
 def fused() -> bool:
     """Whether :func:`iter_samples` runs the fused C walk (then a local file is best given as its
     descriptor: large members are read straight into their bytes; the Python walker is faster over blocks)."""
-    return _CPacker is not None and tar._scan_headers is not None
+    return _CPacker is not None
 
 
 def iter_samples(
-    source: Iterable[Buffer] | int | tar.Stream, url: str, *, index: int | None = None
+    source: Iterable[Buffer] | int | tar.Stream, url: str, *, index: int | None = None, max_member_size: int = tar.MAX_MEMBER_SIZE
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(sample offset, sample)`` for each sample of an archive: chunks, an open file's descriptor,
     or a :class:`tarindex.tar.Stream` (a socket the C walk reads itself).
@@ -213,6 +213,7 @@ def iter_samples(
     extension the walk and the grouping are one pass in C (a local file is read with
     ``pread``, each large member straight into its own bytes); the reference is
     :func:`tarindex.tar.iter_tar` and :func:`group_members`, with the same samples and errors.
+    A member over ``max_member_size`` from a source of unknown length (chunks, a stream) is an error.
 
     Raises:
         CorruptArchiveError: see :func:`tarindex.tar.iter_tar`.
@@ -220,11 +221,14 @@ def iter_samples(
     """
     if fused() and _CPacker is not None:
         packer = _CPacker(sample_key, lambda offset, ext, key, name: _duplicate(url, offset, ext, key, name), url, index)
-        yield from tar.group_tar(source, url, packer)
+        yield from tar.group_tar(source, url, packer, max_member_size=max_member_size)
         return
     if isinstance(source, tar.Stream):
         source = tar.stream_chunks(source)
-    entries = tar.iter_tar_file(source, url, with_data=True) if isinstance(source, int) else tar.iter_tar(source, url, with_data=True)
+    if isinstance(source, int):
+        entries = tar.iter_tar_file(source, url, with_data=True)
+    else:
+        entries = tar.iter_tar(source, url, with_data=True, max_member_size=max_member_size)
     for rec in group_members(entries, url):
         sample: dict[str, Any] = {"__key__": rec.key, "__url__": url}
         if index is not None:

@@ -14,10 +14,11 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ._cache import FileCache
-from .errors import CommandNotAllowedError, CorruptFrameError, IndexFormatError, RandomAccessError, StaleIndexError
+from .errors import CommandNotAllowedError, CorruptFrameError, IndexFormatError, RandomAccessError
 from .index.format import ShardInfo
+from .objstore import open_reader
+from .options import SourceOptions
 from .shards import as_path, is_fingerprint, shard_kind
-from .sources import RangeReader
 from .zstd import MAP_SLICE, decompress_frames
 from .zstd_random import ReadAt, zstd_reader
 
@@ -75,24 +76,21 @@ def fix_command(path: str) -> str:
     return f"tarindex compress {path} {path}"
 
 
-def open_url(url: str, info: ShardInfo, frames: np.ndarray | None = None) -> Any:
-    """A ranged reader for a URL shard, checked against its index entry (size; mtime when both know one).
+def open_url(url: str, info: ShardInfo, frames: np.ndarray | None = None, options: SourceOptions | None = None) -> Any:
+    """A random reader for a URL shard (:func:`tarindex.objstore.open_reader`: ``http(s)://``, object
+    stores, fsspec), checked against its index entry (size, ETag, mtime where recorded).
 
     A zstd shard (``info.compression``) is read through its frame table over the ranged reads
     (:func:`open_zstd_shard`): the reader hands out decompressed tar bytes, never compressed ones.
 
     Raises:
-        StaleIndexError: the server's size or Last-Modified differs from the index.
+        StaleIndexError: the shard's size, ETag or modification time differs from the index.
+        ShardNotFoundError: the shard is gone.
+        SourceError: the server or store cannot be reached, or no credentials.
         IndexFormatError: a zstd shard without a frame table in the index.
         RandomAccessError: a zstd shard of large frames (no local cache of decompressed URL shards).
     """
-    reader = RangeReader(url)
-    if reader.size >= 0 and reader.size != info.size:
-        reader.close()
-        raise StaleIndexError(url, f"size {info.size} -> {reader.size}")
-    if reader.mtime_ns and info.mtime_ns and reader.mtime_ns != info.mtime_ns:
-        reader.close()
-        raise StaleIndexError(url, f"mtime {info.mtime_ns} -> {reader.mtime_ns}")
+    reader = open_reader(url, size=info.size, etag=info.etag, mtime_ns=info.mtime_ns, options=options or SourceOptions())
     if info.compression == "zstd":
         return open_zstd_shard(url, reader, info, frames)
     return reader

@@ -198,12 +198,13 @@ def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
         size = source.position
     if is_zstd(bytes(head[:4])):  # the frame table, as for a local zstd shard
         table.frames = frame_array(rows)
-    return shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table), table
+    info = shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table, etag=source.etag)
+    return info, table
 
 
-def shard_info(path: str, size: int, mtime_ns: int, fp: str, table: ShardTable) -> ShardInfo:
+def shard_info(path: str, size: int, mtime_ns: int, fp: str, table: ShardTable, *, etag: str | None = None) -> ShardInfo:
     """A scanned shard's record; a zstd shard (one with a frame table) says so, and whether random access is cheap."""
-    info = ShardInfo(path, size, mtime_ns, fp, table.n_samples, table.n_members)
+    info = ShardInfo(path, size, mtime_ns, fp, table.n_samples, table.n_members, etag=etag)
     if table.frames is not None:
         info = dataclasses.replace(info, compression="zstd", random_access=random_access(table.frames))
     return info

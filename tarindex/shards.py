@@ -13,17 +13,19 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from .errors import IndexNotFoundError, ShardNotFoundError
+from .errors import IndexNotFoundError, PatternError, ShardNotFoundError
 
 __all__ = [
     "FINGERPRINT_SPAN",
     "INDEX_SUFFIX",
+    "PATTERN_SEPARATOR",
     "ShardKind",
     "as_path",
     "default_index_path",
     "expand_braces",
+    "expand_patterns",
     "expand_shards",
     "fingerprint",
     "fingerprint_stream",
@@ -36,27 +38,84 @@ ShardKind = Literal["file", "url", "command"]
 """How a shard is opened: a local ``file``, a ``url`` (``scheme://``), or a ``command`` (``pipe:CMD``, ``-``)."""
 
 INDEX_SUFFIX = ".tarindex"
-_RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)\}")
 FINGERPRINT_SPAN = 64 << 10
+PATTERN_SEPARATOR = "::"
+_ENV = re.compile(r"\$\{(\w+)\}")
+_ESCAPED = {"{": "\x00(", "}": "\x00)"}  # stand-ins for escaped braces (no name holds a NUL)
 
 
 def expand_braces(pattern: str) -> list[str]:
-    """Expand ``{000..099}`` ranges (zero padding kept) and ``{a,b}`` lists, left to right."""
-    m = re.search(r"\{([^{}]*)\}", pattern)
-    if m is None:
-        return [pattern]
-    head, body, tail = pattern[: m.start()], m.group(1), pattern[m.end() :]
-    rng = _RANGE.fullmatch(m.group(0))
-    if rng is not None:
-        lo, hi = rng.group(1), rng.group(2)
-        width = len(lo) if lo.lstrip("-").startswith("0") or len(lo) == len(hi) else 0
-        step = 1 if int(hi) >= int(lo) else -1
-        items = [f"{v:0{width}d}" for v in range(int(lo), int(hi) + step, step)]
-    elif "," in body:
-        items = body.split(",")
-    else:
-        return [head + "{" + body + "}" + t for t in expand_braces(tail)]
-    return [head + item + rest for item in items for rest in expand_braces(tail)]
+    """Expand one shard pattern exactly as webdataset does, in order.
+
+    ``${NAME}`` takes the value of the environment variable ``WDS_NAME``; then
+    :func:`braceexpand.braceexpand` expands ``{a,b}`` lists, ``{000..099}``
+    ranges (padded to the wider bound), ``{a..e}``, steps (``{0..10..2}``) and
+    nested braces; ``\\{`` is a literal brace.
+
+    Raises:
+        PatternError: unbalanced braces, a brace left unexpanded (``{a}``), a
+            missing ``WDS_`` variable, or an empty name.
+    """
+    from braceexpand import braceexpand
+
+    text = _substitute_env(pattern)
+    try:
+        names = list(braceexpand(_hide_escaped_braces(text)))
+    except ValueError as exc:  # braceexpand.UnbalancedBracesError
+        raise PatternError(f"{pattern!r}: unbalanced braces") from exc
+    out = []
+    for name in names:
+        shown = name.replace(_ESCAPED["{"], "{").replace(_ESCAPED["}"], "}")
+        if "{" in name:
+            raise PatternError(f"{pattern!r}: brace left unexpanded in {shown!r} (write \\{{ for a literal brace)")
+        if not name:
+            raise PatternError(f"{pattern!r}: expands to an empty name")
+        out.append(shown)
+    return out
+
+
+def _substitute_env(pattern: str) -> str:
+    """``${NAME}`` -> the value of ``WDS_NAME``, repeated while it changes (at most 10 times, as webdataset)."""
+
+    def value(m: re.Match[str]) -> str:
+        name = "WDS_" + m.group(1)
+        if name not in os.environ:
+            raise PatternError(f"{pattern!r}: environment variable {name} is not set")
+        return os.environ[name]
+
+    text = pattern
+    for _ in range(10):
+        text, last = _ENV.sub(value, text), text
+        if text == last:
+            break
+    return text
+
+
+def _hide_escaped_braces(pattern: str) -> str:
+    """``\\{`` and ``\\}`` as stand-ins, so that a brace left after expansion was not escaped."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            out.append(_ESCAPED.get(nxt, c + nxt))
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def expand_patterns(spec: str) -> list[str]:
+    """Expand ``::``-joined shard patterns (webdataset's ``expand_urls``), in order.
+
+    Raises:
+        PatternError: see :func:`expand_braces`.
+    """
+    parts = spec.split(PATTERN_SEPARATOR)
+    if len(parts) > 1 and not all(parts):
+        raise PatternError(f"{spec!r}: an empty pattern beside '{PATTERN_SEPARATOR}'")
+    return [name for part in parts for name in expand_braces(part)]
 
 
 def shard_kind(name: str) -> ShardKind:
@@ -76,30 +135,63 @@ def is_fingerprint(value: object) -> bool:
     return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{32}", value) is not None
 
 
-def expand_shards(specs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *, must_exist: bool = True) -> list[str]:
-    """Turn paths, globs and brace patterns into a list of shard paths, in order.
+def expand_shards(
+    specs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    *,
+    must_exist: bool = True,
+    storage_options: dict[str, Any] | None = None,
+) -> list[str]:
+    """Turn paths, globs and patterns (braces, ``::``) into a list of shard names, in order.
+
+    A glob over ``file://`` or an object store (``s3://``, ``gs://``, ``az://``,
+    ``hf://``) lists it (:func:`tarindex.objstore.glob_urls`); other URLs pass through.
 
     A scheme is honoured in the names given, never in the names a glob matches (see :func:`as_path`).
 
     Raises:
+        PatternError: a pattern does not expand (see :func:`expand_braces`).
         ShardNotFoundError: a path does not exist, or a glob matches nothing.
     """
     items = [specs] if isinstance(specs, (str, os.PathLike)) else list(specs)
     out: list[str] = []
     for spec in items:
-        for s in expand_braces(os.fspath(spec)):
-            if shard_kind(s) != "file":
+        text = os.fspath(spec)
+        for s in expand_patterns(text):
+            kind = shard_kind(s)
+            if kind == "url" and glob.has_magic(s) and s.split("://", 1)[0].lower() in _LISTED_SCHEMES:
+                out.extend(_glob_url(s, text, must_exist, storage_options))
+            elif kind != "file":
                 out.append(s)
             elif glob.has_magic(s):
                 matches = sorted(glob.glob(s))
                 if not matches and must_exist:
-                    raise ShardNotFoundError(f"{s}: no shard matches this pattern")
+                    raise ShardNotFoundError(f"{s}: no shard matches this pattern (from {text!r})")
                 out.extend(as_path(m) for m in matches)
             else:
                 if must_exist and not os.path.isfile(s):
                     raise ShardNotFoundError(f"{s}: no such shard")
                 out.append(s)
     return out
+
+
+_LISTED_SCHEMES = frozenset(("file", "s3", "gs", "gcs", "az", "azure", "abfs", "abfss", "hf"))
+
+
+def _glob_url(url: str, spec: str, must_exist: bool, storage_options: dict[str, Any] | None) -> list[str]:
+    """The objects a URL glob matches, sorted by name.
+
+    Raises:
+        ShardNotFoundError: nothing matches (with ``must_exist``).
+    """
+    if url.lower().startswith("file://"):
+        matches = ["file://" + m for m in sorted(glob.glob(url[len("file://") :]))]
+    else:
+        from .objstore import glob_urls
+
+        matches = glob_urls(url, storage_options=storage_options)
+    if not matches and must_exist:
+        raise ShardNotFoundError(f"{url}: no shard matches this pattern (from {spec!r})")
+    return matches
 
 
 def default_index_path(shards: list[str]) -> Path:

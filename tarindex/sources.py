@@ -26,12 +26,14 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ._network import FsspecSource, HTTPSource, RangeReader
 from ._source import DEFAULT_BLOCK_SIZE, Source, _reads, is_url
 from .errors import ShardNotFoundError, SourceError
+from .objstore import OBJECT_SCHEMES, open_stream
+from .options import SourceOptions
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -179,47 +181,59 @@ class PipeSource(Source):
 def open_source(
     url: str,
     *,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    retries: int = 5,
-    backoff: float = 0.5,
-    timeout: float = 60.0,
-    storage_options: dict[str, Any] | None = None,
+    options: SourceOptions | None = None,
+    block_size: int | None = None,
+    retries: int | None = None,
+    backoff: float | None = None,
+    timeout: float | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
     read_ahead: int | None = None,
 ) -> Source:
     """Open a shard name as a sequential :class:`Source` (see the module docstring).
 
     Args:
-        url: local path, ``-``, ``pipe:COMMAND``, ``http(s)://...`` or an fsspec URL.
+        url: local path, ``-``, ``pipe:COMMAND``, ``http(s)://...``, ``s3://``/``gs://``/``az://``
+            (:mod:`tarindex.objstore`) or another fsspec URL.
+        options: every remote option at once (:class:`~tarindex.options.SourceOptions`); the
+            keywords below override single fields of it.
         block_size: bytes per read (default 1 MiB).
-        retries: network reconnections allowed without progress before giving up.
-        backoff: seconds before the first retry; doubled on each further one (at most 30).
-        timeout: socket timeout in seconds (HTTP).
-        storage_options: keyword arguments for the fsspec filesystem (credentials, ``endpoint_url``...).
+        retries: network failures allowed without progress before giving up (see :mod:`tarindex._retry`).
+        backoff: upper bound in seconds of the first retry's wait (full jitter, doubled per failure, at most 30).
+        timeout: seconds without a byte before a request fails.
+        storage_options: client options of an object store or fsspec filesystem (endpoint, credentials...).
+        headers: extra HTTP(S) request headers (e.g. ``Authorization``).
         read_ahead: blocks a reader thread keeps ready (0: no thread); default :attr:`Source.prefetch` (8).
 
     Raises:
         ShardNotFoundError: a local shard does not exist (remote ones fail on first read).
     """
-    source = _open(url, block_size, retries, backoff, timeout, storage_options)
+    opts = (options or SourceOptions()).with_(
+        block_size=block_size,
+        retries=retries,
+        backoff=backoff,
+        timeout=timeout,
+        storage_options=dict(storage_options) if storage_options is not None else None,
+        headers=dict(headers) if headers is not None else None,
+    )
+    source = _open(url, opts)
     if read_ahead is not None:
         source.prefetch = read_ahead
     return source
 
 
-def _open(
-    url: str, block_size: int, retries: int, backoff: float, timeout: float, storage_options: dict[str, Any] | None
-) -> Source:
+def _open(url: str, options: SourceOptions) -> Source:
     if url == "-":
-        return StdinSource(url, block_size=block_size)
+        return StdinSource(url, block_size=options.block_size)
     if url.startswith("pipe:"):
-        return PipeSource(url, block_size=block_size)
+        return PipeSource(url, block_size=options.block_size)
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in ("http", "https"):
-        return HTTPSource(url, block_size=block_size, retries=retries, backoff=backoff, timeout=timeout)
+        return HTTPSource(url, options)
     if scheme == "file":
-        return FileSource(url[len("file://") :], block_size=block_size)
+        return FileSource(url[len("file://") :], block_size=options.block_size)
+    if scheme in OBJECT_SCHEMES:
+        return open_stream(url, options)
     if scheme:
-        return FsspecSource(
-            url, block_size=block_size, retries=retries, backoff=backoff, timeout=timeout, storage_options=storage_options
-        )
-    return FileSource(url, block_size=block_size)
+        return FsspecSource(url, options)
+    return FileSource(url, block_size=options.block_size)

@@ -8,26 +8,34 @@ never copied) or 1-4 MiB blocks from a pipe, a socket or a decompressor
 What is a member: regular files (type ``0``, NUL and ``7``). Directories,
 symbolic and hard links, devices and FIFOs are skipped silently; GNU sparse
 members (type ``S`` or PAX ``GNU.sparse.*``) are skipped with a logged
-warning, since their data is not stored contiguously. Header checksums are
-verified for every header block, extension headers included, in vectorised
-batches: a batch's members are yielded only after its checksums passed.
+warning, since their data is not stored contiguously.
+
+Nothing in a header is trusted before its checksum is verified (extension headers
+included), and every size is checked before it is used: numbers are read as GNU tar
+reads them (octal digits after optional blanks, ended by NUL or a blank; GNU base-256;
+PAX sizes in decimal digits only), a size must fit in the file's remaining bytes, or, for
+a source of unknown length, be at most ``max_member_size`` (:data:`MAX_MEMBER_SIZE`);
+member data is then gathered as it arrives. PAX (``x``, ``g``: ``path`` and ``size``
+applied, other records accepted and ignored) and GNU (``L``, ``K``) extension headers
+before one member are applied as :mod:`tarfile` applies them. Anything else is a
+:class:`~tarindex.errors.CorruptArchiveError` naming the shard and the header's offset.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import numpy as np
 
 from ._native import SPEEDUPS
 from .errors import CorruptArchiveError
 
 __all__ = [
     "BLOCK",
+    "MAX_MEMBER_SIZE",
     "Buffer",
     "Entry",
     "Member",
@@ -40,7 +48,6 @@ __all__ = [
     "iter_tar_file",
     "scan_tar",
 ]
-
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
 _REGULAR = frozenset(b"0\x007")
@@ -48,13 +55,26 @@ _SPARSE = ord("S")
 _PAX = ord("x")
 _PAX_GLOBAL = ord("g")
 _GNU_LONGNAME = ord("L")
-_EXTENSIONS = frozenset((_PAX, _PAX_GLOBAL, _GNU_LONGNAME, ord("K")))
+_GNU_LONGLINK = ord("K")
+_EXTENSIONS = frozenset((_PAX, _PAX_GLOBAL, _GNU_LONGNAME, _GNU_LONGLINK))
 _POSIX_MAGIC = b"ustar\x00"
-_TERMINATORS = frozenset(b"\x00 ")
-_BATCH_HEADERS = 1024  # headers per checksum batch
-_BATCH_BYTES = 16 << 20  # member data held back per batch (with_data)
+_BATCH_HEADERS = 1024  # headers per call of the C walk
+_BATCH_BYTES = 16 << 20  # member data the C walk takes per call (with_data)
 _WINDOW = 64 << 10
 _SMALL_WINDOW = 4 << 10
+_SIZE_MAX = (1 << 63) - 1
+
+MAX_MEMBER_SIZE = 8 << 30
+"""The largest member (or extension header) accepted from a source whose length is not known
+(a pipe, a socket, decompressed chunks): 8 GiB. A header that claims more is a
+:class:`~tarindex.errors.CorruptArchiveError` before anything is allocated for it. A local file
+needs no such bound: a member must fit in the bytes the file has."""
+
+# GNU tar's reading of an octal field (list.c from_header): one leading NUL allowed, then blanks,
+# then octal digits, ended by the field's end, a NUL or a blank; no signs, no underscores
+_OCTAL = re.compile(rb"\x00?[ \t\n\v\f\r]*([0-7]*)([\x00 \t\n\v\f\r]|\Z)")
+_PAX_LENGTH = re.compile(rb"([0-9]+) ")
+_DIGITS = re.compile(r"[0-9]+")
 
 log = logging.getLogger(__name__)
 
@@ -105,63 +125,37 @@ class Member:
         return self.offset + _padded(self.size)
 
 
+
+def _octal(field: bytes) -> int | None:
+    """An octal header field as GNU tar reads it, or ``None`` if it is malformed (all blank included)."""
+    m = _OCTAL.match(field)
+    if m is None:
+        return None
+    digits = m.group(1)
+    if not digits:
+        return 0 if m.group(2) else None  # a NUL after the blanks is 0; blanks to the end are an error
+    return int(digits, 8)
+
+
+def _number(field: bytes) -> int | None:
+    """A numeric header field: octal, or GNU base-256 (first byte 0x80); ``None`` if malformed or negative."""
+    if field[0] & 0x80:
+        if field[0] != 0x80:  # 0xFF: a negative number; anything else is not a number
+            return None
+        return int.from_bytes(field[1:], "big")
+    return _octal(field)
+
+
 def _padded(size: int) -> int:
     return (size + BLOCK - 1) & ~(BLOCK - 1)
-
-
-def _number(field: bytes) -> int:
-    """Parse an octal or GNU base-256 numeric field; raise ``ValueError``."""
-    if field[0] & 0x80:
-        if field[0] == 0xFF:
-            raise ValueError("negative base-256 number")
-        return int.from_bytes(field, "big") & ~(0x80 << (8 * (len(field) - 1)))
-    digits = field.split(b"\x00", 1)[0].strip()
-    return int(digits, 8) if digits else 0
 
 
 def _decode_name(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-def _parse_pax(data: bytes, path: str, offset: int) -> dict[str, str]:
-    """Parse PAX extended header records: ``"<len> <key>=<value>\\n"``."""
-    out: dict[str, str] = {}
-    pos = 0
-    while pos < len(data):
-        if data[pos] == 0:  # trailing NUL padding
-            break
-        space = data.find(b" ", pos)
-        try:
-            length = int(data[pos:space])
-        except ValueError:
-            length = 0
-        record = data[space + 1 : pos + length - 1]
-        if space < 0 or length <= space - pos or pos + length > len(data) or b"=" not in record:
-            raise CorruptArchiveError(path, offset, "malformed PAX extended header record")
-        key, _, value = record.partition(b"=")
-        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return out
-
-
-# -- checksums -------------------------------------------------------------------
-
-
-def _checksum_ok(block: bytes) -> bool:
-    try:
-        stored = _number(block[148:156])
-    except ValueError:
-        return False
-    arr = np.frombuffer(block, np.uint8)
-    if stored == int(arr.sum()) - int(arr[148:156].sum()) + 8 * 32:
-        return True
-    signed = arr.view(np.int8)  # some old writers summed signed chars
-    return stored == int(signed.sum()) - int(signed[148:156].sum()) + 8 * 32
-
-
 def _checksum_error(path: str, pos: int, block: bytes) -> CorruptArchiveError:
-    arr = np.frombuffer(block, np.uint8)
-    expected = int(arr.sum()) - int(arr[148:156].sum()) + 8 * 32
+    expected = sum(block) - sum(block[148:156]) + 8 * 32
     raw = block[148:156].split(b"\x00", 1)[0].strip()
     text = raw.decode("ascii", "replace")
     got = (text if text.isprintable() else repr(raw)) or "empty"  # one line, whatever the bytes
@@ -170,35 +164,115 @@ def _checksum_error(path: str, pos: int, block: bytes) -> CorruptArchiveError:
     )
 
 
-def _octal_column(fields: np.ndarray) -> np.ndarray:
-    """Vectorised octal parse of an ``(n, 8)`` array of checksum fields (leading spaces, any terminator)."""
-    value = np.zeros(len(fields), np.int64)
-    started = np.zeros(len(fields), bool)
-    done = np.zeros(len(fields), bool)
-    for c in range(fields.shape[1]):
-        b = fields[:, c].astype(np.int64)
-        digit = (b >= 48) & (b <= 55)
-        take = digit & ~done
-        value = np.where(take, value * 8 + (b - 48), value)
-        started |= take
-        done |= ~digit & (started | (b != 32))
-    return value
-
-
-def _verify(blocks: list[bytes], offsets: list[int], path: str) -> None:
-    """Check the header checksum of every block (one numpy pass).
+def _verified(block: bytes, path: str, pos: int) -> tuple[int, int]:
+    """The type and size of a header block, once its checksum is verified (before any other field is used).
 
     Raises:
-        CorruptArchiveError: naming the first block whose checksum is wrong.
+        CorruptArchiveError: a bad checksum, or a size field that is malformed or negative.
     """
-    if not blocks:
-        return
-    arr = np.frombuffer(b"".join(blocks), np.uint8).reshape(len(blocks), BLOCK)
-    field = arr[:, 148:156]
-    sums = arr.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 32
-    for j in np.flatnonzero(sums != _octal_column(field)).tolist():
-        if not _checksum_ok(blocks[j]):  # base-256 fields and signed sums take the slow path
-            raise _checksum_error(path, offsets[j], blocks[j])
+    stored = _octal(block[148:156])
+    field = sum(block[148:156])
+    unsigned = sum(block) - field + 8 * 32
+    if stored != unsigned:
+        high = sum(1 for b in block if b & 0x80) - sum(1 for b in block[148:156] if b & 0x80)
+        if stored is None or stored != unsigned - 256 * high:  # some old writers summed signed chars
+            raise _checksum_error(path, pos, block)
+    size = _number(block[124:136])
+    if size is None or size > _SIZE_MAX:
+        raise CorruptArchiveError(path, pos, f"bad size field {block[124:136]!r} (expected octal digits or base-256)")
+    return block[156], size
+
+
+def _parse_pax(data: bytes, path: str, offset: int) -> dict[str, str]:
+    """Parse PAX extended header records ``"<len> <key>=<value>\\n"`` (trailing NUL padding allowed).
+
+    Raises:
+        CorruptArchiveError: a record whose length is not decimal digits followed by a space, that
+            runs past the header's data, has no ``=`` or empty key, or does not end with a newline;
+            a ``size`` that is not decimal digits.
+    """
+    out: dict[str, str] = {}
+    pos = 0
+    end = len(data)
+    while pos < end and data[pos]:
+        m = _PAX_LENGTH.match(data, pos)
+        length = int(m.group(1)) if m is not None else 0
+        stop = pos + length
+        if m is None or stop > end or stop <= m.end():
+            raise CorruptArchiveError(path, offset, f"malformed PAX extended header record at byte {pos} of its data")
+        eq = data.find(b"=", m.end(), stop)
+        if eq <= m.end() or data[stop - 1] != 0x0A:
+            raise CorruptArchiveError(path, offset, f"malformed PAX extended header record at byte {pos} of its data")
+        out[_decode_name(data[m.end() : eq])] = _decode_name(data[eq + 1 : stop - 1])
+        pos = stop
+    if "size" in out:
+        _pax_size(out["size"], path, offset)
+    return out
+
+
+def _pax_size(value: str, path: str, offset: int) -> int:
+    """A PAX ``size`` record: decimal digits only (GNU tar rejects signs, blanks and underscores).
+
+    Raises:
+        CorruptArchiveError: not decimal digits, or over 2**63 - 1.
+    """
+    if _DIGITS.fullmatch(value) is None or len(value.lstrip("0")) > 19 or int(value) > _SIZE_MAX:
+        raise CorruptArchiveError(path, offset, f"bad PAX size {value!r} (expected decimal digits)")
+    return int(value)
+
+
+def _member_name(hdr: bytes) -> str:
+    """The name in a header: ``name``, after the ustar ``prefix`` when the magic is POSIX's."""
+    nul = hdr.find(b"\x00", 0, 100)
+    name = hdr[: nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
+    if hdr[345] and hdr[257:263] == _POSIX_MAGIC:
+        name = _decode_name(hdr[345:500].split(b"\x00", 1)[0]) + "/" + name
+    return name
+
+
+def _is_regular(hdr: bytes, typ: int) -> bool:
+    """A regular file: type ``0``, ``7`` or NUL, except a NUL-type name ending in ``/`` (an old-style directory)."""
+    if typ not in _REGULAR:
+        return False
+    if typ:
+        return True
+    nul = hdr.find(b"\x00", 0, 100)
+    end = nul if nul >= 0 else 100
+    return end == 0 or hdr[end - 1] != 0x2F
+
+
+@dataclass(slots=True)
+class _Extended:
+    """Extension headers seen before a member: applied as :mod:`tarfile` applies them."""
+
+    start: int = -1
+    """Offset of the first header of the member being assembled (-1: none yet)."""
+    local: list[tuple[int, Any]] = field(default_factory=list)
+    """``(type, PAX records or GNU long name)`` of each local extension header, in order."""
+    glob: dict[str, str] = field(default_factory=dict)
+    """The global PAX records so far."""
+
+    def apply(self, name: str, size: int) -> tuple[str, int, bool]:
+        """The member's name and size once the extension headers are applied, and whether a PAX record
+        marks it GNU sparse.
+
+        :mod:`tarfile` applies the global records to the member, then each local extension header
+        from the last to the first (a PAX header with the global records under its own), so the
+        first header that sets a field wins; GNU tar agrees wherever a shard has one header of each kind.
+        """
+        sparse = False
+        layers: list[tuple[int, Any]] = [(_PAX, self.glob)] if self.glob else []
+        layers += [(typ, {**self.glob, **v} if typ == _PAX else v) for typ, v in reversed(self.local)]
+        for typ, value in layers:
+            if typ == _PAX:
+                sparse = sparse or any(k.startswith("GNU.sparse.") for k in value)
+                if "path" in value:
+                    name = value["path"]
+                if "size" in value:
+                    size = int(value["size"])  # digits: checked by _parse_pax
+            elif typ == _GNU_LONGNAME:
+                name = value
+        return name, size, sparse
 
 
 # -- the walker --------------------------------------------------------------------
@@ -256,6 +330,10 @@ class _Cursor:
         self.buf = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[arg-type]  # bytes-like parts
         return 0 if have >= need else -1
 
+    def room(self, pos: int) -> int | None:
+        """Bytes the input holds from ``pos`` on, when known (``None``: chunks of unknown total length)."""
+        return None
+
     def skip(self, pos: int, count: int) -> int:
         """Advance ``count`` bytes from ``pos`` without keeping them; return the new ``pos`` (-1 at end of input)."""
         pos += count
@@ -294,6 +372,10 @@ class _FileCursor:
         self.buf = os.pread(self.fd, max(need, _SMALL_WINDOW if self.large else _WINDOW), self.base)
         self.large = False
         return 0 if len(self.buf) >= need else -1
+
+    def room(self, pos: int) -> int:
+        """Bytes the file holds from ``pos`` on."""
+        return self.size - self.base - pos
 
     def seek(self, offset: int) -> int:
         """Go to ``offset`` in the file (read nothing yet); return the new ``pos``."""
@@ -364,13 +446,14 @@ def stream_chunks(stream: Stream) -> Iterator[bytes]:
 class _StreamCursor(_Cursor):
     """A :class:`_Cursor` over a :class:`Stream` whose descriptor the C walk may read too (:meth:`walk_direct`)."""
 
-    __slots__ = ("need", "source")
+    __slots__ = ("max_member_size", "need", "source")
 
-    def __init__(self, stream: Stream) -> None:
+    def __init__(self, stream: Stream, max_member_size: int = MAX_MEMBER_SIZE) -> None:
         super().__init__(self._reads())
         self.buf = stream.first
         self.source = stream.source
         self.need = 0
+        self.max_member_size = max_member_size
 
     def _reads(self) -> Iterator[bytes]:
         while chunk := self.source.read(max(self.need, _STREAM_READ)):
@@ -396,7 +479,7 @@ class _StreamCursor(_Cursor):
         fd, left, timeout_ms = live
         here = self.base + pos
         tail_at, tail, after, last_at, last_size, received, timed_out = sink.scan_stream(
-            fd, timeout_ms, left, _BATCH_BYTES, self.buf, pos, self.base
+            fd, timeout_ms, left, _BATCH_BYTES, self.buf, pos, self.base, self.max_member_size
         )
         if received or timed_out:
             self.source.advance(received, timed_out)
@@ -406,21 +489,24 @@ class _StreamCursor(_Cursor):
         return pos, after != here, last_at, last_size
 
 
-def iter_tar(chunks: Iterable[Buffer], path: str, *, with_data: bool = False) -> Iterator[Entry]:
+def iter_tar(
+    chunks: Iterable[Buffer], path: str, *, with_data: bool = False, max_member_size: int = MAX_MEMBER_SIZE
+) -> Iterator[Entry]:
     """Yield ``(name, header_offset, data_offset, size, data)`` for each regular member.
 
     ``chunks`` are consecutive pieces of the archive (a whole buffer, or
     blocks read from a stream). Offsets are absolute in the archive.
-    ``data`` is the member's bytes with ``with_data``, else ``None``. Members
-    are yielded in batches once their headers' checksums passed; the walk ends
-    at the end-of-archive marker (input after it is not read).
+    ``data`` is the member's bytes with ``with_data``, else ``None``. A member
+    is yielded once every header it depends on passed its checksum; the walk ends
+    at the end-of-archive marker (input after it is not read). A member or
+    extension header larger than ``max_member_size`` is an error.
 
     Raises:
-        CorruptArchiveError: on a bad checksum, a malformed header, truncation
-            (input that ends early) or a missing end-of-archive marker, naming
-            ``path`` and the offset.
+        CorruptArchiveError: on a bad checksum, a malformed header or number, a size
+            over ``max_member_size``, truncation (input that ends early) or a missing
+            end-of-archive marker, naming ``path`` and the offset.
     """
-    return _walk(_Cursor(chunks), str(path), with_data)
+    return _walk(_Cursor(chunks), str(path), with_data, None, max_member_size)
 
 
 def iter_tar_file(fd: int, path: str, *, with_data: bool = False) -> Iterator[Entry]:
@@ -433,13 +519,13 @@ def iter_tar_file(fd: int, path: str, *, with_data: bool = False) -> Iterator[En
     return _walk(_FileCursor(fd), str(path), with_data)
 
 
-def index_tar(chunks: Iterable[Buffer], path: str, sink: Sink) -> None:
+def index_tar(chunks: Iterable[Buffer], path: str, sink: Sink, *, max_member_size: int = MAX_MEMBER_SIZE) -> None:
     """Walk an archive like :func:`iter_tar` (without data), handing each regular member to ``sink`` in order.
 
     Raises:
         CorruptArchiveError: see :func:`iter_tar`.
     """
-    for _ in _walk(_Cursor(chunks), str(path), False, sink):
+    for _ in _walk(_Cursor(chunks), str(path), False, sink, max_member_size):
         pass
 
 
@@ -453,12 +539,14 @@ def index_tar_file(fd: int, path: str, sink: Sink) -> None:
         pass
 
 
-def group_tar(source: Iterable[Buffer] | int | Stream, path: str, sink: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+def group_tar(
+    source: Iterable[Buffer] | int | Stream, path: str, sink: Any, *, max_member_size: int = MAX_MEMBER_SIZE
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """Walk an archive (chunks, an open file's descriptor, or a :class:`Stream`) with data, each member to ``sink`` (the C
     packer making sample dicts, see :class:`Sink`); yield the ``(sample offset, sample)`` it completes.
 
-    Samples come out in batches, as :func:`iter_tar`'s members do: only once every
-    header they depend on passed its checksum.
+    Samples come out in batches, only once every header they depend on passed its checksum.
+    ``max_member_size`` bounds members of a source of unknown length (chunks, a :class:`Stream`).
 
     Raises:
         CorruptArchiveError: see :func:`iter_tar`.
@@ -469,8 +557,18 @@ def group_tar(source: Iterable[Buffer] | int | Stream, path: str, sink: Any) -> 
     if isinstance(source, int):
         cur = _FileCursor(source)
     else:
-        cur = _StreamCursor(source) if isinstance(source, Stream) else _Cursor(source)
-    return _walk(cur, str(path), True, sink)  # type: ignore[return-value]  # a sample sink: samples come out
+        cur = _StreamCursor(source, max_member_size) if isinstance(source, Stream) else _Cursor(source)
+    return _flushed(_walk(cur, str(path), True, sink, max_member_size), sink)
+
+
+def _flushed(walk: Iterator[Any], sink: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A sample walk that, when it fails, first hands out the samples completed before the failure
+    (every header they depend on was verified), as the reference does."""
+    try:
+        yield from walk
+    except CorruptArchiveError:
+        yield from _taken(sink)
+        raise
 
 
 def _taken(sink: Any) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -481,31 +579,38 @@ def _taken(sink: Any) -> Iterator[tuple[int, dict[str, Any]]]:
         offsets, samples = sink.take()
 
 
-def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | None = None) -> Iterator[Entry]:
-    """The walk; with a ``sink``, members go to it and its ``scan`` takes plain headers (see :class:`Sink`).
+def _check_size(cur: _Cursor | _FileCursor, path: str, here: int, pos: int, size: int, limit: int) -> None:
+    """Refuse a size before anything is read or allocated for it: past a file's end, or over ``limit``
+    for a source of unknown length.
+
+    Raises:
+        CorruptArchiveError: naming the header at ``here``.
+    """
+    room = cur.room(pos)
+    if room is not None:
+        if size > room:
+            raise CorruptArchiveError(path, here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base + pos + room}")
+    elif size > limit:
+        raise CorruptArchiveError(path, here, f"member of {size} bytes is over max_member_size ({limit} bytes)")
+
+
+def _walk(
+    cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Any = None, limit: int = MAX_MEMBER_SIZE
+) -> Iterator[Any]:
+    """The walk; with a ``sink``, members go to its ``add`` (and its ``scan``, if it has one, takes runs of
+    plain headers, see :class:`Sink`). Every header's checksum is verified before any of its fields is used,
+    and every size is checked (:func:`_check_size`) before it is used.
 
     A table sink makes this yield nothing; a sample sink (``with_data``) makes it yield samples.
     """
-    pending: list[Entry] = []
-    blocks: list[bytes] = []
-    block_offsets: list[int] = []
-    held = 0  # data bytes in pending
     pos = 0
-    start = -1  # absolute offset of the first header of the member being assembled
-    long_name: str | None = None
-    pax: dict[str, str] = {}
-    global_pax: dict[str, str] = {}
-
-    scan = _scan_headers
-    sink_scan = getattr(sink, "scan", None) if _scan_headers is not None else None
+    ext = _Extended()
     taking = with_data and sink is not None  # a sample sink: it completes samples, which this yields
-    walk_direct = getattr(cur, "walk_direct", None) if sink_scan is not None and taking else None  # file, socket, pipe
-
-    def fail(at: int, what: str) -> CorruptArchiveError:
-        _verify(blocks, block_offsets, path)  # an earlier bad checksum explains more
-        if blocks and block_offsets[-1] == at and not _checksum_ok(blocks[-1]):
-            return _checksum_error(path, at, blocks[-1])
-        return CorruptArchiveError(path, at, what)
+    sink_scan = getattr(sink, "scan", None)
+    scan = _scan_headers if sink_scan is None else None
+    walk_direct = getattr(cur, "walk_direct", None) if taking and hasattr(sink, "scan_file") else None  # file, socket, pipe
+    add = getattr(sink, "add", None)
+    added = held = 0  # members and data bytes given to a sample sink since its last take()
 
     while True:
         buf = cur.buf
@@ -517,140 +622,111 @@ def _walk(cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Sink | N
                 if here == 0 and not len(buf):
                     raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
                 if not len(buf):
-                    raise fail(here, "truncated archive: no end-of-archive marker")
-                raise fail(here, f"truncated header ({len(buf)} of {BLOCK} bytes)")
-        if scan is not None and start < 0 and not pax and not global_pax and long_name is None:
+                    raise CorruptArchiveError(path, here, "truncated archive: no end-of-archive marker")
+                raise CorruptArchiveError(path, here, f"truncated header ({len(buf)} of {BLOCK} bytes)")
+        if ext.start < 0 and not ext.glob and (scan is not None or sink_scan is not None):
             moved = walk_direct(sink, pos) if walk_direct is not None else None
             if moved is not None:  # the sink read the file, socket or pipe itself, member data into its bytes
                 pos, progressed, last_at, last_size = moved
                 buf = cur.buf
                 if progressed:
                     if pos < 0:
-                        raise fail(last_at, f"truncated archive: member data needs {last_size} bytes, input ends at {cur.base}")
-                    _verify(blocks, block_offsets, path)
-                    blocks, block_offsets = [], []
-                    yield from _taken(sink)  # type: ignore[misc]  # samples, from a sample sink
+                        raise CorruptArchiveError(path, last_at, f"truncated archive: member data needs {last_size} bytes, input ends at {cur.base}")
+                    added = held = 0
+                    yield from _taken(sink)
                     continue
-                got: list[Entry] = []  # not one member: the header is the Python walker's
-                after = pos
+                after = pos  # not one member: the header is the Python walker's
             elif sink_scan is not None:  # the sink packs the members itself
-                got = []
                 after, last_at, last_size = sink_scan(buf, pos, cur.base, _BATCH_BYTES)
             else:
-                got, after, last_at, last_size = scan(buf, pos, cur.base, with_data, _BATCH_HEADERS)
-            if after != pos:  # the C walk vouched for these headers (checksums included)
-                pending += got
-                if with_data:
-                    held += sum(e[3] for e in got)
+                got, after, last_at, last_size = scan(buf, pos, cur.base, with_data, _BATCH_HEADERS)  # type: ignore[misc]  # scan is set
+                if add is None:
+                    yield from got
+                else:
+                    for e in got:
+                        add(*e[:4], *((e[4],) if taking else ()))
+                        added += 1
+                        held += e[3]
+            if after != pos:  # the C walk verified these headers
                 pos = after
                 if pos > len(buf):  # the last member's data runs past this window
                     here = cur.base + last_at
                     pos = cur.skip(pos, 0)
                     if pos < 0:
-                        raise fail(here, f"truncated archive: member data needs {last_size} bytes, input ends at {cur.base}")
-                if len(pending) >= _BATCH_HEADERS or held >= _BATCH_BYTES or taking:
-                    _verify(blocks, block_offsets, path)
-                    yield from pending
-                    pending, blocks, block_offsets, held = [], [], [], 0
-                    if taking:
-                        yield from _taken(sink)  # type: ignore[misc]  # samples, from a sample sink
+                        raise CorruptArchiveError(path, here, f"truncated archive: member data needs {last_size} bytes, input ends at {cur.base}")
+                if taking:
+                    added = held = 0
+                    yield from _taken(sink)
                 continue
         hdr = buf[pos : pos + BLOCK]
         here = cur.base + pos
         if hdr == _ZERO_BLOCK:
-            if start >= 0:
-                raise fail(start, "extension header without a following member")
+            if ext.start >= 0:
+                raise CorruptArchiveError(path, ext.start, "extension header without a following member")
             break
-        blocks.append(hdr)
-        block_offsets.append(here)
-        typ = hdr[156]
-        try:
-            size = int(hdr[124:135], 8) if hdr[135] in _TERMINATORS else _number(hdr[124:136])
-        except ValueError:
-            try:
-                size = _number(hdr[124:136])
-            except ValueError as exc:
-                raise fail(here, f"bad size field {hdr[124:136]!r}") from exc
-        if start < 0:
-            start = here
+        typ, size = _verified(hdr, path, here)
         pos += BLOCK
         if typ in _EXTENSIONS:
+            if ext.start < 0 and typ != _PAX_GLOBAL:
+                ext.start = here
+            _check_size(cur, path, here, pos, size, limit)
             if pos + size > len(buf):
                 pos = cur.fill(pos, size)
                 buf = cur.buf
                 if pos < 0:
-                    raise fail(here, f"truncated archive: extension header data needs {size} bytes")
+                    raise CorruptArchiveError(path, here, f"truncated archive: extension header data needs {size} bytes")
             payload = buf[pos : pos + size]
             if typ == _PAX:
-                pax = _parse_pax(payload, path, here)
+                ext.local.append((typ, _parse_pax(payload, path, here)))
             elif typ == _PAX_GLOBAL:
-                global_pax.update(_parse_pax(payload, path, here))
-                start = -1
+                ext.glob.update(_parse_pax(payload, path, here))
             elif typ == _GNU_LONGNAME:
-                long_name = _decode_name(payload.split(b"\x00", 1)[0])
-            pos = cur.skip(pos, (size + BLOCK - 1) & ~(BLOCK - 1))
+                ext.local.append((typ, _decode_name(payload.split(b"\x00", 1)[0])))
+            pos = cur.skip(pos, _padded(size))
             if pos < 0:
-                raise fail(here, f"truncated archive: extension header data needs {size} bytes")
+                raise CorruptArchiveError(path, here, f"truncated archive: extension header data needs {size} bytes")
             continue
-        if pax or global_pax:
-            merged = {**global_pax, **pax}
-            if "size" in merged:
-                try:
-                    size = int(merged["size"])
-                except ValueError as exc:
-                    raise fail(start, f"bad PAX size {merged['size']!r}") from exc
+        start = here if ext.start < 0 else ext.start
+        name = _member_name(hdr)
+        sparse = typ == _SPARSE
+        if ext.local or ext.glob:
+            name, size, sparse_pax = ext.apply(name, size)
+            sparse = sparse or sparse_pax
+            _check_size(cur, path, start, pos, size, limit)
         else:
-            merged = pax
+            _check_size(cur, path, here, pos, size, limit)
+        regular = _is_regular(hdr, typ)
         data_offset = cur.base + pos
         data: bytes | None = None
-        if with_data and typ in _REGULAR:
+        if with_data and regular and not sparse:
             if pos + size > len(buf):
                 pos = cur.fill(pos, size)  # the same absolute data_offset, in a new window
                 buf = cur.buf
                 if pos < 0:
-                    raise fail(here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base + len(buf)}")
+                    raise CorruptArchiveError(path, here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base + len(buf)}")
             data = buf[pos : pos + size]
-            held += size
-        if typ in _REGULAR:
-            if "path" in merged:
-                name = merged["path"]
-            elif long_name is not None:
-                name = long_name
-            else:
-                nul = hdr.find(b"\x00", 0, 100)
-                name = hdr[: nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
-                if hdr[345] and hdr[257:263] == _POSIX_MAGIC:
-                    name = _decode_name(hdr[345:500].split(b"\x00", 1)[0]) + "/" + name
-            if merged and any(k.startswith("GNU.sparse.") for k in merged):
-                log.warning("%s: skipping GNU sparse member %r at offset %d", path, name, start)
-            elif sink is not None:  # in order with the members the sink's scan took
-                sink.add(name, start, data_offset, size, *((data,) if taking else ()))  # a sample sink takes the data too
-            else:
-                pending.append((name, start, data_offset, size, data))
-        elif typ == _SPARSE:
-            log.warning("%s: skipping GNU sparse member at offset %d", path, start)
-        padded = (size + BLOCK - 1) & ~(BLOCK - 1)
-        if pos + padded <= len(buf):
-            pos += padded
-        else:
-            pos = cur.skip(pos, padded)
+        if sparse:
+            log.warning("%s: skipping GNU sparse member %r at offset %d", path, name, start)
+        elif regular:
+            if add is None:
+                yield name, start, data_offset, size, data
+            else:  # in order with the members the sink's scan took; a sample sink takes the data too
+                add(name, start, data_offset, size, *((data,) if taking else ()))
+                added += 1
+                held += size
+        padded = _padded(size)
+        pos = pos + padded if pos + padded <= len(buf) else cur.skip(pos, padded)
         if pos < 0:
-            raise fail(here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base}")
-        start = -1
-        long_name = None
-        if pax:
-            pax = {}
-        if len(blocks) >= _BATCH_HEADERS or held >= _BATCH_BYTES:
-            _verify(blocks, block_offsets, path)
-            yield from pending
-            pending, blocks, block_offsets, held = [], [], [], 0
-            if taking:
-                yield from _taken(sink)  # type: ignore[misc]  # samples, from a sample sink
-    _verify(blocks, block_offsets, path)
-    yield from pending
+            raise CorruptArchiveError(path, here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base}")
+        ext.start = -1
+        if ext.local:
+            ext.local = []
+        if taking and (added >= _BATCH_HEADERS or held >= _BATCH_BYTES):
+            added = held = 0
+            yield from _taken(sink)
     if taking:
-        sink.finish()  # type: ignore[union-attr]  # a sample sink
-        yield from _taken(sink)  # type: ignore[misc]
+        sink.finish()
+        yield from _taken(sink)
 
 
 def scan_tar(buf: Buffer, path: str) -> Iterator[tuple[str, int, int, int]]:

@@ -1,4 +1,5 @@
-"""Real servers on 127.0.0.1 for the streaming tests: nginx, a connection-dropping HTTP server, moto's S3.
+"""Real servers on 127.0.0.1 for the network tests: nginx, a connection-dropping HTTP server, moto's S3,
+and a fault-injecting HTTP proxy to put between a client and any of them.
 
 Imported by conftest.py so the fixtures are visible to every test module.
 """
@@ -9,6 +10,7 @@ import http.server
 import os
 import shutil
 import socket
+import socketserver
 import subprocess
 import sys
 import threading
@@ -16,10 +18,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-__all__ = ["DropServer", "HTTPServer", "drop_server", "http_server", "s3_server"]
+__all__ = ["DropServer", "FaultProxy", "HTTPServer", "drop_server", "fault_proxy", "http_server", "s3_server"]
 
 
 def free_port() -> int:
@@ -257,3 +260,163 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield S3Server(endpoint, "shards")
     finally:
         stop(proc)
+
+
+@dataclass
+class FaultProxy:
+    """An HTTP/1.1 relay on 127.0.0.1 in front of ``upstream`` (``host:port``) that injects faults.
+
+    Each request (keep-alive connections too) is relayed after ``delay`` seconds. Faults, each for the
+    first N requests that reach the proxy after it is set (then the proxy relays faithfully):
+    ``fail_503``: answer 503 with ``Retry-After: retry_after`` instead of relaying; ``drop_mid_body``:
+    relay half the response body, then close the connection; ``stall``: hold the request ``stall_s``
+    seconds without an answer, then close. ``requests`` counts requests seen, ``ranges`` their ``Range``.
+    """
+
+    upstream: tuple[str, int]
+    port: int = 0
+    delay: float = 0.0
+    fail_503: int = 0
+    retry_after: str | None = None
+    drop_mid_body: int = 0
+    stall: int = 0
+    stall_s: float = 0.0
+    requests: int = 0
+    ranges: list[str | None] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, path: str) -> str:
+        return f"{self.endpoint}/{path.lstrip('/')}"
+
+    def take(self, fault: str) -> bool:
+        """Whether this request gets ``fault`` (counts one down)."""
+        with self.lock:
+            left = getattr(self, fault)
+            if left > 0:
+                setattr(self, fault, left - 1)
+                return True
+            return False
+
+
+def _read_head(f: Any) -> tuple[bytes, dict[str, str]] | None:
+    """An HTTP message head (start line and headers, raw) and its headers by lower-case name; None at EOF."""
+    lines = []
+    while True:
+        line = f.readline(65537)
+        if not line:
+            return None
+        lines.append(line)
+        if line in (b"\r\n", b"\n"):
+            break
+    headers = {}
+    for raw in lines[1:-1]:
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return b"".join(lines), headers
+
+
+def _relay_body(src: Any, dst: socket.socket, headers: dict[str, str], limit: int | None = None) -> bool:
+    """Relay a body of ``Content-Length`` bytes (or up to EOF without one), ``limit`` bytes at most;
+    whether all of it went through."""
+    length = headers.get("content-length")
+    left = int(length) if length is not None else None
+    sent = 0
+    while left is None or left > 0:
+        want = 1 << 16 if left is None else min(1 << 16, left)
+        if limit is not None:
+            want = min(want, limit - sent)
+            if want <= 0:
+                return False
+        chunk = src.read1(want) if hasattr(src, "read1") else src.read(want)
+        if not chunk:
+            return left is None
+        dst.sendall(chunk)
+        sent += len(chunk)
+        if left is not None:
+            left -= len(chunk)
+    return True
+
+
+def _proxy_handler(state: FaultProxy) -> type[socketserver.BaseRequestHandler]:
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            client: socket.socket = self.request
+            cin = client.makefile("rb")
+            upstream = socket.create_connection(state.upstream)
+            uin = upstream.makefile("rb")
+            try:
+                while self._one(client, cin, upstream, uin):
+                    pass
+            except OSError:
+                pass
+            finally:
+                uin.close()
+                cin.close()
+                upstream.close()
+
+        def _one(self, client: socket.socket, cin: Any, upstream: socket.socket, uin: Any) -> bool:
+            got = _read_head(cin)
+            if got is None:
+                return False
+            head, headers = got
+            body = cin.read(int(headers.get("content-length", "0") or 0))
+            with state.lock:
+                state.requests += 1
+                state.ranges.append(headers.get("range"))
+            if state.delay:
+                time.sleep(state.delay)
+            if state.take("stall"):
+                time.sleep(state.stall_s)
+                return False
+            if state.take("fail_503"):
+                extra = f"Retry-After: {state.retry_after}\r\n" if state.retry_after is not None else ""
+                client.sendall(f"HTTP/1.1 503 Slow Down\r\nContent-Length: 0\r\n{extra}\r\n".encode())
+                return True
+            upstream.sendall(head + body)
+            got = _read_head(uin)
+            if got is None:
+                return False
+            rhead, rheaders = got
+            client.sendall(rhead)
+            if head.startswith(b"HEAD "):
+                return True
+            if state.take("drop_mid_body"):
+                _relay_body(uin, client, rheaders, limit=max(1, int(rheaders.get("content-length", "2") or 2) // 2))
+                client.shutdown(socket.SHUT_RDWR)
+                return False
+            complete = _relay_body(uin, client, rheaders)
+            return complete and "content-length" in rheaders and rheaders.get("connection", "").lower() != "close"
+
+    return Handler
+
+
+class _ThreadingTCPServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256  # many clients connect at once: a short backlog drops SYNs (1 s retransmits)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # clients that hang up are what these tests are about
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[Callable[..., FaultProxy]]:
+    """Factory: ``fault_proxy(upstream_port, delay=..., fail_503=...)`` starts a :class:`FaultProxy` on 127.0.0.1."""
+    servers: list[_ThreadingTCPServer] = []
+
+    def start(upstream_port: int, **faults: Any) -> FaultProxy:
+        state = FaultProxy(("127.0.0.1", upstream_port), **faults)
+        server = _ThreadingTCPServer(("127.0.0.1", 0), _proxy_handler(state))
+        state.port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return state
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()

@@ -213,4 +213,4 @@ def tarfile_members(path: Path) -> list[tuple[str, bytes]]:
     return out
 
 
-from _servers import drop_server, http_server, s3_server  # noqa: E402,F401 - fixtures for the streaming tests
+from _servers import drop_server, fault_proxy, http_server, s3_server  # noqa: E402,F401 - fixtures for the network tests

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from ..index.reader import IndexReader
-from ..shards import resolve_index
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..index.reader import IndexReader
 
 
 def open_index(spec: str) -> IndexReader:
-    """An index given as its file, or as the shards it sits beside."""
+    """An index given as its file, or as the shards it sits beside (imported on use: ``--help`` stays light)."""
+    from ..index.reader import IndexReader
+    from ..shards import resolve_index
+
     return IndexReader(resolve_index(spec))
 
 

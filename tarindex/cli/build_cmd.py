@@ -7,8 +7,6 @@ import sys
 
 import click
 
-from ..build import build_index
-
 
 def _part(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
     if value is None:
@@ -30,6 +28,7 @@ def _part(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def command(shards: tuple[str, ...], index: str | None, workers: int | None, part: tuple[int, int] | None, quiet: bool) -> None:
     """Index SHARDS (paths, globs, brace patterns) into one LMDB index."""
+    from ..build import build_index
     from ..shards import expand_shards
 
     paths = expand_shards(shards)

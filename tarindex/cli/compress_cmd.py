@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ..shard_writer import DEFAULT_FRAME_SIZE, DEFAULT_LEVEL, compress_shard
+# shard_writer's DEFAULT_LEVEL and DEFAULT_FRAME_SIZE (a test keeps them equal): importing it here would
+# import the codecs for every --help
+DEFAULT_LEVEL = 3
+DEFAULT_FRAME_SIZE = 8 << 10
 
 
 @click.command("compress")
@@ -26,6 +29,8 @@ def command(src: str, dst: str, level: int, frame_size: int, quiet: bool) -> Non
     OUT ends with a seek table (zstd seekable format); 'zstd -d OUT' gives back
     the tar byte for byte. OUT may be IN (recompress in place; rebuild the index after).
     """
+    from ..shard_writer import compress_shard
+
     sizes = compress_shard(src, dst, level=level, frame_size=frame_size)
     if not quiet:
         c = sum(s[0] for s in sizes)

@@ -6,9 +6,7 @@ import sys
 
 import click
 
-from ..dataset import TarDataset
 from ..errors import SampleNotFoundError
-from ..shards import resolve_index
 
 
 @click.command("get")
@@ -19,6 +17,9 @@ from ..shards import resolve_index
 @click.option("-n", "--number", is_flag=True, help="SAMPLE is a sample number, not a key.")
 def command(index: str, sample: str, ext: str | None, output: str | None, number: bool) -> None:
     """Write a member of SAMPLE (a key, or a number with -n) from INDEX."""
+    from ..dataset import TarDataset
+    from ..shards import resolve_index
+
     ds = TarDataset(resolve_index(index))
     if number:
         try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import click
-import numpy as np
 
 from ._common import human, open_index
 
@@ -15,6 +14,8 @@ from ._common import human, open_index
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(index: str, as_json: bool) -> None:
     """Summarise INDEX (an index file, or the shards it sits beside)."""
+    import numpy as np
+
     ix = open_index(index)
     samples = ix.decode()
     counts = np.bincount(samples.member_ext, minlength=len(ix.exts)).tolist()

@@ -1,4 +1,8 @@
-"""The click group; every command lives in its own module and is imported on use."""
+"""The click group; every command lives in its own module, which imports its heavy dependencies on use.
+
+``tarindex --help``, a command's ``--help`` and usage errors import neither numpy nor lmdb (nor
+torch): the package facade and the command modules import only click and the error classes at start-up.
+"""
 
 from __future__ import annotations
 
@@ -10,33 +14,23 @@ import click
 
 __all__ = ["main"]
 
-_COMMANDS = {
-    "build": "Index tar shards (parallel, incremental, atomic).",
-    "merge": "Combine partial indexes into one.",
-    "info": "Summarise an index: shards, samples, bytes, extensions.",
-    "ls": "List samples: key, shard, offset, members.",
-    "get": "Write one member's bytes to stdout or a file.",
-    "verify": "Check shards against an index (fingerprints; --deep rescans).",
-    "compress": "Rewrite a tar as seekable zstd with sample-aligned frames.",
-}
+COMMANDS = ("build", "merge", "info", "ls", "get", "verify", "compress")
+"""Command names, in the order ``--help`` lists them; ``tarindex.cli.<name>_cmd.command`` is each one."""
 
 
 class _Group(click.Group):
-    """Lazy commands, and the one place that turns tarindex errors into exit 1."""
+    """Commands loaded by name (their help comes from the command objects), and the one place that
+    turns tarindex errors into exit 1."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(_COMMANDS)
+        return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in _COMMANDS:
+        if name not in COMMANDS:
             return None
         module = importlib.import_module(f"tarindex.cli.{name}_cmd")
         cmd: click.Command = module.command
         return cmd
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        with formatter.section("Commands"):
-            formatter.write_dl(list(_COMMANDS.items()))
 
     def invoke(self, ctx: click.Context) -> Any:
         from ..errors import TarIndexError

@@ -106,6 +106,8 @@ class ShardInfo:
     (``pipe:CMD``: run only when the reader allows commands)."""
     outside: bool = False
     """A ``file`` outside the index's directory (built so): ``path`` may then start with ``..`` or be absolute."""
+    etag: str | None = None
+    """The object's ETag (or generation) when indexed from a URL that has one; reads check it."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

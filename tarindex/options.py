@@ -1,0 +1,52 @@
+"""How remote shards are read: one frozen options record instead of the same keywords in every signature."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ._retry import RetryPolicy
+
+__all__ = ["DEFAULT_COALESCE_GAP", "DEFAULT_MAX_IN_FLIGHT", "SourceOptions"]
+
+DEFAULT_MAX_IN_FLIGHT = 32
+"""Ranged requests in flight per process for a batch (see docs/remote.md for the measurement)."""
+
+DEFAULT_COALESCE_GAP = 64 << 10
+"""Ranges of one shard at most this many bytes apart are fetched by one request (the gap is read and dropped)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """Options of every remote read (HTTP(S), object stores, fsspec); the defaults suit most stores.
+
+    Credentials never go into an index: they come from each store's standard environment
+    (``AWS_*``, ``GOOGLE_*``, ``AZURE_*``, ``HF_TOKEN``) or from ``storage_options``.
+    """
+
+    block_size: int = 1 << 20
+    """Bytes per sequential read (streaming, building)."""
+    retries: int = 5
+    """Tries after a failure without progress (see :class:`tarindex._retry.RetryPolicy`)."""
+    backoff: float = 0.5
+    """Upper bound in seconds of the first retry's wait (full jitter; doubled per failure, at most 30 s)."""
+    timeout: float = 60.0
+    """Seconds without a byte before a request counts as failed."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Extra HTTP(S) request headers, e.g. ``{"Authorization": "Bearer ..."}``."""
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    """Client options of the object store or fsspec filesystem (endpoint, region, credentials)."""
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    """Ranged requests in flight at once for one batch (``TarDataset.__getitems__``)."""
+    coalesce_gap: int = DEFAULT_COALESCE_GAP
+    """Ranges of one shard this close are merged into one request."""
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The retry policy these options describe."""
+        return RetryPolicy(retries=max(0, self.retries), backoff=self.backoff)
+
+    def with_(self, **changes: Any) -> SourceOptions:
+        """A copy with ``changes`` applied (``None`` values ignored)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,155 @@
+"""The one retry policy (full jitter, Retry-After) and HTTP range reads under injected faults."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from _servers import FaultProxy, HTTPServer
+
+from tarindex._retry import RetryPolicy, Transient, parse_retry_after
+from tarindex.errors import ShardNotFoundError, SourceError
+from tarindex.options import SourceOptions
+from tarindex.sources import RangeReader, open_source
+
+
+def test_full_jitter_stays_within_the_doubling_bound() -> None:
+    policy = RetryPolicy(retries=8, backoff=0.1, max_backoff=1.0)
+    random.seed(3)
+    for attempt in range(1, 9):
+        ceiling = min(1.0, 0.1 * 2 ** (attempt - 1))
+        waits = [policy.delay(attempt) for _ in range(400)]
+        assert min(waits) >= 0.0 and max(waits) <= ceiling
+        assert max(waits) > 0.8 * ceiling and min(waits) < 0.2 * ceiling  # spread over the whole range: jitter
+
+
+def test_retry_after_is_a_floor() -> None:
+    policy = RetryPolicy(backoff=0.01)
+    assert policy.delay(1, Transient("HTTP 503", 2.0)) >= 2.0
+    assert policy.delay(1, Transient("HTTP 503", 10_000.0)) == 300.0  # a server asking for hours is not obeyed
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("garbage") is None
+    assert parse_retry_after(None) is None
+    assert 50 < (parse_retry_after(time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 60))) or 0) <= 60
+
+
+def test_policy_gives_up_naming_url_and_range() -> None:
+    calls = []
+
+    def failing() -> bytes:
+        calls.append(1)
+        raise ConnectionResetError("reset by peer")
+
+    with pytest.raises(SourceError, match=r"^http://h/x.tar: bytes 100-149: read failed after 2 retries \(ConnectionResetError: reset by peer\) at byte offset 100$"):
+        RetryPolicy(retries=2, backoff=0.001).call(failing, "http://h/x.tar", 100, 50)
+    assert len(calls) == 3
+
+
+def test_not_found_and_bugs_are_not_retried() -> None:
+    calls = []
+
+    def gone() -> bytes:
+        calls.append(1)
+        raise ShardNotFoundError("x: no such shard")
+
+    with pytest.raises(ShardNotFoundError):
+        RetryPolicy(backoff=0.001).call(gone, "u")
+    with pytest.raises(TypeError):
+        RetryPolicy(backoff=0.001).call(lambda: (calls.append(1), int("x", None))[1], "u")  # type: ignore[call-overload]
+    assert len(calls) == 2
+
+
+@pytest.fixture
+def served(http_server: HTTPServer, tmp_path: Path) -> tuple[HTTPServer, str, bytes]:
+    """A 1 MiB random file served by the HTTP test server."""
+    data = os.urandom(1 << 20)
+    name = f"retry-{os.getpid()}-{tmp_path.name}.bin"
+    (http_server.root / name).write_bytes(data)
+    return http_server, name, data
+
+
+def _ranges(n: int, size: int, total: int) -> list[tuple[int, int]]:
+    rng = random.Random(n)
+    return [(rng.randrange(0, total - size), size) for _ in range(n)]
+
+
+def test_503_burst_is_retried_with_retry_after(served: tuple[HTTPServer, str, bytes], fault_proxy: Callable[..., FaultProxy]) -> None:
+    server, name, data = served
+    proxy = fault_proxy(server.port)
+    reader = RangeReader(proxy.url(name), SourceOptions(backoff=0.001))
+    proxy.fail_503, proxy.retry_after = 3, "1"
+    start = time.monotonic()
+    assert reader.read_at(1000, 500) == data[1000:1500]
+    assert time.monotonic() - start >= 3.0  # each of the 3 answers asked for 1 s
+    tight = RangeReader(proxy.url(name), SourceOptions(retries=2, backoff=0.001))
+    proxy.fail_503, proxy.retry_after = 10, None
+    with pytest.raises(SourceError, match=rf"{proxy.url(name)}: bytes 7-9: read failed after 2 retries \(Transient: HTTP 503 Slow Down\)"):
+        tight.read_at(7, 3)
+
+
+@pytest.mark.parametrize("fault", ["drop_mid_body", "stall", "fail_503"])
+def test_a_batch_under_faults_is_exact_or_a_named_error(
+    served: tuple[HTTPServer, str, bytes], fault_proxy: Callable[..., FaultProxy], fault: str
+) -> None:
+    server, name, data = served
+    proxy = fault_proxy(server.port, stall_s=1.0)
+    reader = RangeReader(proxy.url(name), SourceOptions(backoff=0.001, timeout=0.3))
+    setattr(proxy, fault, 5)
+    wanted = _ranges(64, 20_000, len(data))
+    got = RangeReader.read_many([(reader, o, n) for o, n in wanted], 8)
+    assert got == [data[o : o + n] for o, n in wanted]
+    assert getattr(proxy, fault) == 0  # every fault was met, and recovered from
+    tight = RangeReader(proxy.url(name), SourceOptions(retries=1, backoff=0.001, timeout=0.3))
+    setattr(proxy, fault, 10_000)  # now it never recovers: the named error, never a short sample
+    with pytest.raises(SourceError, match=rf"{proxy.url(name)}: bytes \d+-\d+: read failed after 1 retries"):
+        RangeReader.read_many([(tight, o, n) for o, n in wanted[:4]], 4)
+
+
+def test_concurrent_ranges_hide_the_latency(served: tuple[HTTPServer, str, bytes], fault_proxy: Callable[..., FaultProxy]) -> None:
+    server, name, data = served
+    proxy = fault_proxy(server.port, delay=0.05)
+    reader = RangeReader(proxy.url(name))
+    wanted = _ranges(64, 1000, len(data))
+    start = time.monotonic()
+    got = RangeReader.read_many([(reader, o, n) for o, n in wanted], 32)
+    took = time.monotonic() - start
+    assert got == [data[o : o + n] for o, n in wanted]
+    assert took < 64 * 0.05 / 4  # one at a time would take 3.2 s
+
+
+def test_refused_connection_is_one_line_and_fast() -> None:
+    start = time.monotonic()
+    with pytest.raises(SourceError, match=r"^http://127.0.0.1:9/x.tar: connection refused \(is the server running.*at byte offset 0$"):
+        RangeReader("http://127.0.0.1:9/x.tar", SourceOptions(backoff=5.0))
+    assert time.monotonic() - start < 1.0
+
+
+def test_headers_and_proxy_from_the_environment(
+    served: tuple[HTTPServer, str, bytes], fault_proxy: Callable[..., FaultProxy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP_PROXY routes requests through the proxy (absolute URL as the target); NO_PROXY exempts hosts."""
+    server, name, data = served
+    proxy = fault_proxy(server.port)
+    unreachable = f"http://tarindex-test.invalid:{server.port}/{name}"  # resolvable only by the proxy's relay
+    monkeypatch.setenv("HTTP_PROXY", proxy.endpoint)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    reader = RangeReader(unreachable, SourceOptions(headers={"Authorization": "Bearer t0ken"}))
+    assert reader.read_at(10, 20) == data[10:30]
+    with open_source(unreachable, headers={"X-Test": "1"}) as src:
+        assert b"".join(src) == data
+    assert proxy.requests == 3 and proxy.ranges[:2] == ["bytes=0-0", "bytes=10-29"]
+    monkeypatch.setenv("NO_PROXY", "tarindex-test.invalid")
+    with pytest.raises(SourceError, match="host not found"):
+        RangeReader(unreachable)
+
+
+def test_nginx_is_the_upstream_when_installed(http_server: HTTPServer) -> None:
+    if shutil.which("nginx") is None and not os.path.exists("/usr/sbin/nginx"):
+        pytest.skip("nginx is not installed")
+    assert http_server.kind == "nginx"
