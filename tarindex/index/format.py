@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -135,13 +135,14 @@ class ShardInfo:
             and type(obj.get("random_access", True)) is bool
             and obj["kind"] in ("file", "url", "command")
             and type(obj.get("outside", False)) is bool
+            and isinstance(obj.get("etag", ""), (str, type(None)))
         ):
             raise IndexFormatError(f"bad shard record {str(obj)[:200]!r}")
         return cls(**obj)
 
 
-_SHARD_FIELDS = {"path", "size", "mtime_ns", "fingerprint", "n_samples", "n_members", "compression", "random_access", "kind", "outside"}
-_REQUIRED = _SHARD_FIELDS - {"compression", "random_access", "kind", "outside"}
+_SHARD_FIELDS = {f.name for f in fields(ShardInfo)}
+_REQUIRED = {"path", "size", "mtime_ns", "fingerprint", "n_samples", "n_members"}
 
 
 @dataclass(slots=True)
