@@ -7,7 +7,11 @@ are imported on first use.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING
+
+if sys.platform == "win32":  # os.pread, fork-aware readers, fcntl locks: the package is POSIX-only
+    raise ImportError("tarindex runs on POSIX systems only (Linux, macOS); on Windows use it inside WSL")
 
 from .errors import (
     CommandNotAllowedError,

@@ -6,8 +6,15 @@
  * range (the GIL released); a dict with __key__, __url__, __index__ and one
  * bytes entry per extension. Plain tar shards (an int fd) are read here; a
  * shard whose handle is an object with read_at(offset, size) (zstd frames,
- * HTTP ranges) has that called and the members sliced here; a None handle
- * goes back to Python through `fallback`.
+ * HTTP ranges) has that called and the members sliced here.
+ *
+ * Handles belong to the dataset's tarindex.opener.ShardOpener: the reader
+ * reads its tables (fds: int32 per shard, -1 when no plain descriptor is open;
+ * handles: a list, the read_at object or None) without a call, counts each read
+ * in its busy table (uint32 per shard) from before it looks at the tables until
+ * the read is done, asks opener.open(shard) for a shard that is not open, and
+ * calls opener.reap() after a read while closed handles wait for their reads
+ * (busy[n_shards] != 0). The opener closes no handle whose count is not zero.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,6 +34,8 @@
 
 typedef struct {
     PyObject_HEAD
+    Py_buffer cols[2];  /* the opener's fds and busy tables */
+    int ncols;
     PyObject *blocks;   /* blocks(b) -> memoryview of record block b, checked (tarindex/index/records.py) */
     PyObject **bobj;    /* per block: the memoryview, once asked for (keeps the map alive with its source) */
     const char **bptr;  /* per block: its bytes */
@@ -34,14 +43,16 @@ typedef struct {
     Py_ssize_t n, n_exts, n_shards;
     PyObject *exts;     /* tuple of str */
     PyObject *urls;     /* tuple of str */
-    PyObject *opener;   /* opener(shard): opens the shard and hands its handle over with adopt() */
+    PyObject *opener;   /* the ShardOpener: owns the tables below and every handle */
+    PyObject *open;     /* opener.open(shard) -> handle (an int fd or an object with read_at) */
+    PyObject *reap;     /* opener.reap(): close the handles whose reads have ended */
+    PyObject *handles;  /* opener.handles: list, per shard the read_at object or None */
     PyObject *fallback; /* fallback(i) -> dict, for shards that are not plain tar */
     PyObject *error;    /* error(url, offset, what) -> exception instance */
     PyObject *fork;     /* tarindex._process.FORK: [generation], changed in every forked child */
     long gen;           /* FORK[0] when this reader was made: a reader inherited through fork hands reads to fallback */
-    int *fds;           /* per shard: fd, -1 not open here, -2 not plain tar, -3 handle with read_at */
-    uint32_t *reading;  /* per shard: reads in progress on its fd (the GIL released): not to be closed yet */
-    PyObject **handles; /* per shard: the read_at handle when fds[shard] == -3, else NULL */
+    const int32_t *fds; /* opener.fds: per shard, the plain descriptor open here, or -1 */
+    uint32_t *busy;     /* opener.busy: per shard, reads in progress here; [n_shards]: handles waiting to close */
 } Reader;
 
 /* One sample's record, decoded from its block's row and checked. */
@@ -88,13 +99,14 @@ static int Reader_traverse(Reader *self, visitproc visit, void *arg) {
     Py_VISIT(self->blocks);
     Py_VISIT(self->exts);
     Py_VISIT(self->urls);
-    Py_VISIT(self->opener); /* bound methods of the dataset: a cycle the collector must see */
+    Py_VISIT(self->opener); /* holds bound methods of the dataset: a cycle the collector must see */
+    Py_VISIT(self->open);
+    Py_VISIT(self->reap);
+    Py_VISIT(self->handles);
     Py_VISIT(self->fallback);
     Py_VISIT(self->error);
     Py_VISIT(self->fork);
-    if (self->handles)
-        for (Py_ssize_t s = 0; s < self->n_shards; s++) Py_VISIT(self->handles[s]);
-    return 0; /* the block views refer to nothing that refers back */
+    return 0;
 }
 
 static int Reader_clear(Reader *self) {
@@ -102,25 +114,57 @@ static int Reader_clear(Reader *self) {
     Py_CLEAR(self->exts);
     Py_CLEAR(self->urls);
     Py_CLEAR(self->opener);
+    Py_CLEAR(self->open);
+    Py_CLEAR(self->reap);
+    Py_CLEAR(self->handles);
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->error);
     Py_CLEAR(self->fork);
-    if (self->handles)
-        for (Py_ssize_t s = 0; s < self->n_shards; s++) Py_CLEAR(self->handles[s]);
     return 0;
 }
 
 static void Reader_dealloc(Reader *self) {
     PyObject_GC_UnTrack(self);
     Reader_clear(self);
+    for (int c = 0; c < self->ncols; c++) PyBuffer_Release(&self->cols[c]);
     if (self->bobj)
         for (Py_ssize_t b = 0; b < self->n_blocks; b++) Py_XDECREF(self->bobj[b]);
     PyMem_Free(self->bobj);
     PyMem_Free(self->bptr);
-    PyMem_Free(self->fds);
-    PyMem_Free(self->reading);
-    PyMem_Free(self->handles);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int take(Reader *self, PyObject *obj, const char **out, Py_ssize_t *len, int flags) {
+    Py_buffer *view = &self->cols[self->ncols];
+    if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
+    self->ncols++;
+    *out = view->buf;
+    *len = view->len;
+    return 0;
+}
+
+/* The opener's tables and methods, checked against the number of shards. */
+static int adopt_opener(Reader *self, PyObject *opener) {
+    const char *fds = NULL, *busy = NULL;
+    Py_ssize_t fds_len, busy_len;
+    PyObject *fds_o = PyObject_GetAttrString(opener, "fds"), *busy_o = PyObject_GetAttrString(opener, "busy");
+    int bad = !fds_o || !busy_o || take(self, fds_o, &fds, &fds_len, PyBUF_SIMPLE) < 0 ||
+              take(self, busy_o, &busy, &busy_len, PyBUF_WRITABLE) < 0;
+    Py_XDECREF(fds_o);
+    Py_XDECREF(busy_o);
+    if (bad) return -1;
+    self->open = PyObject_GetAttrString(opener, "open");
+    self->reap = self->open ? PyObject_GetAttrString(opener, "reap") : NULL;
+    self->handles = self->reap ? PyObject_GetAttrString(opener, "handles") : NULL;
+    if (!self->handles) return -1;
+    if (fds_len != 4 * self->n_shards || busy_len != 4 * (self->n_shards + 1) || !PyList_CheckExact(self->handles) ||
+        PyList_GET_SIZE(self->handles) != self->n_shards) {
+        PyErr_SetString(PyExc_ValueError, "the opener's tables do not match the index's shards");
+        return -1;
+    }
+    self->fds = (const int32_t *)fds;
+    self->busy = (uint32_t *)busy;
+    return 0;
 }
 
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
@@ -156,15 +200,11 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     self->n_shards = PyTuple_GET_SIZE(self->urls);
     self->bobj = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(PyObject *)); /* pages touched as blocks are read */
     self->bptr = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(char *));
-    self->fds = PyMem_Malloc(sizeof(int) * (self->n_shards ? self->n_shards : 1));
-    self->handles = PyMem_Calloc(self->n_shards ? self->n_shards : 1, sizeof(PyObject *));
-    self->reading = PyMem_Calloc(self->n_shards ? self->n_shards : 1, sizeof(uint32_t));
-    if (!self->fds || !self->handles || !self->reading || !self->bobj || !self->bptr) {
+    if (!self->bobj || !self->bptr) {
         PyErr_NoMemory();
         return -1;
     }
-    for (Py_ssize_t s = 0; s < self->n_shards; s++) self->fds[s] = -1;
-    return 0;
+    return adopt_opener(self, opener);
 }
 
 /* Block b's bytes: asked of `blocks` once (it checks the block's checksum and layout), then kept. */
@@ -437,35 +477,35 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
     return bad ? NULL : new_sample(self, r, index, vals);
 }
 
-/* The handle of a shard for one read: the one adopted (fds, handles), or what the opener returns when
- * the shard is not open here (the opener also adopts it, unless another thread evicts it before the
- * opener returns: the handle is used for this read all the same, and the caller's count in `reading`
- * keeps the dataset from closing it meanwhile). Returns the fd, -2 (not plain: fallback), -3 (*handle:
- * an object with read_at, a new reference) or -4 on error. */
+/* The handle of a shard for one read (the caller has counted the read in busy): the descriptor (>= 0), or -1
+ * with *handle a new reference to an object with read_at, or -2 on error. A shard not open here is opened
+ * by opener.open; its handle is used for this read even if another thread evicts it before the read
+ * (the count keeps the opener from closing it meanwhile). */
 static int shard_handle(Reader *self, uint32_t shard, PyObject **handle) {
     int fd = self->fds[shard];
-    if (fd == -3) {
-        *handle = Py_NewRef(self->handles[shard]);
-        return fd;
+    if (fd >= 0) return fd;
+    PyObject *h = PyList_GET_ITEM(self->handles, shard);
+    if (h != Py_None) {
+        *handle = Py_NewRef(h);
+        return -1;
     }
-    if (fd != -1) return fd;
-    PyObject *got = PyObject_CallFunction(self->opener, "I", shard);
-    if (!got) return -4;
-    if (got == Py_None) {
-        fd = -2;
-    } else if (!PyLong_Check(got)) {
+    PyObject *got = PyObject_CallFunction(self->open, "I", shard);
+    if (!got) return -2;
+    if (!PyLong_CheckExact(got)) {
         *handle = got;
-        return -3;
-    } else {
-        long v = PyLong_AsLong(got);
-        fd = v == -1 && PyErr_Occurred() ? -4 : (int)v;
+        return -1;
     }
+    long v = PyLong_AsLong(got);
     Py_DECREF(got);
-    return fd;
+    if (v < 0 || v > INT32_MAX) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "not a file descriptor: %ld", v);
+        return -2;
+    }
+    return (int)v;
 }
 
 static PyObject *Reader_read(Reader *self, PyObject *arg) {
-    if (!self->fds || !self->handles || !self->bptr) {
+    if (!self->fds || !self->busy || !self->handles) {
         PyErr_SetString(PyExc_RuntimeError, "Reader is not initialised");
         return NULL;
     }
@@ -492,75 +532,34 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
         }
         return NULL;
     }
+
     PyObject *handle = NULL, *out = NULL;
-    /* From here to the end of the read, the dataset closes no descriptor of this shard (other threads
-     * may evict it meanwhile: it is closed once the count is back to zero). */
-    self->reading[r.shard]++;
-    int fd = shard_handle(self, r.shard, &handle);
-    PyObject *index = fd == -4 ? NULL : given ? Py_NewRef(arg) : PyLong_FromSsize_t(i);
+    /* From here to the end of the read, the opener closes no handle of this shard (other threads may evict
+     * it meanwhile: it is closed once the count is back to zero). */
+    self->busy[r.shard]++;
+    int fd = r.nm > MAX_MEMBERS ? -3 : shard_handle(self, r.shard, &handle);
+    PyObject *index = fd == -2 ? NULL : given ? Py_NewRef(arg) : PyLong_FromSsize_t(i);
     if (index) {
-        if (fd == -2 || r.nm > MAX_MEMBERS)
-            out = PyObject_CallOneArg(self->fallback, index);
-        else if (fd == -3)
+        if (fd == -3)
+            out = PyObject_CallOneArg(self->fallback, index); /* more members than the C path takes */
+        else if (fd == -1)
             out = read_handle(self, handle, &r, index);
         else
             out = read_fd(self, fd, &r, index);
         Py_DECREF(index);
     }
-    self->reading[r.shard]--;
+    self->busy[r.shard]--;
     Py_XDECREF(handle);
+    if (out && self->busy[self->n_shards]) { /* handles wait for their reads to end: maybe this one */
+        PyObject *done = PyObject_CallNoArgs(self->reap);
+        if (!done) Py_CLEAR(out);
+        Py_XDECREF(done);
+    }
     return out;
-}
-
-static PyObject *Reader_forget(Reader *self, PyObject *arg) {
-    Py_ssize_t s = PyLong_AsSsize_t(arg);
-    if (s == -1 && PyErr_Occurred()) return NULL;
-    if (s >= 0 && s < self->n_shards) {
-        self->fds[s] = -1;
-        Py_CLEAR(self->handles[s]);
-    }
-    Py_RETURN_NONE;
-}
-
-static PyObject *Reader_adopt(Reader *self, PyObject *args) {
-    Py_ssize_t s;
-    PyObject *handle;
-    if (!PyArg_ParseTuple(args, "nO", &s, &handle)) return NULL;
-    if (s < 0 || s >= self->n_shards) {
-        PyErr_Format(PyExc_IndexError, "shard %zd out of range", s);
-        return NULL;
-    }
-    int fd;
-    if (handle == Py_None) {
-        fd = -2;
-    } else if (!PyLong_Check(handle)) { /* an object with read_at(offset, size) */
-        fd = -3;
-    } else {
-        long v = PyLong_AsLong(handle);
-        if (v == -1 && PyErr_Occurred()) return NULL;
-        if (v < 0 || v > INT32_MAX) {
-            PyErr_Format(PyExc_ValueError, "not a file descriptor: %ld", v);
-            return NULL;
-        }
-        fd = (int)v;
-    }
-    Py_XINCREF(fd == -3 ? handle : NULL);
-    Py_XSETREF(self->handles[s], fd == -3 ? handle : NULL);
-    self->fds[s] = fd;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Reader_reading(Reader *self, PyObject *arg) {
-    Py_ssize_t s = PyLong_AsSsize_t(arg);
-    if (s == -1 && PyErr_Occurred()) return NULL;
-    return PyLong_FromUnsignedLong(s >= 0 && s < self->n_shards && self->reading ? self->reading[s] : 0);
 }
 
 static PyMethodDef Reader_methods[] = {
     {"read", (PyCFunction)Reader_read, METH_O, "read(i) -> sample dict of bytes"},
-    {"reading", (PyCFunction)Reader_reading, METH_O, "reading(shard) -> reads in progress on its file (other threads)"},
-    {"forget", (PyCFunction)Reader_forget, METH_O, "forget(shard): its handle was closed; ask the opener next time"},
-    {"adopt", (PyCFunction)Reader_adopt, METH_VARARGS, "adopt(shard, handle): the opener's handle (an int fd, an object with read_at, or None)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -582,30 +581,53 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", "TarDataset's read path, the tar header walk's common case and the offset-table packer, in C.", -1, module_methods};
-
-PyMODINIT_FUNC PyInit__speedups(void) {
-    if (PyType_Ready(&ReaderType) < 0) return NULL;
+/* Runs once per import. The extension reads index records, tar numbers and zstd headers little-endian in
+ * place: a big-endian host gets an ImportError here, and tarindex uses its pure-Python path. */
+static int module_exec(PyObject *m) {
+#if PY_BIG_ENDIAN
+    PyErr_SetString(PyExc_ImportError,
+                    "tarindex._speedups reads little-endian data in place; this big-endian host uses the Python path");
+    return -1;
+#endif
+    if (PyType_Ready(&ReaderType) < 0) return -1;
     k_key = PyUnicode_InternFromString("__key__");
     k_url = PyUnicode_InternFromString("__url__");
     k_index = PyUnicode_InternFromString("__index__");
     k_read_at = PyUnicode_InternFromString("read_at");
-    if (!k_key || !k_url || !k_index || !k_read_at) return NULL;
+    if (!k_key || !k_url || !k_index || !k_read_at) return -1;
     PyObject *errors = PyImport_ImportModule("tarindex.errors");
     IndexFormatError = errors ? PyObject_GetAttrString(errors, "IndexFormatError") : NULL;
     Py_XDECREF(errors);
-    if (!IndexFormatError) return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (!m) return NULL;
+    if (!IndexFormatError) return -1;
     Py_INCREF(&ReaderType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
         Py_DECREF(&ReaderType);
-        Py_DECREF(m);
-        return NULL;
+        return -1;
     }
-    if (tarscan_add(m) < 0 || zstdread_add_types(m) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return tarscan_add(m) < 0 || zstdread_add_types(m) < 0 ? -1 : 0;
 }
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+#ifdef Py_mod_multiple_interpreters
+    /* static types and process-wide state (the frame cache, libzstd): one interpreter */
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+#ifdef Py_mod_gil
+    /* The free-threading stance: the GIL is needed. The reader's read counts (the opener's busy table),
+     * the opener's tables and the frame cache are updated without locks of their own, under the GIL. */
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_speedups",
+    .m_doc = "TarDataset's read path, the tar header walk's common case and the offset-table packer, in C.",
+    .m_size = 0,
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void) { return PyModuleDef_Init(&module); }

@@ -12,15 +12,12 @@ class Reader:
         n: int,
         exts: tuple[str, ...],
         urls: tuple[str, ...],
-        opener: Callable[[int], Any],  # opens the shard and calls adopt(shard, handle): an int fd, an object with read_at(offset, size), or None (fallback)
+        opener: Any,  # tarindex.opener.ShardOpener: tables fds, handles, busy; open(shard), reap()
         fallback: Callable[[int], dict[str, Any]],
         error: Callable[[str, int, str], BaseException],
         fork: list[int],  # tarindex._process.FORK: a reader made in another generation hands reads to fallback
     ) -> None: ...
     def read(self, i: int) -> dict[str, Any]: ...
-    def forget(self, shard: int) -> None: ...
-    def reading(self, shard: int) -> int: ...
-    def adopt(self, shard: int, handle: Any) -> None: ...
 
 def scan_headers(
     buf: Any, pos: int, base: int, with_data: bool, limit: int

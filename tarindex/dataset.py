@@ -5,18 +5,25 @@ from __future__ import annotations
 import operator
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._native import SPEEDUPS
 from ._process import FORK
 from .decode import DecodeMode, Decoder
-from .errors import CorruptArchiveError, IndexFormatError, RandomAccessError, ShardNotFoundError
+from .errors import (
+    CorruptArchiveError,
+    DecodeError,
+    IndexFormatError,
+    RandomAccessError,
+    ShardNotFoundError,
+    TarIndexError,
+    shown,
+)
 from .identity import Check, check_shard
 from .index.reader import IndexReader
 from .objstore import is_remote_reader, read_many
-from .opener import close_handle, open_url, open_zstd_shard, shard_name
+from .opener import ShardOpener, open_url, open_zstd_shard, shard_name
 from .options import SourceOptions
 from .shards import resolve_index
 
@@ -25,6 +32,15 @@ _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the r
 __all__ = ["TarDataset"]
 
 _pread = os.pread
+_ATTACH = threading.Lock()  # attaching (the first read of a dataset in a process), across threads
+
+
+def _new_attach_lock() -> None:  # a forked child must not inherit a lock another thread of the parent held
+    global _ATTACH
+    _ATTACH = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_attach_lock)
 
 Sample = dict[str, Any]
 
@@ -92,7 +108,7 @@ class TarDataset:
         headers: Mapping[str, str] | None = None,
     ) -> None:
         self.index_path = resolve_index(source)
-        self.index = IndexReader(self.index_path)
+        self._load_index()
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
         self.max_open_files = max(1, max_open_files)
@@ -102,26 +118,47 @@ class TarDataset:
             raise ValueError(f"verify must be 'stat' or 'fingerprint', not {verify!r}")
         self.verify: Check = verify
         self._gen = -1  # FORK[0] this object attached under; -1: not attached
-        self._n = self.index.n_samples
-        self._samples_per_frame: int | None = None
-        self.urls = [shard_name(self.index.path, info) for info in self.index.shards]
         self.options = (options or SourceOptions()).with_(
             storage_options=dict(storage_options) if storage_options is not None else None,
             headers=dict(headers) if headers is not None else None,
         )
-        self._remote = any(info.kind == "url" for info in self.index.shards)  # batches of URL shards: concurrent requests
 
     # -- per-process state ----------------------------------------------------
+    def _index_identity(self) -> tuple[int, ...]:
+        """The index file's identity (a rebuild renames a new file over it); empty when it is gone."""
+        try:
+            st = os.stat(self.index_path)
+        except FileNotFoundError:
+            return ()
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _load_index(self) -> None:
+        """The per-index state: the reader, sample count, shard names, and the index file's identity."""
+        self.index = IndexReader(self.index_path)
+        self._index_id = self._index_identity()  # after the open: a rebuild in between only costs a reload
+        self._n = self.index.n_samples
+        self._samples_per_frame: int | None = None
+        self.urls = [shard_name(self.index.path, info) for info in self.index.shards]
+        self._remote = any(info.kind == "url" for info in self.index.shards)  # batches of URL shards: concurrent requests
+
     def _attach(self) -> None:
-        """Open this process's view: the sample records, no file handles yet."""
+        """Open this process's view once, whatever the threads asking: the sample records, no file handles yet.
+
+        The index file may have been rebuilt in place since this object was made (a DataLoader worker
+        forked for a later epoch): then every per-index field is read anew, never mixed with the old.
+        """
+        with _ATTACH:
+            if self._gen != FORK[0]:
+                self._attach_here()
+
+    def _attach_here(self) -> None:
+        if self._index_identity() != self._index_id:  # a removed index: IndexNotFoundError from the reload
+            self.index.close()
+            self._load_index()
         ix = self.index
         self._blocks = ix.blocks()  # keeps the index's map open while this process reads from it
         self._exts = ix.exts
-        self._fds: OrderedDict[int, Any] = OrderedDict()  # shard -> int fd, or an object with read_at()
-        self._closing: list[tuple[int, Any]] = []  # evicted while another thread was reading them: closed later
-        self._inflight: dict[int, int] = {}  # the Python path's reads in progress, per shard
-        self._lock = threading.RLock()  # opening, evicting and counting reads, across threads
-        self._lru = len(ix.shards) > self.max_open_files
+        self._opener = ShardOpener(len(self.urls), self._open_handle, self.max_open_files)
         self._fast: Any = None
         if _speedups is not None:
             self._fast = _speedups.Reader(
@@ -130,7 +167,7 @@ class TarDataset:
                 self._n,
                 tuple(self._exts),
                 tuple(self.urls),
-                self._open_shard,
+                self._opener,
                 self._read_py,
                 CorruptArchiveError,
                 FORK,
@@ -140,12 +177,6 @@ class TarDataset:
         # readers check the fork generation themselves (the C one hands a stale call to _read_py).
         self.read = self._fast.read if self._fast is not None else self._read_py  # type: ignore[method-assign]
         self._choose_item()
-
-    def _open_shard(self, shard: int) -> Any:
-        """Open a shard in this process (stale check on the open handle): an int fd, or a handle with ``read_at``."""
-        with self._lock:
-            handle = self._fds.get(shard)  # another thread may have opened it meanwhile
-            return handle if handle is not None else self._remember(shard, self._open_handle(shard))
 
     def _open_handle(self, shard: int) -> Any:
         path = self.urls[shard]
@@ -172,50 +203,10 @@ class TarDataset:
             )
         return handle
 
-    def _remember(self, shard: int, handle: Any) -> Any:
-        fds = self._fds
-        if self._closing:
-            self._close_idle()
-        while len(fds) >= self.max_open_files:
-            evicted, old = fds.popitem(last=False)
-            if self._fast is not None:
-                self._fast.forget(evicted)
-            if self._reading(evicted):  # another thread is reading it: its number must not be reused yet
-                self._closing.append((evicted, old))
-            else:
-                close_handle(old)
-        fds[shard] = handle
-        if self._fast is not None:
-            self._fast.adopt(shard, handle)
-        return handle
-
-    def _close_idle(self) -> None:
-        """Close the evicted handles whose reads have finished."""
-        busy = []
-        for shard, handle in self._closing:
-            if self._reading(shard):
-                busy.append((shard, handle))
-            else:
-                close_handle(handle)
-        self._closing = busy
-
-    def _reading(self, shard: int) -> bool:
-        """Whether a read of ``shard``'s file is in progress in another thread (its GIL released)."""
-        return bool(self._inflight.get(shard) or (self._fast is not None and self._fast.reading(shard)))
-
     def close(self) -> None:
-        """Close this process's shard files (they reopen on demand)."""
+        """Close this process's shard files (they reopen on demand); a file being read closes when its read ends."""
         if self._gen == FORK[0]:
-            with self._lock:
-                self._close_all()
-
-    def _close_all(self) -> None:
-        for shard, handle in [*self._fds.items(), *self._closing]:
-            if self._fast is not None:
-                self._fast.forget(shard)
-            close_handle(handle)
-        self._fds.clear()
-        self._closing.clear()
+            self._opener.close()
 
     def __del__(self) -> None:
         try:
@@ -225,7 +216,7 @@ class TarDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = {
-            k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame", "_remote")
+            k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame", "_remote", "_index_id")
         }
         state["_gen"] = -1
         return state
@@ -255,24 +246,12 @@ class TarDataset:
             self._attach()
             return self.read(i)
         i, offset, size, shard, members, key = self._locate(i)
-        inflight = self._inflight
-        with self._lock:  # the handle, and the count that keeps another thread from closing it under us
-            handle = self._fds.get(shard)
-            if handle is None:
-                handle = self._open_shard(shard)
-            elif self._lru:
-                self._fds.move_to_end(shard)
-            plain = type(handle) is int
-            if plain:
-                inflight[shard] = inflight.get(shard, 0) + 1
-        if plain:
-            try:
-                buf = _pread(handle, size, offset)
-            finally:
-                with self._lock:
-                    inflight[shard] -= 1
-        else:
-            buf = handle.read_at(offset, size)
+        opener = self._opener
+        handle = opener.acquire(shard)  # counted: no other thread closes it under this read
+        try:
+            buf = _pread(handle, size, offset) if type(handle) is int else handle.read_at(offset, size)
+        finally:
+            opener.release(shard)
         return self._sample(i, buf, offset, size, shard, members, key)
 
     def _locate(self, i: int) -> tuple[int, int, int, int, list[tuple[int, int, int]], bytes]:
@@ -334,10 +313,7 @@ class TarDataset:
         self._item = self.read if self.decoder is None and self.transform is None else self._decoded_item  # type: ignore[method-assign]
 
     def _decoded_item(self, i: int) -> Any:
-        sample = self.read(i)
-        if self.decoder is not None:
-            sample = self.decoder(sample)
-        return self.transform(sample) if self.transform is not None else sample
+        return self._finish(self.read(i))
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -363,23 +339,41 @@ class TarDataset:
         if self._gen != FORK[0]:
             self._attach()
         located = [self._locate(i) for i in indices]
-        handles = {shard: self._fds.get(shard) or self._open_shard(shard) for shard in {loc[3] for loc in located}}
-        remote = [k for k, loc in enumerate(located) if is_remote_reader(handles[loc[3]])]
+        opener = self._opener
+        handles: dict[int, Any] = {}
         out: list[Any] = [None] * len(indices)
-        if remote:
-            got = read_many([(handles[located[k][3]], located[k][1], located[k][2]) for k in remote], self.options)
-            for k, buf in zip(remote, got):
-                out[k] = self._finish(self._sample(located[k][0], buf, *located[k][1:]))
+        try:
+            for shard in {loc[3] for loc in located}:
+                handles[shard] = opener.acquire(shard)  # counted until the batch is read: not closed under it
+            remote = [k for k, loc in enumerate(located) if is_remote_reader(handles[loc[3]])]
+            got = read_many([(handles[located[k][3]], located[k][1], located[k][2]) for k in remote], self.options) if remote else []
+        finally:
+            for shard in handles:
+                opener.release(shard)
+        for k, buf in zip(remote, got):
+            out[k] = self._finish(self._sample(located[k][0], buf, *located[k][1:]))
         for k in range(len(indices)):
             if out[k] is None:
                 out[k] = self[indices[k]]
         return out
 
     def _finish(self, sample: Sample) -> Any:
-        """Decoding and transform, as ``ds[i]`` applies them."""
-        if self.decoder is not None:
-            sample = self.decoder(sample)
-        return self.transform(sample) if self.transform is not None else sample
+        """Decoding and transform, as ``ds[i]`` applies them.
+
+        Raises:
+            DecodeError: the decoder or the transform failed (names the shard, the sample's offset and key),
+                as :class:`~tarindex.TarStream` raises it.
+        """
+        i = sample["__index__"]
+        try:
+            if self.decoder is not None:
+                sample = self.decoder(sample)
+            return self.transform(sample) if self.transform is not None else sample
+        except TarIndexError:
+            raise
+        except Exception as exc:
+            shard, offset, _, _, key = self.index.record(i)
+            raise DecodeError(self.urls[shard], offset, f"sample {shown(key)}: {type(exc).__name__}: {exc}") from exc
 
     def get(self, key: str) -> Any:
         """The sample with ``key`` (the first one, if several share it).

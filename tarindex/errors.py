@@ -27,6 +27,18 @@ __all__ = [
     "WriteError",
 ]
 
+SHOWN_CHARS = 80
+"""How much of a key (or any name taken from data) an error message shows."""
+
+
+def shown(name: str | bytes) -> str:
+    """``name`` quoted for an error message, cut to :data:`SHOWN_CHARS` characters with its full length said:
+    a key of 100,000 bytes must not make a 100,000-character error line."""
+    text = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
+    if len(text) <= SHOWN_CHARS:
+        return repr(text)
+    return f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
+
 
 class TarIndexError(Exception):
     """Base class of every tarindex error.

@@ -1,14 +1,22 @@
-"""Opening indexed shards for random reads: the handle kinds and the checks made at open.
+"""Opening indexed shards for random reads: the one owner of open handles, the handle kinds, the checks at open.
 
 A handle is an ``int`` descriptor (a plain local shard, or a decompressed copy of a zstd shard in
 an opt-in cache) or an object with ``read_at(offset, size)`` (:class:`tarindex.zstd_random.ZstdShardReader`
 or the C ``ZstdReader``; :class:`tarindex.sources.RangeReader` for URL shards).
+
+:class:`ShardOpener` owns a process's handles of one index's shards: it opens them (through a function
+that makes the checks), counts the reads in progress on each, evicts the least recently used beyond a
+bound (or when the process runs out of descriptors), and closes a handle only once no read uses it, so a
+descriptor number is never reused under a read, ``close()`` included.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -22,7 +30,7 @@ from .shards import as_path, is_fingerprint, shard_kind
 from .zstd import MAP_SLICE, decompress_frames
 from .zstd_random import ReadAt, zstd_reader
 
-__all__ = ["check_commands", "close_handle", "fix_command", "open_url", "open_zstd_shard", "shard_name"]
+__all__ = ["ShardOpener", "check_commands", "close_handle", "fix_command", "open_url", "open_zstd_shard", "shard_name"]
 
 
 def shard_name(index_path: str | os.PathLike[str], info: ShardInfo) -> str:
@@ -101,6 +109,132 @@ def close_handle(handle: Any) -> None:
         os.close(handle)
     else:
         handle.close()
+
+
+class ShardOpener:
+    """The one owner of a process's open handles of one index's shards.
+
+    Its tables are read by the C reader without a call and written only here, with the GIL held:
+
+    - ``fds``: int32 per shard, the descriptor of a plain shard open here, else -1;
+    - ``handles``: per shard, the object with ``read_at`` of a shard open here, else ``None``;
+    - ``busy``: uint32 per shard, reads in progress in the C reader (counted before it looks at the
+      tables, until the read is done; the GIL is released while it reads), and one more entry: the
+      number of closed handles waiting for their reads to end (the C reader calls :meth:`reap`
+      after a read while it is not zero).
+
+    The Python reader counts its reads with :meth:`acquire` and :meth:`release`.
+
+    Args:
+        n_shards: shards of the index.
+        open_handle: opens shard ``i`` and makes the checks (an int descriptor or an object with ``read_at``).
+        max_open: bound on open handles (least recently used evicted); lowered when the process runs
+            out of descriptors (``EMFILE``), after evicting one and retrying.
+    """
+
+    def __init__(self, n_shards: int, open_handle: Callable[[int], Any], max_open: int) -> None:
+        self.fds = np.full(n_shards, -1, np.int32)
+        self.handles: list[Any] = [None] * n_shards
+        self.busy = np.zeros(n_shards + 1, np.uint32)
+        self.max_open = max(1, max_open)
+        self._open_handle = open_handle
+        self._n = n_shards
+        self._lru: OrderedDict[int, Any] = OrderedDict()  # shard -> handle, least recently used first
+        self._closing: list[tuple[int, Any]] = []  # evicted or closed while read: closed when their reads end
+        self._py_busy: dict[int, int] = {}  # the Python reader's reads in progress
+        self._lock = threading.RLock()
+
+    @property
+    def open_count(self) -> int:
+        """Handles open now (those waiting for a read to end included)."""
+        return len(self._lru) + len(self._closing)
+
+    def open(self, shard: int) -> Any:
+        """Shard ``shard``'s handle, opened if needed (the caller has counted its read in ``busy``).
+
+        Raises:
+            whatever ``open_handle`` raises; OSError: out of descriptors with nothing left to evict.
+        """
+        with self._lock:
+            handle = self._lru.get(shard)
+            if handle is not None:
+                self._lru.move_to_end(shard)
+                return handle
+            if self._closing:
+                self.reap()
+            while len(self._lru) >= self.max_open:
+                self._evict(next(iter(self._lru)))
+            handle = self._open_retrying(shard)
+            self._lru[shard] = handle
+            if type(handle) is int:
+                self.fds[shard] = handle
+            else:
+                self.handles[shard] = handle
+            return handle
+
+    def _open_retrying(self, shard: int) -> Any:
+        while True:
+            try:
+                return self._open_handle(shard)
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self._lru:
+                    raise
+                self.max_open = max(1, len(self._lru) - 1)  # what this process can hold: keep below it
+                self._evict(next(iter(self._lru)))
+
+    def _evict(self, shard: int) -> None:
+        """Forget ``shard``'s handle first (no new read takes it), then close it, or later if a read uses it."""
+        handle = self._lru.pop(shard)
+        self.fds[shard] = -1
+        self.handles[shard] = None
+        if self._reading(shard):
+            self._closing.append((shard, handle))
+            self.busy[self._n] = len(self._closing)
+        else:
+            close_handle(handle)
+
+    def _reading(self, shard: int) -> bool:
+        return bool(self.busy[shard] or self._py_busy.get(shard))
+
+    def reap(self) -> None:
+        """Close the handles waiting for reads that have ended."""
+        with self._lock:
+            waiting = []
+            for shard, handle in self._closing:
+                if self._reading(shard):
+                    waiting.append((shard, handle))
+                else:
+                    close_handle(handle)
+            self._closing = waiting
+            self.busy[self._n] = len(waiting)
+
+    def acquire(self, shard: int) -> Any:
+        """The Python reader's handle of ``shard`` for one read; :meth:`release` when the read is done."""
+        with self._lock:
+            self._py_busy[shard] = self._py_busy.get(shard, 0) + 1
+            try:
+                return self.open(shard)
+            except BaseException:
+                self.release(shard)
+                raise
+
+    def release(self, shard: int) -> None:
+        """End a read counted by :meth:`acquire`."""
+        with self._lock:
+            left = self._py_busy[shard] - 1
+            if left:
+                self._py_busy[shard] = left
+            else:
+                del self._py_busy[shard]
+            if self._closing:
+                self.reap()
+
+    def close(self) -> None:
+        """Close every handle (those in use once their reads end); shards reopen on the next read."""
+        with self._lock:
+            for shard in list(self._lru):
+                self._evict(shard)
+            self.reap()
 
 
 def open_zstd_shard(

@@ -22,7 +22,7 @@ import torch.utils.data
 from ._split import Slot, buffer_shuffle, shard_order, shards_for_slot, worker_slot
 from .collate import batched, collate
 from .decode import DecodeMode, Decoder
-from .errors import DecodeError, StreamWarning, TarIndexError
+from .errors import DecodeError, StreamWarning, TarIndexError, shown
 from .grouping import fused, iter_samples
 from .index.reader import IndexReader
 from .opener import check_commands, shard_name
@@ -337,7 +337,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                         if transform is not None:
                             sample = transform(sample)
                     except Exception as exc:
-                        err = DecodeError(url, offset, f"sample {sample.get('__key__')!r}: {type(exc).__name__}: {exc}")
+                        err = DecodeError(url, offset, f"sample {shown(str(sample.get('__key__')))}: {type(exc).__name__}: {exc}")
                         if not self._handle(err):
                             raise err from exc
                         if self.handler == "skip_shard":

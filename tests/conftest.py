@@ -214,3 +214,17 @@ def tarfile_members(path: Path) -> list[tuple[str, bytes]]:
 
 
 from _servers import drop_server, fault_proxy, http_server, s3_server  # noqa: E402,F401 - fixtures for the network tests
+
+
+def open_files(paths: list[Path] | list[str]) -> dict[int, str]:
+    """This process's descriptors open on any of ``paths`` (from /proc/self/fd): descriptor -> path."""
+    wanted = {os.path.realpath(p) for p in paths}
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            continue
+        if target in wanted:
+            out[int(name)] = target
+    return out

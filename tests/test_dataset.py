@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tarindex
-from conftest import make_shard_set, py_tar, tarfile_members
+from conftest import make_shard_set, open_files, py_tar, tarfile_members
 from tarindex import TarDataset, build_index, merge_indexes
 from tarindex.index.format import ShardInfo, ShardTable
 
@@ -241,23 +241,9 @@ def test_max_open_files_lru(tmp_path: Path) -> None:
     order = order[::2] + order[1::2] + order[::-1]  # jump between shards
     for i in order:
         assert _strip(ds[i]) == expected[i]
-        assert len(ds._fds) <= 2
+        assert len(open_files(paths)) <= 2
     ds.close()
-
-
-def test_a_file_being_read_is_closed_only_after_the_read(tmp_path: Path) -> None:
-    paths = make_shard_set(tmp_path / "lru", n_shards=3, per=2)
-    ds = TarDataset(build_index(_pattern(paths), workers=1).path, max_open_files=1)
-    ds[0]
-    fd = ds._fds[0]
-    ds._inflight[0] = 1  # as if another thread were inside os.pread on shard 0's file
-    ds[2]  # opens shard 1: shard 0 is evicted, but its descriptor must stay open
-    assert 0 not in ds._fds and os.fstat(fd)
-    ds._inflight[0] = 0  # that read is done
-    ds[4]  # the next open closes it
-    with pytest.raises(OSError):
-        os.fstat(fd)
-    ds.close()
+    assert open_files(paths) == {}
 
 
 def test_threads_share_a_dataset_with_few_open_files(tmp_path: Path) -> None:
@@ -270,9 +256,9 @@ def test_threads_share_a_dataset_with_few_open_files(tmp_path: Path) -> None:
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(ds.__getitem__, order))
     assert [_strip(s) for s in got] == [expected[i] for i in order]
-    assert len(ds._fds) <= 2
+    assert len(open_files(paths)) <= 2
     ds.close()
-    assert not ds._closing
+    assert open_files(paths) == {}
 
 
 def test_stale_shard_appended(built: tuple[list[Path], TarDataset]) -> None:
@@ -412,13 +398,13 @@ def test_out_of_range_member_in_a_record_is_a_damaged_index(tmp_path: Path) -> N
 
 
 def test_a_method_taken_before_the_first_read_stays_cheap(built: tuple[list[Path], TarDataset]) -> None:
-    _, ds = built
+    paths, ds = built
     fresh = TarDataset(ds.index_path)
     read = fresh.read  # the class's method: it attaches once, then hands over to the attached reader
     first = [read(i) for i in range(len(fresh))]
-    reader, files = fresh.__dict__["read"], dict(fresh._fds)
+    reader, files = fresh.__dict__["read"], open_files(paths)
     assert [read(i) for i in range(len(fresh))] == first == [fresh[i] for i in range(len(fresh))]
-    assert fresh.__dict__["read"] is reader and fresh._fds == files  # no new reader, no new file handles
+    assert fresh.__dict__["read"] is reader and open_files(paths) == files  # no new reader, no new file handles
     assert "read" not in fresh.__getstate__()
 
 
@@ -438,10 +424,12 @@ def test_datasets_are_freed_with_their_files(built: tuple[list[Path], TarDataset
     import gc
     import weakref
 
-    _, ds = built
+    paths, ds = built
+    before = open_files(paths)
     fresh = TarDataset(ds.index_path)
     fresh[0], fresh[len(fresh) - 1]
-    fds = list(fresh._fds.values())
+    fds = [fd for fd in open_files(paths) if fd not in before]
+    assert len(fds) == 2
     ref = weakref.ref(fresh)
     del fresh
     gc.collect()

@@ -240,27 +240,31 @@ def test_closing_the_index_under_a_live_dataset_keeps_its_reads_valid(built: tup
     assert tarindex.TarDataset(index)[1]["__key__"] == "s00i001"
 
 
-def _child_read(ds: tarindex.TarDataset, q: Any) -> None:
+def _child_read(ix: IndexReader, q: Any) -> None:
     try:
-        q.put(("ok", ds[0]["__key__"]))
+        q.put(("ok", ix.key(0)))
     except StaleIndexError as exc:
         q.put((type(exc).__name__, str(exc)))
 
 
 def test_a_forked_reader_refuses_an_index_rebuilt_in_place(built: tuple[list[Path], Path]) -> None:
+    """An IndexReader inherited through fork opens the file again: another build there is refused, never mixed in.
+
+    (A TarDataset reloads its per-index state instead: tests/test_dataset.py.)
+    """
     paths, index = built
-    ds = tarindex.TarDataset(index)
-    assert ds[0]["__key__"] == "s00i000"
+    ix = IndexReader(index)
+    assert ix.key(0) == "s00i000"
     tarindex.build_index([str(p) for p in paths[1:]], index=index, workers=1)  # the same path, other shards
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
-    child = ctx.Process(target=_child_read, args=(ds, q))
+    child = ctx.Process(target=_child_read, args=(ix, q))
     child.start()
     kind, message = q.get(timeout=60)
     child.join(60)
     assert kind == "IndexChangedError" and f"{index}: the index was rebuilt since it was opened" in message
     assert issubclass(IndexChangedError, StaleIndexError)
-    assert ds[0]["__key__"] == "s00i000"  # this process keeps the file it opened
+    assert ix.key(0) == "s00i000"  # this process keeps the file it opened
 
 
 # -- merge ---------------------------------------------------------------------------------------

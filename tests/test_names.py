@@ -175,3 +175,41 @@ def test_hostile_fingerprint_writes_nothing_outside_the_cache(tmp_path: Path) ->
     with pytest.raises(IndexFormatError, match=r"fingerprint '\.\./OUTSIDE_CACHE'.*is damaged"):
         tarindex.TarDataset(index, zstd_cache_dir=cache)[0]
     assert sorted(p for p in tmp_path.rglob("*") if p != cache) == before
+
+
+# -- names in messages, errors of user code --------------------------------------------------
+
+
+def test_a_huge_key_makes_a_short_error_line(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    shard = tmp_path / "l-000000.tar"
+    with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tf:
+        for name in ["a.txt", "k" * 100_000 + ".txt"]:
+            ti = tarfile.TarInfo(name)
+            ti.size = 1
+            tf.addfile(ti, io.BytesIO(b"x"))
+    result = CliRunner().invoke(main, ["build", str(shard)])
+    assert result.exit_code == 1 and result.output.count("\n") == 1 and len(result.output) < 400, result.output[:500]
+    assert "'kkkkkkkkkk" in result.output and "(100000 characters)" in result.output
+
+
+@pytest.mark.parametrize("stage", ["decoder", "transform"])
+def test_dataset_decode_errors_name_shard_and_offset(tmp_path: Path, stage: str) -> None:
+    """TarDataset raises what TarStream raises for a member its decoder (or the transform) cannot take."""
+    from tarindex.errors import DecodeError
+
+    shards = make_shard_set(tmp_path / "d", 2)
+
+    def bad(value: Any) -> Any:
+        raise ValueError("not what I expected")
+
+    kw: dict[str, Any] = {"decoders": {"cls": bad}} if stage == "decoder" else {"transform": bad}
+    ds = tarindex.TarDataset(tarindex.build_index(shards).path, **kw)
+    offset = ds.index.record(7)[1]
+    pattern = rf"train-000001\.tar: sample 's01i001': ValueError: not what I expected \(sample at offset {offset}\)"
+    with pytest.raises(DecodeError, match=pattern):
+        ds[7]
+    with pytest.raises(DecodeError, match=r"train-000001\.tar: sample 's01i000': ValueError: .* \(sample at offset 0\)"):
+        next(iter(tarindex.TarStream(shards[1], **kw)))

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tarindex.errors import IndexFormatError
 from tarindex.index.records import MAX_KEY_BYTES, MAX_MEMBERS, Columns, encode_block, parse
+from tarindex.opener import ShardOpener
 
 Sample = tuple[int, int, int, list[tuple[int, int, int]], bytes]  # shard, offset, size, (ext, offset, size)..., key
 
@@ -113,7 +114,8 @@ def test_c_reader_reads_what_was_encoded(samples: list[Sample]) -> None:
     def fallback(i: int) -> Any:
         raise AssertionError(f"the C reader handed sample {i} to the Python path")
 
-    reader = SPEEDUPS.Reader(lambda b: blocks[b].view, per, len(samples), exts, urls, _Shard, fallback, CorruptArchiveError, FORK)
+    opener = ShardOpener(len(urls), _Shard, len(urls))
+    reader = SPEEDUPS.Reader(lambda b: blocks[b].view, per, len(samples), exts, urls, opener, fallback, CorruptArchiveError, FORK)
     for i, (shard, offset, size, members, key) in enumerate(samples):
         got = reader.read(i)
         data = _Shard(shard).read_at(offset, size)
@@ -136,12 +138,12 @@ def test_a_damaged_record_in_the_c_reader_is_the_python_error() -> None:
     def python_path(i: int) -> Any:
         return block.record(i, f"the record of sample {i}")
 
-    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ("s.tar",), _Shard, python_path, CorruptArchiveError, FORK)
+    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ("s.tar",), ShardOpener(1, _Shard, 1), python_path, CorruptArchiveError, FORK)
     assert reader.read(0)["jpg"] == _Shard(0).read_at(0, 10)
     with pytest.raises(IndexError):
         reader.read(2)
     # sample 1 names shard 9 of 1: the C reader defers to the Python path, which must raise too
-    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ("s.tar",), _Shard, lambda i: {}, CorruptArchiveError, FORK)
+    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ("s.tar",), ShardOpener(1, _Shard, 1), lambda i: {}, CorruptArchiveError, FORK)
     with pytest.raises(IndexFormatError, match="record of sample 1 is damaged"):
         reader.read(1)
 

@@ -53,7 +53,7 @@ def test_zstd_shard_indexed_from_url_reads_exact_bytes(
     oracle = expected_samples(small_tar)
     assert len(ds) == len(oracle)
     assert check_dataset(ds, oracle, random_order(len(ds))) == len(oracle)
-    (handle,) = ds._fds.values()
+    (handle,) = [h for h in ds._opener.handles if h is not None]
     assert handle.fd == -1  # read over HTTP, not from a local file
     result = CliRunner().invoke(main, ["get", str(index), "k00417", "--ext", "cls"])
     assert result.exit_code == 0 and result.stdout_bytes == b"417"

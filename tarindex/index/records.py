@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IndexFormatError
+from ..errors import IndexFormatError, shown
 
 __all__ = ["MAX_KEY_BYTES", "MAX_MEMBERS", "Block", "Columns", "encode_block", "parse"]
 
@@ -143,7 +143,7 @@ def _keys(keys: list[bytes], n: int) -> tuple[int, int, bytes, np.ndarray, bytes
     lengths = np.fromiter(map(len, keys), np.int64, count=n)
     if n and int(lengths.max()) > MAX_KEY_BYTES:
         worst = int(np.argmax(lengths))
-        raise IndexFormatError(f"key {keys[worst][:80].decode('utf-8', 'replace')!r}... has {int(lengths[worst])} bytes; a key has at most {MAX_KEY_BYTES}")
+        raise IndexFormatError(f"key {shown(keys[worst])} has {int(lengths[worst])} bytes; a key has at most {MAX_KEY_BYTES}")
     if n and int(lengths.min()) == int(lengths.max()) and int(lengths[0]) > 0:  # counters: zero-padded numbers
         length = int(lengths[0])
         mat = np.frombuffer(b"".join(keys), np.uint8).reshape(n, length)
@@ -179,7 +179,7 @@ def encode_block(cols: Columns) -> bytes:
     if n and int(cols.nmembers.max()) > MAX_MEMBERS:
         worst = int(np.argmax(cols.nmembers))
         raise IndexFormatError(
-            f"sample {cols.keys[worst][:80].decode('utf-8', 'replace')!r} has {int(cols.nmembers[worst])} members; a sample has at most {MAX_MEMBERS}"
+            f"sample {shown(cols.keys[worst])} has {int(cols.nmembers[worst])} members; a sample has at most {MAX_MEMBERS}"
         )
     m, ext, off, size, present = _members(cols, n)
     patterns = np.zeros((n, m + 1), np.uint16)

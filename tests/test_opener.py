@@ -1,0 +1,114 @@
+"""One owner of open shards (tarindex.opener.ShardOpener), through TarDataset's public API: close() racing readers,
+more shards than the process may open, and an index rebuilt in place under forked DataLoader workers."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import resource
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import make_shard_set, open_files, tarfile_members
+from tarindex import TarDataset, build_index
+
+pytestmark = pytest.mark.usefixtures("impl")  # every test on both backends
+
+
+def oracle(paths: list[Path]) -> list[tuple[str, bytes]]:
+    return [(n.split(".")[0], d) for p in paths for n, d in tarfile_members(p) if n.endswith(".bin")]
+
+
+def test_close_racing_reading_threads(tmp_path: Path) -> None:
+    """close() while 8 threads read (and evict: 3 files for 12 shards): no read gets another file's bytes,
+    no descriptor is left open once every read is done."""
+    paths = make_shard_set(tmp_path / "d", n_shards=12, per=5)
+    ds = TarDataset(build_index(paths, workers=1).path, max_open_files=3)
+    expected = oracle(paths)
+    stop = threading.Event()
+    wrong: list[tuple[int, str]] = []
+    reads = [0] * 8
+
+    def reader(k: int) -> None:
+        rng = np.random.default_rng(k)
+        while not stop.is_set():
+            for i in rng.integers(0, len(ds), 64).tolist():
+                s = ds[i]
+                if (s["__key__"], s["bin"]) != expected[i]:
+                    wrong.append((i, s["__key__"]))
+                reads[k] += 1
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    closes = 0
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        ds.close()
+        closes += 1
+        time.sleep(0.0005)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not wrong and min(reads) > 0 and closes > 20
+    ds.close()
+    assert open_files(paths) == {}
+
+
+@contextlib.contextmanager
+def few_descriptors(more: int) -> Iterator[None]:
+    """This process may open only ``more`` more descriptors (the soft ``ulimit -n``) inside the block."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + more, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_max_open_files_above_ulimit_evicts_and_retries(tmp_path: Path) -> None:
+    paths = make_shard_set(tmp_path / "d", n_shards=40, per=2)
+    ds = TarDataset(build_index(paths, workers=1).path, max_open_files=1000)
+    expected = oracle(paths)
+    ds[0]
+    with few_descriptors(12):
+        got = [(s["__key__"], s["bin"]) for s in (ds[i] for i in range(len(ds)))]
+        assert 0 < len(open_files(paths)) <= 14  # shard 0, and what 12 more descriptors (and the listing's) allow
+    assert got == expected
+    ds.close()
+
+
+def _letter_tar(path: Path, letter: str, n: int) -> Path:
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
+        for i in range(n):
+            data = f"{letter}-{i}".encode()
+            ti = tarfile.TarInfo(f"{letter}{i}.txt")
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("persistent", [False])
+def test_rebuild_in_place_then_forked_workers(tmp_path: Path, persistent: bool) -> None:
+    """After an incremental rebuild in place, forked workers see the new index whole: key, bytes and url of
+    each sample come from one shard of one index (was: key from the new index, bytes and url from the old)."""
+    from torch.utils.data import DataLoader
+
+    a = _letter_tar(tmp_path / "t-000000.tar", "A", 6)
+    b = _letter_tar(tmp_path / "t-000001.tar", "B", 6)
+    index = tmp_path / "t.tarindex"
+    build_index([a, b], index=index, workers=1)
+    ds = TarDataset(index)
+    assert ds[0]["__key__"] == "A0"  # attached in the main process
+    build_index([b, a], index=index, workers=1)  # rebuilt in place: the same shards, in another order
+    loader = DataLoader(ds, num_workers=2, batch_size=None, multiprocessing_context="fork", persistent_workers=persistent)
+    got = [(s["__key__"], s["__url__"].rsplit("/", 1)[1], bytes(s["txt"])) for s in loader]
+    assert got == [(f"{c}{i}", f"t-00000{int(c == 'B')}.tar", f"{c}-{i}".encode()) for c in "BA" for i in range(6)]
+    assert [ds[i]["__key__"] for i in (0, 6)] == ["A0", "B0"]  # the main process keeps the view it had
