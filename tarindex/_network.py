@@ -7,6 +7,7 @@ and the caller's ``headers``. Re-exported by :mod:`tarindex.sources`; every name
 
 from __future__ import annotations
 
+import atexit
 import base64
 import email.utils
 import http.client
@@ -352,9 +353,11 @@ class HTTPSource(_Retrying):
 class RangeReader:
     """Random reads of an HTTP(S) shard: ``read_at(offset, size)`` with ``Range`` requests.
 
-    Kept-alive connections per process (one per thread that reads), reconnected and retried under
-    the one retry policy. Every request carries ``If-Range`` with the shard's ``ETag`` (or
-    ``Last-Modified``), so a shard that changed on the server is a
+    Kept-alive connections are shared by every reader of the same server in a process (a pool per
+    origin, made anew after ``fork``): a request takes an idle connection or opens one, and gives it
+    back when its answer is read, so connections number the requests in flight, not shards times
+    threads. Failures are retried under the one retry policy. Every request carries ``If-Range`` with
+    the shard's ``ETag`` (or ``Last-Modified``), so a shard that changed on the server is a
     :class:`~tarindex.errors.StaleIndexError`, never bytes of another version. :meth:`read_many`
     reads many ranges at once, ``max_in_flight`` requests in flight.
 
@@ -368,10 +371,8 @@ class RangeReader:
         self.options = options or SourceOptions()
         self.policy = self.options.retry
         self._final = url
+        self._target = ""
         self._validator: str | None = None
-        self._local = threading.local()
-        self._conns: list[http.client.HTTPConnection] = []
-        self._gen = FORK[0]
         self.size = -1
         self.mtime_ns = 0
         self.etag: str | None = None
@@ -381,56 +382,61 @@ class RangeReader:
         self.mtime_ns = _http_mtime(first)
 
     def _probe(self) -> http.client.HTTPResponse:
-        first = self._request({"Range": "bytes=0-0"}, 0)
+        conn, first = self._request({"Range": "bytes=0-0"}, 0)
+        first.read()
         if first.status == 206:
             total = first.getheader("Content-Range", "").rpartition("/")[2]
             self.size = int(total) if total.isdigit() else -1
-            first.read()
-        elif first.status == 200:  # no Range support: read_at will say so; the body is not wanted
+            self._give_back(conn, first)
+        elif first.status == 200:  # no Range support: read_at will say so
             length = first.getheader("Content-Length")
             self.size = int(length) if length and length.isdigit() else -1
-            self.close()
+            conn.close()
         else:
-            first.read()
+            conn.close()
             raise http_status_error(self.url, first.status, first.reason, first.getheader("Retry-After"), 0)
         return first
 
-    def _request(self, headers: dict[str, str], offset: int) -> http.client.HTTPResponse:
-        """One request on this thread's kept-alive connection (a new one if needed); not retried here."""
-        local = self._local
-        if self._gen != FORK[0]:  # inherited through fork: the parent's sockets are not ours
-            self._forget_connections()
-        conn: http.client.HTTPConnection | None = getattr(local, "conn", None)
-        if conn is None:
-            conn, resp, self._final, local.target = _http_get(self._final, headers, self.options.timeout, 1 << 20, offset)
-            local.conn = conn
-            self._conns.append(conn)
-            return resp
-        try:
-            conn.request("GET", local.target, headers=_request_headers(conn, headers))
-            return conn.getresponse()
-        except (OSError, http.client.HTTPException):  # a kept-alive connection the server closed: once more, new
-            self._drop_connection()
-            return self._request(headers, offset)
+    def _request(self, headers: dict[str, str], offset: int) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """One request, on an idle pooled connection to the server or a new one, with the caller's
+        headers from the options; not retried here (but a pooled connection the server closed is
+        replaced once)."""
+        headers = {**self.options.headers, **headers}
+        conn = _take_connection(self._final) if self._target else None
+        if conn is not None:
+            try:
+                conn.request("GET", self._target, headers=_request_headers(conn, headers))
+                return conn, conn.getresponse()
+            except (OSError, http.client.HTTPException):  # closed by the server while idle: a new one
+                conn.close()
+        conn, resp, self._final, self._target = _http_get(self._final, headers, self.options.timeout, 1 << 20, offset)
+        return conn, resp
+
+    def _give_back(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        if resp.will_close:
+            conn.close()
+        else:
+            _return_connection(self._final, conn)
 
     def _read_once(self, offset: int, size: int) -> bytes:
-        headers = {**self.options.headers, "Range": f"bytes={offset}-{offset + size - 1}"}
+        headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
         if self._validator:
             headers["If-Range"] = self._validator
-        resp = self._request(headers, offset)
+        conn, resp = self._request(headers, offset)
         try:
             data = resp.read()
         except BaseException:
-            self._drop_connection()
+            conn.close()
             raise
         if resp.status == 206:
+            self._give_back(conn, resp)
             got = resp.getheader("Content-Range", "")
             if not got.startswith(f"bytes {offset}-"):
                 raise SourceError(self.url, offset, f"asked for bytes {offset}-{offset + size - 1}, got Content-Range {got!r}")
             return data
+        conn.close()  # a whole body, or an error: not a connection to keep
         if resp.status == 416:
             return b""
-        self._drop_connection()  # a whole body follows, or an error: not a connection to keep
         if resp.status == 200:
             if self._validator and (resp.getheader("ETag") or resp.getheader("Last-Modified")) != self._validator:
                 raise StaleIndexError(self.url, "the server has a new version (ETag or Last-Modified)")
@@ -450,7 +456,7 @@ class RangeReader:
         return self.policy.call(lambda: self._read_once(offset, size), self.url, offset, size)
 
     @staticmethod
-    def read_many(requests: Sequence[tuple[RangeReader, int, int]], max_in_flight: int) -> list[bytes]:
+    def read_many(requests: Sequence[tuple[Any, int, int]], max_in_flight: int) -> list[bytes]:
         """``read_at`` of every ``(reader, offset, size)``, at most ``max_in_flight`` at once, in order.
 
         Raises:
@@ -462,43 +468,45 @@ class RangeReader:
         futures = [pool.submit(r.read_at, o, n) for r, o, n in requests]
         return [f.result() for f in futures]
 
-    def _drop_connection(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None:
-            try:
-                self._conns.remove(conn)
-            except ValueError:
-                pass
-            conn.close()
-
-    def _forget_connections(self) -> None:
-        """After fork: this process starts without connections (the parent keeps its own)."""
-        self._local = threading.local()
-        self._conns = []
-        self._gen = FORK[0]
-
     def close(self) -> None:
-        """Close the connections (they reopen on the next read)."""
-        if self._gen != FORK[0]:
-            self._forget_connections()
-        conns, self._conns = self._conns, []
-        self._local = threading.local()
-        for conn in conns:
-            conn.close()
+        """Nothing to close: connections belong to the process's pool of the server."""
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
-    def __getstate__(self) -> dict[str, Any]:  # connections do not cross processes
-        return {k: v for k, v in self.__dict__.items() if k not in ("_local", "_conns")}
+_IDLE: dict[tuple[int, str], list[http.client.HTTPConnection]] = {}
+_IDLE_LOCK = threading.Lock()
+_MAX_IDLE = 256  # per server: more than any batch keeps in flight
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._forget_connections()
+
+@atexit.register
+def _close_idle() -> None:
+    """Close the kept-alive connections at exit (quietly, not by the garbage collector)."""
+    with _IDLE_LOCK:
+        for idle in _IDLE.values():
+            for conn in idle:
+                conn.close()
+        _IDLE.clear()
+
+
+def _origin(url: str) -> tuple[int, str]:
+    parts = urlsplit(url)
+    return FORK[0], f"{parts.scheme}://{parts.netloc}"
+
+
+def _take_connection(url: str) -> http.client.HTTPConnection | None:
+    """An idle kept-alive connection of this process to ``url``'s server, or ``None``."""
+    with _IDLE_LOCK:
+        idle = _IDLE.get(_origin(url))
+        return idle.pop() if idle else None
+
+
+def _return_connection(url: str, conn: http.client.HTTPConnection) -> None:
+    """Keep ``conn`` for the next request to ``url``'s server (closed if the pool is full)."""
+    with _IDLE_LOCK:
+        idle = _IDLE.setdefault(_origin(url), [])
+        if len(idle) < _MAX_IDLE:
+            idle.append(conn)
+            return
+    conn.close()
 
 
 _POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ._blockcache import BlockCache, CachedReader
 from ._network import FsspecSource, RangeReader, _Retrying
 from ._process import FORK
 from ._retry import RETRYABLE_STATUS, Transient
@@ -36,19 +37,7 @@ from .options import SourceOptions
 if TYPE_CHECKING:
     from obstore import GetOptions
 
-__all__ = [
-    "OBJECT_SCHEMES",
-    "FsspecReader",
-    "ObjectReader",
-    "ObjectSource",
-    "coalesce",
-    "glob_urls",
-    "is_object_url",
-    "is_remote_reader",
-    "obstore_started",
-    "open_reader",
-    "read_many",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 OBJECT_SCHEMES = frozenset(("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss"))
 """URL schemes read through obstore."""
@@ -360,6 +349,25 @@ def open_reader(url: str, *, size: int, etag: str | None, mtime_ns: int, options
         ShardNotFoundError: the shard is gone.
         SourceError: the store cannot be reached (after the retries), or no credentials.
     """
+    reader = _open_reader(url, size=size, etag=etag, mtime_ns=mtime_ns, options=options)
+    if options.cache_dir is None:
+        return reader
+    return CachedReader(reader, _block_cache(options.cache_dir, options.cache_bytes), f"{url}\0{size}\0{etag or mtime_ns}")
+
+
+_BLOCK_CACHES: dict[tuple[int, str, int], BlockCache] = {}
+
+
+def _block_cache(cache_dir: str, cache_bytes: int) -> BlockCache:
+    """This process's :class:`BlockCache` of ``cache_dir``."""
+    key = (FORK[0], os.path.abspath(cache_dir), cache_bytes)
+    cache = _BLOCK_CACHES.get(key)
+    if cache is None:
+        cache = _BLOCK_CACHES[key] = BlockCache(cache_dir, cache_bytes)
+    return cache
+
+
+def _open_reader(url: str, *, size: int, etag: str | None, mtime_ns: int, options: SourceOptions) -> Any:
     scheme = url.partition("://")[0].lower()
     if scheme in ("http", "https"):
         reader = RangeReader(url, options)
@@ -409,7 +417,7 @@ def _fsspec_options(scheme: str, options: SourceOptions) -> SourceOptions:
 
 def is_remote_reader(handle: Any) -> bool:
     """Whether a shard handle reads over the network (:func:`read_many` batches its reads)."""
-    return isinstance(handle, (ObjectReader, FsspecReader, RangeReader))
+    return isinstance(handle, (ObjectReader, FsspecReader, RangeReader, CachedReader))
 
 
 # -- batches --------------------------------------------------------------------------------------
@@ -437,9 +445,30 @@ def read_many(requests: Sequence[tuple[Any, int, int]], options: SourceOptions) 
     """The bytes of every ``(reader, offset, size)``, in order: ranges of one reader closer than
     ``options.coalesce_gap`` fetched by one request, at most ``options.max_in_flight`` requests in flight.
 
+    With a block cache (:class:`~tarindex._blockcache.CachedReader`), ranges found there are not
+    fetched, and fetched ones are added.
+
     Raises:
         StaleIndexError, ShardNotFoundError, SourceError: the first failure met (no partial batch).
     """
+    out: list[bytes | None] = [r.cached(o, n) if isinstance(r, CachedReader) else None for r, o, n in requests]
+    missing = [k for k, data in enumerate(out) if data is None]
+    if missing:
+        got = _read_uncached([(_inner(requests[k][0]), requests[k][1], requests[k][2]) for k in missing], options)
+        for k, data in zip(missing, got):
+            reader, offset, size = requests[k]
+            if isinstance(reader, CachedReader):
+                reader.store(offset, size, data)
+            out[k] = data
+    return [data if data is not None else b"" for data in out]
+
+
+def _inner(reader: Any) -> Any:
+    return reader.inner if isinstance(reader, CachedReader) else reader
+
+
+def _read_uncached(requests: Sequence[tuple[Any, int, int]], options: SourceOptions) -> list[bytes]:
+    """:func:`read_many` without the cache: coalesced per reader, fetched concurrently."""
     by_reader: dict[int, list[int]] = {}
     for k, (reader, _, _) in enumerate(requests):
         by_reader.setdefault(id(reader), []).append(k)
@@ -483,9 +512,11 @@ async def _gather(ranges: Sequence[tuple[ObjectReader, int, int]], max_in_flight
     tasks = [asyncio.ensure_future(one(*r)) for r in ranges]
     try:
         return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:  # the first failure ends the batch: nothing keeps running behind it
+    except BaseException:
+        for task in tasks:  # the first failure ends the batch: nothing keeps running behind it ...
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # ... and the loop outlives every answer
+        raise
 
 
 def _run(coro: Any) -> list[bytes]:

@@ -10,10 +10,10 @@ from ._retry import RetryPolicy
 
 __all__ = ["DEFAULT_COALESCE_GAP", "DEFAULT_MAX_IN_FLIGHT", "SourceOptions"]
 
-DEFAULT_MAX_IN_FLIGHT = 32
+DEFAULT_MAX_IN_FLIGHT = 64
 """Ranged requests in flight per process for a batch (see docs/remote.md for the measurement)."""
 
-DEFAULT_COALESCE_GAP = 64 << 10
+DEFAULT_COALESCE_GAP = 4 << 10
 """Ranges of one shard at most this many bytes apart are fetched by one request (the gap is read and dropped)."""
 
 
@@ -40,7 +40,11 @@ class SourceOptions:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     """Ranged requests in flight at once for one batch (``TarDataset.__getitems__``)."""
     coalesce_gap: int = DEFAULT_COALESCE_GAP
-    """Ranges of one shard this close are merged into one request."""
+    """Ranges of one shard this close are merged into one request (negative: never merged)."""
+    cache_dir: str | None = None
+    """A local directory for the block cache of fetched ranges, shared by the processes of a node (off: ``None``)."""
+    cache_bytes: int = 16 << 30
+    """The block cache's bound in bytes (least recently used ranges are deleted)."""
 
     @property
     def retry(self) -> RetryPolicy:

@@ -15,24 +15,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from .compression import looks_like_shard, sniff_file
 from .errors import IndexNotFoundError, PatternError, ShardNotFoundError
 
-__all__ = [
-    "FINGERPRINT_SPAN",
-    "INDEX_SUFFIX",
-    "PATTERN_SEPARATOR",
-    "ShardKind",
-    "as_path",
-    "default_index_path",
-    "expand_braces",
-    "expand_patterns",
-    "expand_shards",
-    "fingerprint",
-    "fingerprint_stream",
-    "is_fingerprint",
-    "resolve_index",
-    "shard_kind",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 ShardKind = Literal["file", "url", "command"]
 """How a shard is opened: a local ``file``, a ``url`` (``scheme://``), or a ``command`` (``pipe:CMD``, ``-``)."""
@@ -143,8 +129,9 @@ def expand_shards(
 ) -> list[str]:
     """Turn paths, globs and patterns (braces, ``::``) into a list of shard names, in order.
 
-    A glob over ``file://`` or an object store (``s3://``, ``gs://``, ``az://``,
-    ``hf://``) lists it (:func:`tarindex.objstore.glob_urls`); other URLs pass through.
+    A glob in a URL lists the store (``file://``; ``s3://``, ``gs://``, ``az://`` through obstore;
+    ``hf://`` and any other fsspec protocol through fsspec: :func:`tarindex.objstore.glob_urls`);
+    ``http(s)://`` URLs pass through.
 
     A scheme is honoured in the names given, never in the names a glob matches (see :func:`as_path`).
 
@@ -158,7 +145,7 @@ def expand_shards(
         text = os.fspath(spec)
         for s in expand_patterns(text):
             kind = shard_kind(s)
-            if kind == "url" and glob.has_magic(s) and s.split("://", 1)[0].lower() in _LISTED_SCHEMES:
+            if kind == "url" and glob.has_magic(s) and s.split("://", 1)[0].lower() not in _UNLISTED_SCHEMES:
                 out.extend(_glob_url(s, text, must_exist, storage_options))
             elif kind != "file":
                 out.append(s)
@@ -174,7 +161,7 @@ def expand_shards(
     return out
 
 
-_LISTED_SCHEMES = frozenset(("file", "s3", "gs", "gcs", "az", "azure", "abfs", "abfss", "hf"))
+_UNLISTED_SCHEMES = frozenset(("http", "https"))  # no listing (and ``?`` starts a query there, not a glob)
 
 
 def _glob_url(url: str, spec: str, must_exist: bool, storage_options: dict[str, Any] | None) -> list[str]:
@@ -239,7 +226,7 @@ def resolve_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[st
     """
     if isinstance(source, (str, os.PathLike)):
         p = Path(source)
-        if p.suffix == INDEX_SUFFIX or (p.is_file() and not str(p).endswith((".tar", ".tar.zst", ".tzst"))):
+        if p.suffix == INDEX_SUFFIX or (p.is_file() and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
             return p
     index = default_index_path(expand_shards(source))
     if not index.is_file():

@@ -72,6 +72,7 @@ http {{
     scgi_temp_path {tmp}/scgi;
     sendfile on;
     tcp_nopush on;
+    keepalive_requests 1000000;  # as object stores do: a kept-alive connection serves many requests
     types {{ application/x-tar tar; }}
     default_type application/octet-stream;
     server {{
@@ -270,7 +271,8 @@ class FaultProxy:
     first N requests that reach the proxy after it is set (then the proxy relays faithfully):
     ``fail_503``: answer 503 with ``Retry-After: retry_after`` instead of relaying; ``drop_mid_body``:
     relay half the response body, then close the connection; ``stall``: hold the request ``stall_s``
-    seconds without an answer, then close. ``requests`` counts requests seen, ``ranges`` their ``Range``.
+    seconds without an answer, then close. ``requests`` counts requests seen, ``ranges`` and
+    ``authorizations`` record their ``Range`` and ``Authorization`` headers.
     """
 
     upstream: tuple[str, int]
@@ -283,6 +285,7 @@ class FaultProxy:
     stall_s: float = 0.0
     requests: int = 0
     ranges: list[str | None] = field(default_factory=list)
+    authorizations: list[str | None] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -367,6 +370,7 @@ def _proxy_handler(state: FaultProxy) -> type[socketserver.BaseRequestHandler]:
             with state.lock:
                 state.requests += 1
                 state.ranges.append(headers.get("range"))
+                state.authorizations.append(headers.get("authorization"))
             if state.delay:
                 time.sleep(state.delay)
             if state.take("stall"):

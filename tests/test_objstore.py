@@ -244,3 +244,102 @@ def test_forked_after_obstore_reads_through_fsspec(bucket_set: tuple[str, list[P
         keys, messages = pool.apply_async(_read_in_child, (ds, [13, 40, 2])).get(timeout=60)
     assert keys == ["s01i001", "s03i004", "s00i002", "s01i001"]
     assert messages and "forked after its parent used obstore" in messages[0]
+
+
+def _fill_cache(root: str, bound: int, worker: int) -> None:
+    from tarindex._blockcache import BlockCache
+
+    cache = BlockCache(root, bound)
+    for k in range(200):
+        name = BlockCache.name("shard", (k * 7 + worker) % 150, 1000)
+        data = bytes([k % 256]) * 1000
+        got = cache.get(name, 1000)
+        assert got is None or len(got) == 1000
+        cache.put(name, data)
+
+
+def test_block_cache_two_processes_keep_the_bound(tmp_path: Path) -> None:
+    import multiprocessing
+
+    from tarindex._blockcache import BlockCache
+
+    bound = 40_000
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_fill_cache, args=(str(tmp_path), bound, w)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    cache = BlockCache(tmp_path, bound)
+    assert 0 < cache.used() <= bound
+    entries = cache.files.entries()
+    assert all(size == 1000 for _, size, _ in entries)  # no torn entry: each written whole, renamed
+    assert not [p for p in cache.files.dir.iterdir() if p.name.startswith(".") and p.name not in (".lock", ".usage", ".tarindex-cache")]
+
+
+def test_block_cache_serves_the_second_epoch(
+    http_server: HTTPServer, fault_proxy: Callable[..., FaultProxy], shard_set: Callable[..., list[Path]], tmp_path: Path
+) -> None:
+    paths = shard_set(2, 20, name="www-cache")
+    for p in paths:
+        (http_server.root / f"cache-{tmp_path.name}-{p.name}").write_bytes(p.read_bytes())
+    proxy = fault_proxy(http_server.port)
+    urls = [proxy.url(f"cache-{tmp_path.name}-{p.name}") for p in paths]
+    build_index(urls, index=tmp_path / "http.tarindex", workers=1)
+    want = _oracle(paths)
+    options = SourceOptions(cache_dir=str(tmp_path / "cache"), cache_bytes=1 << 20, coalesce_gap=-1)
+    order = list(range(40))
+    random.Random(3).shuffle(order)
+    first = TarDataset(tmp_path / "http.tarindex", options=options)
+    assert all(_same(g, want[i]) for g, i in zip(first.__getitems__(order), order))
+    second = TarDataset(tmp_path / "http.tarindex", options=options)  # another process would see the same
+    second[0], second[20]  # opened: one probe each
+    before = proxy.requests
+    assert all(_same(g, want[i]) for g, i in zip(second.__getitems__(order), order))
+    assert _same(second[7], want[7])
+    assert proxy.requests == before  # every range came from the cache
+
+
+def test_any_fsspec_protocol_builds_and_reads_at_random(shard_set: Callable[..., list[Path]], tmp_path: Path) -> None:
+    """The path of hf:// and every other fsspec protocol, on fsspec's in-memory filesystem."""
+    import fsspec
+
+    paths = shard_set(3, 8, name="mem")
+    fs = fsspec.filesystem("memory")
+    root = f"memory://tarindex-{tmp_path.name}"
+    for p in paths:
+        fs.pipe(f"{root}/{p.name}", p.read_bytes())
+    fs.pipe(f"{root}/other.txt", b"x")
+    assert expand_shards(f"{root}/train-*.tar") == [f"{root}/{p.name}" for p in paths]
+    build_index(f"{root}/train-*.tar", index=tmp_path / "mem.tarindex", workers=1)
+    ds = TarDataset(tmp_path / "mem.tarindex")
+    want = _oracle(paths)
+    order = list(range(len(ds)))
+    random.Random(4).shuffle(order)
+    assert all(_same(g, want[i]) for g, i in zip(ds.__getitems__(order), order))
+    assert _same(ds[5], want[5])
+    fs.pipe(f"{root}/{paths[2].name}", paths[2].read_bytes() + b"\0" * 512)  # grown: another size
+    with pytest.raises(StaleIndexError, match=rf"{root}/{paths[2].name}: shard changed since it was indexed \(size"):
+        TarDataset(tmp_path / "mem.tarindex")[17]
+
+
+_LOADER_SCRIPT = """
+import sys, warnings
+import torch
+from tarindex import TarDataset
+from tarindex.errors import TarIndexWarning
+warnings.filterwarnings("error", category=TarIndexWarning)  # inherited by forked workers
+ds = TarDataset(sys.argv[1])  # no read in this process: workers forked from it use obstore
+loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2, collate_fn=lambda b: [s["__key__"] for s in b])
+print(",".join(k for batch in loader for k in batch))
+"""
+
+
+def test_dataloader_workers_read_s3_through_obstore(bucket_set: tuple[str, list[Path]], tmp_path: Path) -> None:
+    url, paths = bucket_set
+    build_index(f"{url}/train-*.tar", index=tmp_path / "s3.tarindex", workers=1)
+    env = {**os.environ, "PYTHONPATH": str(Path(tarindex.__file__).parent.parent)}
+    out = subprocess.run([sys.executable, "-c", _LOADER_SCRIPT, str(tmp_path / "s3.tarindex")], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().split(",") == [w["__key__"] for w in _oracle(paths)]

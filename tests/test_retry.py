@@ -141,9 +141,10 @@ def test_headers_and_proxy_from_the_environment(
     monkeypatch.delenv("no_proxy", raising=False)
     reader = RangeReader(unreachable, SourceOptions(headers={"Authorization": "Bearer t0ken"}))
     assert reader.read_at(10, 20) == data[10:30]
-    with open_source(unreachable, headers={"X-Test": "1"}) as src:
+    with open_source(unreachable, headers={"Authorization": "Bearer other"}) as src:
         assert b"".join(src) == data
     assert proxy.requests == 3 and proxy.ranges[:2] == ["bytes=0-0", "bytes=10-29"]
+    assert proxy.authorizations == ["Bearer t0ken", "Bearer t0ken", "Bearer other"]
     monkeypatch.setenv("NO_PROXY", "tarindex-test.invalid")
     with pytest.raises(SourceError, match="host not found"):
         RangeReader(unreachable)
