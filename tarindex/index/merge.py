@@ -17,7 +17,7 @@ from .format import ShardInfo
 from .reader import IndexReader
 from .writer import IndexWriter
 
-__all__ = ["merge", "placed", "relative_path"]
+__all__: list[str] = []  # internal: tarindex.build.merge_indexes is the public merge
 
 
 def relative_path(shard: str, index_dir: Path) -> str:

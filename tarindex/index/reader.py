@@ -38,7 +38,7 @@ from .format import (
 )
 from .records import Block, Columns, parse
 
-__all__ = ["BlockSource", "IndexReader", "check_container"]
+__all__ = ["IndexReader"]
 
 _LMDB_MAGIC = 0xBEEFC0DE
 
