@@ -15,19 +15,7 @@ from typing import Literal
 
 from .errors import DecompressionLimitError, UnsupportedCompressionError
 
-__all__ = [
-    "HEAD_BYTES",
-    "ArchiveEnd",
-    "Budget",
-    "Codec",
-    "Limits",
-    "codec_of",
-    "detect",
-    "limits",
-    "looks_like_shard",
-    "set_limits",
-    "sniff_file",
-]
+__all__ = ["Limits", "limits", "set_limits"]  # public: the bounds of every decompression (docs/compression.md)
 
 Codec = Literal["tar", "zstd", "gzip", "bzip2", "xz", "lz4", "compress"]
 """What a shard's first bytes say it is (``"tar"``: no compression recognised)."""

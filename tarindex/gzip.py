@@ -20,7 +20,7 @@ from typing import Any
 from .compression import ArchiveEnd, Budget
 from .errors import CorruptDeflateError, RandomAccessError
 
-__all__ = ["GZIP_MAGIC", "decompress_gzip", "is_gzip", "random_access_refused"]
+__all__: list[str] = []  # internal: read through TarDataset, TarStream and build
 
 GZIP_MAGIC = b"\x1f\x8b\x08"
 """The first bytes of a gzip member (deflate)."""
