@@ -131,7 +131,7 @@ class ShardInfo:
             and isinstance(obj["fingerprint"], str)
             and all(type(obj[k]) is int and obj[k] >= 0 for k in ints if k != "mtime_ns")
             and type(obj["mtime_ns"]) is int
-            and obj.get("compression") in (None, "zstd")
+            and isinstance(obj.get("compression"), (str, type(None)))
             and type(obj.get("random_access", True)) is bool
             and obj["kind"] in ("file", "url", "command")
             and type(obj.get("outside", False)) is bool
