@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .build import BuildReport, build_index, merge_indexes
     from .dataset import TarDataset
     from .index.reader import IndexReader
+    from .options import SourceOptions
     from .sampler import ShardSampler
     from .shard_writer import ShardWriter, compress_shard
     from .stream import TarStream
@@ -63,6 +64,7 @@ __all__ = [
     "ShardSampler",
     "ShardWriter",
     "SourceError",
+    "SourceOptions",
     "StaleIndexError",
     "StreamWarning",
     "TarDataset",
@@ -85,6 +87,7 @@ _LAZY = {
     "merge_indexes": "build",
     "TarDataset": "dataset",
     "IndexReader": "index.reader",
+    "SourceOptions": "options",
     "ShardSampler": "sampler",
     "ShardWriter": "shard_writer",
     "compress_shard": "shard_writer",

@@ -21,19 +21,7 @@ from ._native import SPEEDUPS
 from .errors import DuplicateMemberError
 from .tar import BLOCK, Buffer, Entry
 
-__all__ = [
-    "Columns",
-    "Packer",
-    "SampleRecord",
-    "TablePacker",
-    "fused",
-    "group_members",
-    "iter_samples",
-    "new_packer",
-    "pack_samples",
-    "sample_key",
-    "split_key",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 # the packer in C (names in the common case split on bytes, the rest by sample_key); TablePacker is the reference
 _CPacker = SPEEDUPS.Packer if SPEEDUPS is not None else None

@@ -30,7 +30,7 @@ from .shards import as_path, is_fingerprint, shard_kind
 from .zstd import MAP_SLICE, decompress_frames
 from .zstd_random import ReadAt, zstd_reader
 
-__all__ = ["ShardOpener", "check_commands", "close_handle", "fix_command", "open_url", "open_zstd_shard", "shard_name"]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 
 def shard_name(index_path: str | os.PathLike[str], info: ShardInfo) -> str:

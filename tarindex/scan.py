@@ -36,18 +36,7 @@ from .zstd import (
     read_seek_table,
 )
 
-__all__ = [
-    "archive",
-    "iter_archive",
-    "scan_shard",
-    "scan_stream",
-    "scan_zstd",
-    "shard_info",
-    "table_from_chunks",
-    "table_from_entries",
-    "table_from_file",
-    "table_from_samples",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 
 # -- tables from walks ------------------------------------------------------------

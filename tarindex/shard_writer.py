@@ -27,7 +27,7 @@ from .grouping import group_members
 from .tar import BLOCK, iter_tar
 from .zstd import MAX_FRAME_BYTES, close_map, is_zstd, iter_decompressed, seek_table_frame
 
-__all__ = ["DEFAULT_FRAME_SIZE", "DEFAULT_LEVEL", "SeekableZstdWriter", "ShardWriter", "compress_shard"]
+__all__ = ["ShardWriter", "compress_shard"]  # public (tarindex.ShardWriter, tarindex.compress_shard); the rest serves the package
 
 DEFAULT_LEVEL = 3
 """zstd level of ``tarindex compress`` and ``ShardWriter`` (zstd's own default)."""

@@ -17,22 +17,7 @@ from typing import Any, Literal
 
 from .errors import IndexNotFoundError, PatternError, ShardNotFoundError
 
-__all__ = [
-    "FINGERPRINT_SPAN",
-    "INDEX_SUFFIX",
-    "PATTERN_SEPARATOR",
-    "ShardKind",
-    "as_path",
-    "default_index_path",
-    "expand_braces",
-    "expand_patterns",
-    "expand_shards",
-    "fingerprint",
-    "fingerprint_stream",
-    "is_fingerprint",
-    "resolve_index",
-    "shard_kind",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 ShardKind = Literal["file", "url", "command"]
 """How a shard is opened: a local ``file``, a ``url`` (``scheme://``), or a ``command`` (``pipe:CMD``, ``-``)."""

@@ -32,7 +32,7 @@ from .sources import DEFAULT_BLOCK_SIZE, FileSource, is_url, open_source
 from .tar import Stream
 from .zstd import is_zstd
 
-__all__ = ["Handler", "TarStream", "read_ahead_for"]
+__all__ = ["Handler", "TarStream"]  # public (tarindex.TarStream); the rest serves the package
 
 Sample = dict[str, Any]
 Handler = Literal["raise", "warn", "skip_shard"] | Callable[[Exception], bool]
@@ -130,7 +130,10 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         urls: shard names (list, brace pattern, glob; local paths, ``-``,
             ``pipe:COMMAND``, ``http(s)://``, fsspec URLs), or an index file
             or :class:`~tarindex.IndexReader` whose shards are streamed.
-        decode, decoders, transform, allow_pickle: as for :class:`~tarindex.TarDataset`.
+        decode: as for :class:`~tarindex.TarDataset`.
+        decoders: as for :class:`~tarindex.TarDataset`.
+        transform: as for :class:`~tarindex.TarDataset`.
+        allow_pickle: as for :class:`~tarindex.TarDataset`.
         shuffle: size of the sample shuffle buffer (0: no sample shuffling).
         shuffle_shards: shuffle the shard order each epoch; default ``shuffle > 0``.
         seed: with the epoch, rank and worker, fixes every random choice.
@@ -140,10 +143,12 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             next shard (unreadable or corrupt shard); ``"skip_shard"``: warn and
             skip the rest of the shard; or a function of the exception that
             returns ``True`` to go on as ``"warn"`` does (webdataset's handlers).
-        rank, world_size: override ``torch.distributed`` / ``RANK`` / ``WORLD_SIZE``.
+        rank: overrides ``torch.distributed`` / ``RANK``.
+        world_size: overrides ``torch.distributed`` / ``WORLD_SIZE``.
         block_size: bytes per read.
-        retries, backoff, timeout: network retries without progress, first
-            backoff in seconds (doubled each time), socket timeout.
+        retries: network retries without progress.
+        backoff: first backoff in seconds (doubled each time).
+        timeout: socket timeout in seconds.
         storage_options: client options of object stores and fsspec filesystems (docs/remote.md).
         headers: extra HTTP(S) request headers (e.g. ``{"Authorization": "Bearer ..."}``).
         read_ahead: blocks a reader thread keeps ready ahead of the parser (0: read in the

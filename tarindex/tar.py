@@ -33,21 +33,8 @@ from typing import Any, Protocol
 from ._native import SPEEDUPS
 from .errors import CorruptArchiveError
 
-__all__ = [
-    "BLOCK",
-    "MAX_MEMBER_SIZE",
-    "Buffer",
-    "Entry",
-    "Member",
-    "Sink",
-    "group_tar",
-    "index_tar",
-    "index_tar_file",
-    "iter_members",
-    "iter_tar",
-    "iter_tar_file",
-    "scan_tar",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
+
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
 _REGULAR = frozenset(b"0\x007")

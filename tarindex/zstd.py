@@ -31,27 +31,7 @@ import zstandard
 
 from .errors import CorruptFrameError
 
-__all__ = [
-    "FRAME_FIELDS",
-    "MAP_SLICE",
-    "MAX_FRAME_BYTES",
-    "PIECE_LIMIT",
-    "RANDOM_ACCESS_FRAME_LIMIT",
-    "SEEKABLE_MAGIC",
-    "ZSTD_MAGIC",
-    "SeekTableMismatch",
-    "by_seek_table",
-    "check_seek_table",
-    "close_map",
-    "decompress_frame",
-    "decompress_frames",
-    "frame_array",
-    "is_zstd",
-    "iter_decompressed",
-    "random_access",
-    "read_seek_table",
-    "seek_table_frame",
-]
+__all__ = ["iter_decompressed"]  # public: streaming decompression; the rest serves the package
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 """The first four bytes of a zstd data frame."""
