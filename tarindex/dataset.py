@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._native import SPEEDUPS
 from ._process import FORK
@@ -20,6 +21,7 @@ from .errors import (
     TarIndexError,
     shown,
 )
+from .gzip import random_access_refused
 from .identity import Check, check_shard
 from .index.reader import IndexReader
 from .index.records import unpack as unpack_record
@@ -31,6 +33,10 @@ from .shards import resolve_index
 _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
 
 __all__ = ["TarDataset"]
+
+log = logging.getLogger("tarindex")
+
+OnError = Literal["raise", "skip"]
 
 _pread = os.pread
 _ATTACH = threading.Lock()  # attaching (the first read of a dataset in a process), across threads
@@ -73,6 +79,16 @@ class TarDataset:
             See docs/zstd.md.
         zstd_cache_bytes: size bound of ``zstd_cache_dir`` (least recently
             used shards are deleted).
+        on_error: what a sample that cannot be read or decoded does: ``"raise"``
+            (default) raises it (a decoding failure as
+            :class:`~tarindex.errors.DecodeError` naming the shard and offset);
+            ``"skip"`` logs it (logger ``tarindex``, with the shard and offset)
+            and returns the next readable sample (``i + 1``, ``i + 2``, ...,
+            wrapping around): damaged members (``CorruptArchiveError``, a zstd
+            frame that does not decompress) and decoding or ``transform``
+            failures alike. Missing or changed shards always raise.
+        max_errors: with ``on_error="skip"``, this many failures in a row (in this
+            process, across calls) raise the last one.
         verify: how a shard is checked when a process first opens it
             (:mod:`tarindex.identity`): ``"stat"`` compares size and mtime, and
             the fingerprint (first and last 64 KiB) only when the mtime
@@ -107,7 +123,16 @@ class TarDataset:
         options: SourceOptions | None = None,
         storage_options: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        on_error: OnError = "raise",
+        max_errors: int = 10,
     ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        if max_errors < 1:
+            raise ValueError(f"max_errors must be >= 1, not {max_errors}")
+        self.on_error: OnError = on_error
+        self.max_errors = max_errors
+        self._failures = 0  # failures in a row, in this process
         self.index_path = resolve_index(source)
         self._load_index()
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
@@ -201,6 +226,9 @@ class TarDataset:
             os.close(fd)
             raise
         handle: Any = fd
+        if info.compression == "gzip":
+            os.close(fd)
+            raise random_access_refused(path)
         if info.compression == "zstd":
             handle = open_zstd_shard(
                 path, fd, info, self.index.frame_table(shard), cache_dir=self.zstd_cache_dir, cache_bytes=self.zstd_cache_bytes
@@ -223,6 +251,7 @@ class TarDataset:
             k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame", "_remote", "_index_id")
         }
         state["_gen"] = -1
+        state["_failures"] = 0
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -316,14 +345,34 @@ class TarDataset:
         return item(i)
 
     def _choose_item(self) -> None:
-        self._item = self.read if self.decoder is None and self.transform is None else self._decoded_item  # type: ignore[method-assign]
+        if self.on_error == "skip":
+            self._item = self._skipping_item  # type: ignore[method-assign]
+        else:
+            self._item = self.read if self.decoder is None and self.transform is None else self._decoded_item  # type: ignore[method-assign]
 
     def _decoded_item(self, i: int) -> Any:
         return self._finish(self.read(i))
 
+    def _skipping_item(self, i: int) -> Any:
+        """``ds[i]`` with ``on_error="skip"``: the first readable sample from ``i`` on (see the class doc)."""
+        n = self._n
+        j = i
+        while True:
+            try:
+                sample = self._decoded_item(j)
+            except (CorruptArchiveError, DecodeError) as exc:
+                self._failures += 1
+                log.warning("skipping sample %d (%d in a row, max_errors=%d): %s", j % n if n else j, self._failures, self.max_errors, exc)
+                if self._failures >= self.max_errors:
+                    raise
+                j = (j + 1) % n if j >= 0 else j + 1
+                continue
+            self._failures = 0
+            return sample
+
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
-        if name in ("decoder", "transform"):  # ds[i] chooses its item function again
+        if name in ("decoder", "transform", "on_error"):  # ds[i] chooses its item function again
             self.__dict__.pop("_item", None)
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
@@ -332,7 +381,7 @@ class TarDataset:
         ``DataLoader`` calls this for batched sampling; reading in file order keeps
         reads local (page cache, zstd frames) whatever order the sampler chose.
         """
-        if self._remote:
+        if self._remote and self.on_error == "raise":  # with "skip", sample by sample: each failure handled
             return self._getitems_remote(indices)
         out: list[Any] = [None] * len(indices)
         for k in sorted(range(len(indices)), key=indices.__getitem__):

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from .compression import looks_like_shard, sniff_file
 from .errors import IndexNotFoundError, PatternError, ShardNotFoundError
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
@@ -225,7 +226,7 @@ def resolve_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[st
     """
     if isinstance(source, (str, os.PathLike)):
         p = Path(source)
-        if p.suffix == INDEX_SUFFIX or (p.is_file() and not str(p).endswith((".tar", ".tar.zst", ".tzst"))):
+        if p.suffix == INDEX_SUFFIX or (p.is_file() and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
             return p
     index = default_index_path(expand_shards(source))
     if not index.is_file():

@@ -15,7 +15,7 @@ import tarindex
 ROOT = Path(__file__).resolve().parent.parent
 # Modules public for the names their __all__ lists (the front door re-exports the names of the second group).
 PUBLIC_MODULES = {
-    "tarindex.collate", "tarindex.decode", "tarindex.options", "tarindex.sources", "tarindex.zstd", "tarindex.stream", "tarindex.sampler",
+    "tarindex.collate", "tarindex.compression", "tarindex.decode", "tarindex.options", "tarindex.sources", "tarindex.zstd", "tarindex.stream", "tarindex.sampler",
 }
 FRONT_DOOR_MODULES = {
     "tarindex.build", "tarindex.dataset", "tarindex.errors", "tarindex.index.reader", "tarindex.shard_writer", "tarindex.verify",
