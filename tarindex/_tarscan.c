@@ -377,6 +377,13 @@ static int new_sample_dict(Packer *self, PyObject *key) {
     return 0;
 }
 
+/* Whether an extension is one of a sample's reserved fields (webdataset refuses these as duplicates too). */
+static int reserved_ext(PyObject *ext) {
+    return PyUnicode_Check(ext) && (PyUnicode_CompareWithASCIIString(ext, "__key__") == 0 ||
+                                    PyUnicode_CompareWithASCIIString(ext, "__url__") == 0 ||
+                                    PyUnicode_CompareWithASCIIString(ext, "__index__") == 0);
+}
+
 /* Pack one regular member (with its bytes in data, sample-dict mode), name its UTF-8
  * (surrogateescape) bytes, name_obj its str or NULL. */
 static int pack(Packer *self, const char *name, Py_ssize_t len, PyObject *name_obj, uint64_t h, uint64_t d, uint64_t size,
@@ -389,7 +396,9 @@ static int pack(Packer *self, const char *name, Py_ssize_t len, PyObject *name_o
     Py_ssize_t key_len = 0;
     long id;
     PyObject *split = NULL, *key_bytes = NULL, *key_obj = NULL;
-    if (dot && dot > name + base && !(len >= 2 && name[0] == '_' && name[1] == '_')) {
+    /* an extension starting "__" may name a reserved field (__key__, __url__, __index__): the full rules judge it */
+    if (dot && dot > name + base && !(len >= 2 && name[0] == '_' && name[1] == '_') &&
+        !(name + len - dot > 2 && dot[1] == '_' && dot[2] == '_')) {
         key_len = dot - name;
         id = spelling_id(self, dot + 1, len - key_len - 1);
     } else { /* the full rules: webdataset's pattern, metadata files */
@@ -428,6 +437,10 @@ static int pack(Packer *self, const char *name, Py_ssize_t len, PyObject *name_o
         self->start = h;
         self->count = 0;
     } else if (self->seen[id] == self->samples) {
+        rc = duplicate(self, h, id, name, len, name_obj);
+        goto out;
+    }
+    if (split && reserved_ext(PyTuple_GET_ITEM(split, 1))) { /* would replace __key__, __url__ or __index__ */
         rc = duplicate(self, h, id, name, len, name_obj);
         goto out;
     }
