@@ -18,9 +18,8 @@ def _libzstd(on: bool = ..., /) -> bool: ...
 class Reader:
     def __init__(
         self,
-        record_offset: memoryview,
-        records: memoryview,
-        stride: int,  # record i at i * stride; 0: at record_offset[i]
+        blocks: Any,  # the index's record blocks (index/records.py: one LMDB value per block of samples)
+        per: int,  # samples per block
         n: int,
         exts: tuple[str, ...],
         urls: tuple[str, ...],

@@ -24,7 +24,6 @@ from .errors import (
 from .gzip import random_access_refused
 from .identity import Check, check_shard
 from .index.reader import IndexReader
-from .index.records import unpack as unpack_record
 from .objstore import is_remote_reader, read_many
 from .opener import ShardOpener, open_url, open_zstd_shard, shard_name
 from .options import SourceOptions
@@ -182,17 +181,14 @@ class TarDataset:
             self.index.close()
             self._load_index()
         ix = self.index
-        self._rec_at = ix.column("record_offset")
-        self._records = ix.column("records")
-        self._stride = ix.record_stride
+        self._blocks = ix.blocks()  # keeps the index's map open while this process reads from it
         self._exts = ix.exts
         self._opener = ShardOpener(len(self.urls), self._open_handle, self.max_open_files)
         self._fast: Any = None
         if _speedups is not None:
             self._fast = _speedups.Reader(
-                self._rec_at,
-                self._records,
-                self._stride,
+                self._blocks.payload,
+                self._blocks.block_samples,
                 self._n,
                 tuple(self._exts),
                 tuple(self.urls),
@@ -278,17 +274,20 @@ class TarDataset:
         if self._gen != FORK[0]:  # inherited through fork: attach anew in this process
             self._attach()
             return self.read(i)
-        i, offset, size, shard, spans, key = self._locate(i)
+        i, offset, size, shard, members, key = self._locate(i)
         opener = self._opener
         handle = opener.acquire(shard)  # counted: no other thread closes it under this read
         try:
             buf = _pread(handle, size, offset) if type(handle) is int else handle.read_at(offset, size)
         finally:
             opener.release(shard)
-        return self._sample(i, buf, offset, size, shard, spans, key)
+        return self._sample(i, buf, offset, size, shard, members, key)
 
-    def _locate(self, i: int) -> tuple[int, int, int, int, Any, str]:
-        """Sample ``i``'s record: ``(i, offset, size, shard, member spans, key)``, ``i`` made non-negative.
+    def _locate(self, i: int) -> tuple[int, int, int, int, list[tuple[int, int, int]], bytes]:
+        """Sample ``i``'s record: ``(i, offset, size, shard, members, key)``, ``i`` made non-negative.
+
+        ``members`` holds ``(extension number, data offset relative to the sample, size)`` each, checked
+        against the sample's range; ``key`` is utf-8 (surrogateescape).
 
         Raises:
             IndexError: ``i`` is out of range.
@@ -300,14 +299,12 @@ class TarDataset:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range for {n} samples")
-        records, stride = self._records, self._stride
-        at = i * stride if stride else self._rec_at[i]
-        offset, size, shard, spans, key = unpack_record(records, at, i)
+        shard, offset, size, members, key = self._blocks.record(i)
         if shard >= len(self.urls):
-            raise IndexFormatError(f"the index record of sample {i} is damaged; rebuild the index")
-        return i, offset, size, shard, spans, key
+            raise IndexFormatError(f"{self.index_path}: the record of sample {i} names shard {shard} of {len(self.urls)}; rebuild the index")
+        return i, offset, size, shard, members, key
 
-    def _sample(self, i: int, buf: Any, offset: int, size: int, shard: int, spans: Any, key: str) -> Sample:
+    def _sample(self, i: int, buf: Any, offset: int, size: int, shard: int, members: list[tuple[int, int, int]], key: bytes) -> Sample:
         """The sample dict of sample ``i`` from the bytes of its whole range.
 
         Raises:
@@ -315,13 +312,10 @@ class TarDataset:
         """
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
-        sample: Sample = {"__key__": key, "__url__": self.urls[shard], "__index__": i}
-        exts, nm = self._exts, len(spans) // 3
-        for j in range(nm):
-            o, end = spans[2 * j], spans[2 * j] + spans[2 * j + 1]
-            if end > size:
-                raise CorruptArchiveError(self.urls[shard], offset, "index entry out of bounds")
-            sample[exts[spans[2 * nm + j]]] = buf[o:end]
+        sample: Sample = {"__key__": key.decode("utf-8", "surrogateescape"), "__url__": self.urls[shard], "__index__": i}
+        exts = self._exts
+        for e, o, z in members:  # checked against the sample's range when the record was read
+            sample[exts[e]] = buf[o : o + z]
         return sample
 
     if TYPE_CHECKING:
@@ -441,7 +435,7 @@ class TarDataset:
     @property
     def shard_sizes(self) -> list[int]:
         """Samples per shard, in index order (sample numbers run shard after shard)."""
-        starts = self.index.array("shard_start")
+        starts = self.index.shard_starts()
         return [int(b - a) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
 
     @property

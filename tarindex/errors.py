@@ -13,6 +13,7 @@ __all__ = [
     "DecodeError",
     "DecompressionLimitError",
     "DuplicateMemberError",
+    "IndexChangedError",
     "IndexFormatError",
     "IndexNotFoundError",
     "PatternError",
@@ -191,6 +192,12 @@ class StaleIndexError(_OfShard):
 
 class CommandNotAllowedError(TarIndexError, PermissionError):
     """An index names a shard that is a command (``pipe:CMD``) and the caller did not allow commands."""
+
+
+class IndexChangedError(StaleIndexError):
+    """The index file at a path is no longer the one first opened there (rebuilt in place); ``.what`` says how."""
+
+    _template = "{path}: the index was rebuilt since it was opened ({what}); open it again"
 
 
 class SampleNotFoundError(TarIndexError, KeyError):

@@ -68,7 +68,7 @@ def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] |
     try:
         check_commands(reader.path, reader.shards, allow_commands)
         names = [shard_name(reader.path, info) for info in reader.shards]
-        starts = [int(x) for x in reader.array("shard_start").tolist()]
+        starts = [int(x) for x in reader.shard_starts().tolist()]
     finally:
         if reader is not urls:
             reader.close()

@@ -16,17 +16,27 @@ import tarindex
 from conftest import make_shard_set, tarfile_members
 from tarindex.cli.main import main
 from tarindex.errors import CommandNotAllowedError, IndexFormatError, RandomAccessError, ShardNotFoundError
+from tarindex.index.format import META_KEY, SHARDS_PREFIX, numbered, seal
 from tarindex.shards import as_path, expand_shards, shard_kind
 
 
 def edit_meta(index: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    """Rewrite an index's meta in place, as a hostile or careless tool would."""
+    """Rewrite an index's meta and shard records in place (sealed again), as a hostile or careless tool would.
+
+    ``edit`` gets the meta with the shard records as ``meta["shards"]``.
+    """
     env = lmdb.open(str(index), subdir=False, lock=False)
     try:
         with env.begin(write=True) as txn:
-            meta = json.loads(bytes(txn.get(b"meta")))
+            meta = json.loads(bytes(txn.get(META_KEY))[4:])
+            per = meta["shard_block"]
+            keys = [numbered(SHARDS_PREFIX, b) for b in range(-(-meta["n_shards"] // per))]
+            meta["shards"] = [info for key in keys for info in json.loads(bytes(txn.get(key))[4:])]
             edit(meta)
-            txn.put(b"meta", json.dumps(meta).encode())
+            shards = meta.pop("shards")
+            txn.put(META_KEY, seal(META_KEY, json.dumps(meta).encode()))
+            for b, key in enumerate(keys):
+                txn.put(key, seal(key, json.dumps(shards[b * per : (b + 1) * per]).encode()))
     finally:
         env.close()
 
