@@ -16,9 +16,12 @@ if sys.platform == "win32":  # os.pread, fork-aware readers, fcntl locks: the pa
 from .errors import (
     CommandNotAllowedError,
     CorruptArchiveError,
+    CorruptDeflateError,
     CorruptFrameError,
     DecodeError,
+    DecompressionLimitError,
     DuplicateMemberError,
+    IndexChangedError,
     IndexFormatError,
     IndexNotFoundError,
     PatternError,
@@ -28,17 +31,22 @@ from .errors import (
     ShardNotFoundError,
     SourceError,
     StaleIndexError,
+    StateError,
     StreamWarning,
     TarIndexError,
     TarIndexWarning,
+    UnsupportedCompressionError,
     WriteError,
 )
 
 if TYPE_CHECKING:
+    from ._state import stream_states
     from .build import BuildReport, build_index, merge_indexes
     from .dataset import TarDataset
     from .index.reader import IndexReader
-    from .sampler import ShardSampler
+    from .mixing import Mix, mix
+    from .options import SourceOptions
+    from .sampler import MixSampler, ShardSampler
     from .shard_writer import ShardWriter, compress_shard
     from .stream import TarStream
     from .verify import VerifyReport, verify_index
@@ -49,12 +57,17 @@ __all__ = [
     "BuildReport",
     "CommandNotAllowedError",
     "CorruptArchiveError",
+    "CorruptDeflateError",
     "CorruptFrameError",
     "DecodeError",
+    "DecompressionLimitError",
     "DuplicateMemberError",
+    "IndexChangedError",
     "IndexFormatError",
     "IndexNotFoundError",
     "IndexReader",
+    "Mix",
+    "MixSampler",
     "PatternError",
     "RandomAccessError",
     "SampleNotFoundError",
@@ -63,18 +76,23 @@ __all__ = [
     "ShardSampler",
     "ShardWriter",
     "SourceError",
+    "SourceOptions",
     "StaleIndexError",
+    "StateError",
     "StreamWarning",
     "TarDataset",
     "TarIndexError",
     "TarIndexWarning",
     "TarStream",
+    "UnsupportedCompressionError",
     "VerifyReport",
     "WriteError",
     "__version__",
     "build_index",
     "compress_shard",
     "merge_indexes",
+    "mix",
+    "stream_states",
     "verify_index",
 ]
 
@@ -85,12 +103,17 @@ _LAZY = {
     "merge_indexes": "build",
     "TarDataset": "dataset",
     "IndexReader": "index.reader",
+    "SourceOptions": "options",
     "ShardSampler": "sampler",
     "ShardWriter": "shard_writer",
     "compress_shard": "shard_writer",
     "VerifyReport": "verify",
     "verify_index": "verify",
     "TarStream": "stream",  # imports torch
+    "MixSampler": "sampler",
+    "stream_states": "_state",
+    "Mix": "mixing",  # imports torch; the module is not named `mix`, so that `tarindex.mix` stays the function
+    "mix": "mixing",
 }
 """Public names imported on first use, so that ``import tarindex`` (and the CLI's ``--help``) imports
 neither numpy, lmdb nor torch."""

@@ -30,16 +30,17 @@
 #define MAX_MEMBERS 256           /* more members than this in one sample: the Python path reads it */
 #define DIRECT_READ (64 << 10)    /* samples larger than this are read straight into their members' bytes */
 #define STACK_READ (16 << 10)     /* a buffer this small lives on the C stack */
-#define RECORD_HEAD 24            /* u64 offset, u64 size, u32 shard, u16 n_members, u16 key_len */
+#define BLOCK_HEAD 22             /* u32 n, u32 M, u32 n_patterns, u8 key_mode, u8 key_digits, u32 prefix_len, u32 heap_len */
 
 typedef struct {
     PyObject_HEAD
-    Py_buffer cols[4]; /* rec_at, records, the opener's fds and busy tables */
+    Py_buffer cols[2];  /* the opener's fds and busy tables */
     int ncols;
-    const char *rec_at;  /* u64 per sample + 1: record offsets (empty with a stride) */
-    const char *records; /* the record blob */
-    uint64_t stride;     /* record i at i * stride; 0: at rec_at[i] */
-    Py_ssize_t n, rec_len, n_exts, n_shards;
+    PyObject *blocks;   /* blocks(b) -> memoryview of record block b, checked (tarindex/index/records.py) */
+    PyObject **bobj;    /* per block: the memoryview, once asked for (keeps the map alive with its source) */
+    const char **bptr;  /* per block: its bytes */
+    Py_ssize_t per, n_blocks; /* samples per block */
+    Py_ssize_t n, n_exts, n_shards;
     PyObject *exts;     /* tuple of str */
     PyObject *urls;     /* tuple of str */
     PyObject *opener;   /* the ShardOpener: owns the tables below and every handle */
@@ -54,18 +55,21 @@ typedef struct {
     uint32_t *busy;     /* opener.busy: per shard, reads in progress here; [n_shards]: handles waiting to close */
 } Reader;
 
-/* One sample's record, checked against the blob's bounds. */
+/* One sample's record, decoded from its block's row and checked. */
 typedef struct {
     uint64_t offset, size;
     uint32_t shard;
-    Py_ssize_t nm, klen;
-    const char *spans; /* nm x (u64 data offset relative to offset, u64 size) */
-    const char *ext;   /* nm x u16 */
-    const char *key;
+    Py_ssize_t nm;      /* members; above MAX_MEMBERS the Python path reads the sample */
+    uint64_t mo[MAX_MEMBERS], ms[MAX_MEMBERS]; /* data offset relative to offset, data size */
+    uint16_t ext[MAX_MEMBERS];
+    const char *prefix, *suffix; /* key: prefix + suffix (key_mode 0) or prefix + number in digits decimals */
+    Py_ssize_t plen, slen;
+    int digits;
+    uint64_t number;
 } Record;
 
 static PyObject *k_key, *k_url, *k_index, *k_read_at;
-static PyObject *IndexFormatError; /* tarindex.errors.IndexFormatError */
+static PyObject *IndexFormatError; /* tarindex.errors.IndexFormatError, handed in once by init() */
 
 static inline uint64_t ld64(const char *p) {
     uint64_t v;
@@ -85,7 +89,14 @@ static inline uint16_t ld16(const char *p) {
     return v;
 }
 
+static inline uint64_t ldw(const char *p, int w) {
+    uint64_t v = 0;
+    memcpy(&v, p, (size_t)w); /* little-endian hosts */
+    return v;
+}
+
 static int Reader_traverse(Reader *self, visitproc visit, void *arg) {
+    Py_VISIT(self->blocks);
     Py_VISIT(self->exts);
     Py_VISIT(self->urls);
     Py_VISIT(self->opener); /* holds bound methods of the dataset: a cycle the collector must see */
@@ -99,6 +110,7 @@ static int Reader_traverse(Reader *self, visitproc visit, void *arg) {
 }
 
 static int Reader_clear(Reader *self) {
+    Py_CLEAR(self->blocks);
     Py_CLEAR(self->exts);
     Py_CLEAR(self->urls);
     Py_CLEAR(self->opener);
@@ -115,6 +127,10 @@ static void Reader_dealloc(Reader *self) {
     PyObject_GC_UnTrack(self);
     Reader_clear(self);
     for (int c = 0; c < self->ncols; c++) PyBuffer_Release(&self->cols[c]);
+    if (self->bobj)
+        for (Py_ssize_t b = 0; b < self->n_blocks; b++) Py_XDECREF(self->bobj[b]);
+    PyMem_Free(self->bobj);
+    PyMem_Free(self->bptr);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -152,97 +168,179 @@ static int adopt_opener(Reader *self, PyObject *opener) {
 }
 
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
-    PyObject *rec_at, *records, *exts, *urls, *opener, *fallback, *error, *fork;
-    Py_ssize_t at_len, n;
-    unsigned long long stride;
+    PyObject *blocks, *exts, *urls, *opener, *fallback, *error, *fork;
+    Py_ssize_t per, n;
     if (self->exts) {
         PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOKnO!O!OOOO!", &rec_at, &records, &stride, &n, &PyTuple_Type, &exts, &PyTuple_Type, &urls,
-                          &opener, &fallback, &error, &PyList_Type, &fork))
+    if (!IndexFormatError) {
+        PyErr_SetString(PyExc_RuntimeError, "tarindex._speedups.init() was not called (tarindex._native calls it)");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OnnO!O!OOOO!", &blocks, &per, &n, &PyTuple_Type, &exts, &PyTuple_Type, &urls, &opener,
+                          &fallback, &error, &PyList_Type, &fork))
         return -1;
     if (PyList_GET_SIZE(fork) != 1 || !PyLong_Check(PyList_GET_ITEM(fork, 0))) {
         PyErr_SetString(PyExc_ValueError, "fork must be a list of one int");
         return -1;
     }
-    self->gen = PyLong_AsLong(PyList_GET_ITEM(fork, 0));
-    Py_INCREF(fork);
-    self->fork = fork;
-    Py_INCREF(exts);
-    self->exts = exts;
-    Py_INCREF(urls);
-    self->urls = urls;
-    Py_INCREF(opener);
-    self->opener = opener;
-    Py_INCREF(fallback);
-    self->fallback = fallback;
-    Py_INCREF(error);
-    self->error = error;
-    if (take(self, rec_at, &self->rec_at, &at_len, PyBUF_SIMPLE) < 0 ||
-        take(self, records, &self->records, &self->rec_len, PyBUF_SIMPLE) < 0)
-        return -1;
-    if (n < 0 || (stride ? stride % 8 || (uint64_t)self->rec_len / stride < (uint64_t)n : at_len / 8 <= n)) {
-        PyErr_SetString(IndexFormatError, "index records are damaged (fewer than the index's samples)");
+    if (per <= 0 || n < 0) {
+        PyErr_Format(IndexFormatError, "bad record blocks: %zd samples per block, %zd samples", per, n);
         return -1;
     }
+    self->gen = PyLong_AsLong(PyList_GET_ITEM(fork, 0));
+    self->blocks = Py_NewRef(blocks);
+    self->fork = Py_NewRef(fork);
+    self->exts = Py_NewRef(exts);
+    self->urls = Py_NewRef(urls);
+    self->opener = Py_NewRef(opener);
+    self->fallback = Py_NewRef(fallback);
+    self->error = Py_NewRef(error);
     self->n = n;
-    self->stride = stride;
+    self->per = per;
+    self->n_blocks = n / per + (n % per != 0);
     self->n_exts = PyTuple_GET_SIZE(self->exts);
     self->n_shards = PyTuple_GET_SIZE(self->urls);
+    self->bobj = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(PyObject *)); /* pages touched as blocks are read */
+    self->bptr = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(char *));
+    if (!self->bobj || !self->bptr) {
+        PyErr_NoMemory();
+        return -1;
+    }
     return adopt_opener(self, opener);
 }
 
-static PyObject *corrupt(Reader *self, uint32_t shard, uint64_t offset, const char *what) {
-    PyObject *exc = PyObject_CallFunction(self->error, "OKs", PyTuple_GET_ITEM(self->urls, shard),
-                                          (unsigned long long)offset, what);
-    if (exc) {
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        Py_DECREF(exc);
+/* Block b's bytes: asked of `blocks` once (it checks the block's checksum and layout), then kept. */
+static const char *block(Reader *self, Py_ssize_t b) {
+    if (!self->bptr[b]) {
+        PyObject *view = PyObject_CallFunction(self->blocks, "n", b);
+        if (!view) return NULL;
+        if (!PyMemoryView_Check(view) || !PyBuffer_IsContiguous(PyMemoryView_GET_BUFFER(view), 'C')) {
+            Py_DECREF(view);
+            PyErr_SetString(PyExc_TypeError, "blocks() must return a contiguous memoryview");
+            return NULL;
+        }
+        if (self->bptr[b]) { /* another thread got it meanwhile */
+            Py_DECREF(view);
+        } else {
+            self->bobj[b] = view;
+            self->bptr[b] = PyMemoryView_GET_BUFFER(view)->buf;
+        }
     }
-    return NULL;
+    return self->bptr[b];
 }
 
-/* Record i, checked: every member inside the sample's range, in order, with a known extension. */
+static const uint64_t POW10[20] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL, 100000000ULL,
+                                   1000000000ULL, 10000000000ULL, 100000000000ULL, 1000000000000ULL, 10000000000000ULL,
+                                   100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL, 100000000000000000ULL,
+                                   1000000000000000000ULL, 10000000000000000000ULL};
+
+static inline uint64_t round512(uint64_t x) { return (x + 511) & ~(uint64_t)511; }
+
+/* Record i, decoded from its block's row (layout: tarindex/index/records.py) and checked: every member
+ * inside the sample's range, in order; a known pattern, shard and key. The block's header and layout were
+ * checked when it was first read. Returns 0, -1 (an error set) or -2 (a damaged record: the Python path
+ * makes the same checks, and its error names the index file). */
 static int load(Reader *self, Py_ssize_t i, Record *r) {
-    uint64_t at = self->stride ? (uint64_t)i * self->stride : ld64(self->rec_at + 8 * i);
-    if (at > (uint64_t)self->rec_len || (uint64_t)self->rec_len - at < RECORD_HEAD) goto bad;
-    const char *p = self->records + at;
-    r->offset = ld64(p);
-    r->size = ld64(p + 8);
-    r->shard = ld32(p + 16);
-    r->nm = ld16(p + 20);
-    r->klen = ld16(p + 22);
-    if ((uint64_t)self->rec_len - at < RECORD_HEAD + 18 * (uint64_t)r->nm + (uint64_t)r->klen) goto bad;
-    if (r->shard >= self->n_shards || r->size > PY_SSIZE_T_MAX) goto bad;
-    r->spans = p + RECORD_HEAD;
-    r->ext = r->spans + 16 * r->nm;
-    r->key = r->ext + 2 * r->nm;
+    const char *b = block(self, i / self->per);
+    if (!b) return -1;
+    Py_ssize_t j = i % self->per;
+    uint32_t m = ld32(b + 4), npat = ld32(b + 8), plen = ld32(b + 14), heap_len = ld32(b + 18);
+    int mode = (unsigned char)b[12];
+    Py_ssize_t ncols = 5 + 2 * (Py_ssize_t)m;
+    const unsigned char *w = (const unsigned char *)b + BLOCK_HEAD;
+    const char *bases = b + BLOCK_HEAD + ncols, *pats = bases + 8 * ncols;
+    r->prefix = pats + 2 * (size_t)npat * (m + 1);
+    r->plen = plen;
+    const char *rows = r->prefix + plen;
+    Py_ssize_t rowlen = 0, key_at = 0;
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        if (c == 4) key_at = rowlen;
+        rowlen += w[c];
+    }
+    const char *row = rows + j * rowlen, *p = row;
+    uint64_t f[5];
+    for (int c = 0; c < 5; c++) {
+        f[c] = ld64(bases + 8 * c) + ldw(p, w[c]);
+        p += w[c];
+    }
+    if (f[0] >= (uint64_t)self->n_shards || f[3] >= npat) goto bad;
+    r->shard = (uint32_t)f[0];
+    r->offset = f[1];
+    const char *pat = pats + 2 * (size_t)f[3] * (m + 1);
+    uint16_t count = ld16(pat);
+    r->nm = count;
     uint64_t pos = 0;
-    for (Py_ssize_t k = 0; k < r->nm; k++) {
-        uint64_t mo = ld64(r->spans + 16 * k), ms = ld64(r->spans + 16 * k + 8);
-        if (ld16(r->ext + 2 * k) >= self->n_exts || mo < pos || mo > r->size || ms > r->size - mo) {
-            corrupt(self, r->shard, r->offset, "index entry out of bounds");
-            return -1;
+    if (count <= MAX_MEMBERS) {
+        for (Py_ssize_t k = 0; k < count; k++) {
+            uint64_t predicted = k ? round512(pos) + 512 : 512;
+            uint64_t mo = predicted + ld64(bases + 8 * (5 + 2 * k)) + ldw(p, w[5 + 2 * k]);
+            p += w[5 + 2 * k];
+            uint64_t ms = ld64(bases + 8 * (6 + 2 * k)) + ldw(p, w[6 + 2 * k]);
+            p += w[6 + 2 * k];
+            if (mo < pos) goto bad;
+            r->mo[k] = mo;
+            r->ms[k] = ms;
+            r->ext[k] = ld16(pat + 2 + 2 * k);
+            pos = mo + ms;
+            if (pos < mo) goto bad;
         }
-        pos = mo + ms;
+    }
+    r->size = f[2] + (count && count <= MAX_MEMBERS ? round512(pos) : 0);
+    if (count > MAX_MEMBERS) return 0; /* the Python path reads (and checks) it */
+    if (r->size > PY_SSIZE_T_MAX) goto bad;
+    for (Py_ssize_t k = 0; k < count; k++)
+        if (r->mo[k] > r->size || r->ms[k] > r->size - r->mo[k]) goto bad;
+    if (mode == 1) {
+        r->digits = (unsigned char)b[13];
+        r->number = f[4] + (uint64_t)j;
+        if (r->digits < 20 && r->number >= POW10[r->digits]) goto bad;
+        r->suffix = NULL;
+        r->slen = 0;
+    } else {
+        uint64_t start = j ? ld64(bases + 32) + ldw(row - rowlen + key_at, w[4]) : 0;
+        if (start > f[4] || f[4] > heap_len) goto bad;
+        r->digits = 0;
+        r->suffix = rows + (size_t)ld32(b) * rowlen + start; /* the heap follows the rows */
+        r->slen = (Py_ssize_t)(f[4] - start);
     }
     return 0;
-bad:
-    PyErr_Format(IndexFormatError, "the index record of sample %zd is damaged; rebuild the index", i);
-    return -1;
+bad: /* the Python path reads it again and raises the error that names the index and the damage */
+    return -2;
+}
+
+/* The key of a record as str (utf-8, surrogateescape). */
+static PyObject *record_key(const Record *r) {
+    char small[256];
+    Py_ssize_t len = r->plen + (r->suffix ? r->slen : r->digits);
+    char *buf = len <= (Py_ssize_t)sizeof(small) ? small : PyMem_Malloc((size_t)len);
+    if (!buf) return PyErr_NoMemory();
+    memcpy(buf, r->prefix, (size_t)r->plen);
+    if (r->suffix) {
+        memcpy(buf + r->plen, r->suffix, (size_t)r->slen);
+    } else {
+        uint64_t v = r->number;
+        for (int d = r->digits - 1; d >= 0; d--) {
+            buf[r->plen + d] = (char)('0' + v % 10);
+            v /= 10;
+        }
+    }
+    PyObject *key = PyUnicode_DecodeUTF8(buf, len, "surrogateescape");
+    if (buf != small) PyMem_Free(buf);
+    return key;
 }
 
 /* A new sample dict with __key__, __url__ and __index__ and member k's bytes from vals[k]
  * (references stolen, all of them, also on error); NULL on error. */
 static PyObject *new_sample(Reader *self, const Record *r, PyObject *index, PyObject **vals) {
     PyObject *d = _PyDict_NewPresized(3 + r->nm);
-    PyObject *key = PyUnicode_DecodeUTF8(r->key, r->klen, "surrogateescape");
+    PyObject *key = record_key(r);
     int bad = !d || !key || PyDict_SetItem(d, k_key, key) < 0 ||
               PyDict_SetItem(d, k_url, PyTuple_GET_ITEM(self->urls, r->shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
     Py_XDECREF(key);
     for (Py_ssize_t k = 0; k < r->nm; k++) {
-        if (!bad && PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, ld16(r->ext + 2 * k)), vals[k]) < 0) bad = 1;
+        if (!bad && PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, r->ext[k]), vals[k]) < 0) bad = 1;
         Py_DECREF(vals[k]);
     }
     if (bad) {
@@ -255,7 +353,7 @@ static PyObject *new_sample(Reader *self, const Record *r, PyObject *index, PyOb
 /* Each member's bytes, copied out of the sample's bytes at base (vals[k] new references); -1 on error. */
 static int slice_members(const Record *r, const char *base, PyObject **vals) {
     for (Py_ssize_t k = 0; k < r->nm; k++) {
-        vals[k] = PyBytes_FromStringAndSize(base + ld64(r->spans + 16 * k), (Py_ssize_t)ld64(r->spans + 16 * k + 8));
+        vals[k] = PyBytes_FromStringAndSize(base + r->mo[k], (Py_ssize_t)r->ms[k]);
         if (!vals[k]) {
             for (Py_ssize_t q = 0; q < k; q++) Py_DECREF(vals[q]);
             return -1;
@@ -325,7 +423,7 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
     if (direct) {
         area = 0;
         for (Py_ssize_t k = 0; k < r->nm; k++) {
-            uint64_t mo = ld64(r->spans + 16 * k), ms = ld64(r->spans + 16 * k + 8);
+            uint64_t mo = r->mo[k], ms = r->ms[k];
             area += mo - pos;
             pos = mo + ms;
             vals[k] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)ms);
@@ -349,7 +447,7 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
         char *gap = buf;
         pos = 0;
         for (Py_ssize_t k = 0; k < r->nm; k++) {
-            uint64_t mo = ld64(r->spans + 16 * k), ms = ld64(r->spans + 16 * k + 8);
+            uint64_t mo = r->mo[k], ms = r->ms[k];
             if (mo > pos) {
                 iov[niov].iov_base = gap;
                 iov[niov++].iov_len = mo - pos;
@@ -427,7 +525,18 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
         return NULL;
     }
     Record r;
-    if (load(self, i, &r) < 0) return NULL;
+    int loaded = load(self, i, &r);
+    if (loaded == -1) return NULL;
+    if (loaded == -2) {
+        PyObject *index = PyLong_FromSsize_t(i), *out = index ? PyObject_CallOneArg(self->fallback, index) : NULL;
+        Py_XDECREF(index);
+        if (out) { /* the reference must agree that the record is damaged */
+            Py_DECREF(out);
+            PyErr_Format(IndexFormatError, "the index record of sample %zd is damaged; rebuild the index", i);
+        }
+        return NULL;
+    }
+
     PyObject *handle = NULL, *out = NULL;
     /* From here to the end of the read, the opener closes no handle of this shard (other threads may evict
      * it meanwhile: it is closed once the count is back to zero). */
@@ -472,7 +581,24 @@ static PyTypeObject ReaderType = {
 };
 
 
+/* init(index_format_error): the error classes the extension raises, handed in once from Python (the
+ * extension imports no Python module of its own). */
+static PyObject *module_init(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *names[] = {"index_format_error", NULL};
+    PyObject *error;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "$O!", names, &PyType_Type, &error)) return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)error, (PyTypeObject *)PyExc_Exception)) {
+        PyErr_SetString(PyExc_TypeError, "index_format_error must be an exception class");
+        return NULL;
+    }
+    Py_INCREF(error);
+    Py_XSETREF(IndexFormatError, error);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"init", (PyCFunction)(void (*)(void))module_init, METH_VARARGS | METH_KEYWORDS,
+     "init(*, index_format_error) -> None: the error classes the extension raises (tarindex._native calls it once)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -490,10 +616,6 @@ static int module_exec(PyObject *m) {
     k_index = PyUnicode_InternFromString("__index__");
     k_read_at = PyUnicode_InternFromString("read_at");
     if (!k_key || !k_url || !k_index || !k_read_at) return -1;
-    PyObject *errors = PyImport_ImportModule("tarindex.errors");
-    IndexFormatError = errors ? PyObject_GetAttrString(errors, "IndexFormatError") : NULL;
-    Py_XDECREF(errors);
-    if (!IndexFormatError) return -1;
     Py_INCREF(&ReaderType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
         Py_DECREF(&ReaderType);

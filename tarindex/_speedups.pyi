@@ -1,14 +1,25 @@
-"""Types of the optional C extension (tarindex/_speedups.c, _tarscan.c, _zstdread.c)."""
+"""Types of the optional C extension (tarindex/_speedups.c, _tarscan.c, _zstdread.c).
+
+Checked against the compiled module by tests/test_native.py (every name, and the number of arguments of
+every function and method); tarindex._native states what Python needs from each type as a Protocol.
+"""
 
 from collections.abc import Callable
 from typing import Any
 
+def init(*, index_format_error: type[Exception]) -> None:
+    """The error classes the extension raises, handed in once (tarindex._native does)."""
+
+def scan_headers(
+    buf: Any, pos: int, base: int, with_data: bool, limit: int, /
+) -> tuple[list[tuple[str, int, int, int, bytes | None]], int, int, int]: ...
+def _libzstd(on: bool = ..., /) -> bool: ...
+
 class Reader:
     def __init__(
         self,
-        record_offset: memoryview,
-        records: memoryview,
-        stride: int,  # record i at i * stride; 0: at record_offset[i]
+        blocks: Any,  # the index's record blocks (index/records.py: one LMDB value per block of samples)
+        per: int,  # samples per block
         n: int,
         exts: tuple[str, ...],
         urls: tuple[str, ...],
@@ -16,12 +27,10 @@ class Reader:
         fallback: Callable[[int], dict[str, Any]],
         error: Callable[[str, int, str], BaseException],
         fork: list[int],  # tarindex._process.FORK: a reader made in another generation hands reads to fallback
+        /,
     ) -> None: ...
-    def read(self, i: int) -> dict[str, Any]: ...
+    def read(self, i: int, /) -> dict[str, Any]: ...
 
-def scan_headers(
-    buf: Any, pos: int, base: int, with_data: bool, limit: int
-) -> tuple[list[tuple[str, int, int, int, bytes | None]], int, int, int]: ...
 class Packer:
     """Tables mode: ``Packer(sample_key, duplicate)``; sample-dict mode: ``Packer(sample_key, duplicate, url, index)``."""
 
@@ -31,11 +40,45 @@ class Packer:
         duplicate: Callable[[int, str, str, str], BaseException],
         url: str = ...,
         index: int | None = ...,
+        /,
     ) -> None: ...
     def scan(self, buf: Any, pos: int, base: int, limit: int = ..., /) -> tuple[int, int, int]: ...
     def scan_file(self, fd: int, offset: int, size: int, limit: int, buf: Any, pos: int, /) -> tuple[int, int, int]: ...
+    def scan_stream(
+        self, fd: int, timeout_ms: int, remaining: int, limit: int, buf: Any, pos: int, base: int, max_member: int = ..., /
+    ) -> tuple[int, bytes, int, int, int, int, bool]: ...
     def add(self, name: str, header_offset: int, offset: int, size: int, data: bytes = ..., /) -> None: ...
-    def take(self) -> list[tuple[int, dict[str, Any]]]: ...
+    def take(self) -> tuple[list[int], list[dict[str, Any]]]: ...
     def finish(
         self,
-    ) -> tuple[bytearray, bytearray, bytearray, bytearray, bytearray, bytearray, list[str], list[str]] | None: ...
+    ) -> tuple[bytearray, bytearray, bytearray, bytearray, bytearray, bytearray, list[str], list[str]]: ...  # sample-dict mode: None (its samples come through take())
+
+class FrameCache:
+    max_bytes: int
+    def __init__(self, max_bytes: int) -> None: ...
+    @property
+    def limit(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def decompressed(self) -> int: ...
+    def clear(self) -> None: ...
+    def __len__(self) -> int: ...
+
+class ZstdReader:
+    def __init__(
+        self,
+        path: str,
+        source: int | Any,  # a descriptor, or a handle with read_at(offset, size)
+        frames: Any,  # uint64[n, 4]: compressed offset and size, decompressed offset and size
+        decompressor: Callable[[], Any],  # zstandard.ZstdDecompressor
+        error: type[BaseException],  # CorruptFrameError
+        zstd_error: type[BaseException],  # zstandard.ZstdError
+        cache: FrameCache,
+    ) -> None: ...
+    @property
+    def fd(self) -> int: ...
+    @property
+    def path(self) -> str: ...
+    def read_at(self, offset: int, size: int, /) -> bytes: ...
+    def close(self) -> None: ...

@@ -14,82 +14,24 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "_tarcore.h"
 #include "_tarscan.h"
 
 static PyObject *k_key, *k_url, *k_index; /* "__key__", "__url__", "__index__", interned by tarscan_add */
 
-/* ---- the tar header walk's common case ----------------------------------------------------
+/* ---- the walk over a buffer ------------------------------------------------------------
  *
  * scan_headers(buf, pos, base, with_data, limit) -> (entries, pos, last_header, last_size)
  *
- * Walks consecutive plain headers from buf[pos:] and returns the regular members as
+ * Walks consecutive members from buf[pos:] with the header step (tar_step, _tarcore.c: checksums first,
+ * PAX 'x' and GNU 'L'/'K' headers applied) and returns the regular members as
  * (name, header_offset, data_offset, size, data-or-None) with absolute offsets (base + position),
- * the position after the last header walked (its padded data may end past the buffer), and that
- * header's position and size (for the caller's truncation error).
- * It stops, without consuming it, at the first header it does not fully vouch for (see
- * plain_header): a zero block, an extension header (PAX, GNU long name or link, sparse, anything
- * unknown), a checksum that does not match the unsigned sum, a size that is not plain octal, a
- * ustar prefix, a header that does not fit in the buffer, or (with_data) member data that does not.
- * tarindex.tar._walk handles those, so it stays the one authority on everything unusual.
+ * the position after the last member walked (its padded data may end past the buffer), and that
+ * member's first header position and size (for the caller's truncation error).
+ * It stops, without consuming it, at the first member the step does not vouch for (a zero block, a
+ * global PAX header, a sparse member, a damaged header or record: tarindex.tar._walk judges those and
+ * names every error), whose headers do not fit in the buffer, or (with_data) whose data does not.
  */
-#define MAX_MEMBER_DEFAULT (8ULL << 30) /* tarindex.tar.MAX_MEMBER_SIZE: larger sizes are the Python walker's to judge */
-
-static int octal_field(const unsigned char *f, int len, uint64_t *out) {
-    int i = 0;
-    uint64_t v = 0;
-    while (i < len && f[i] == ' ') i++;
-    int start = i;
-    while (i < len && f[i] >= '0' && f[i] <= '7') {
-        if (v >> 60) return -1;
-        v = v * 8 + (uint64_t)(f[i] - '0');
-        i++;
-    }
-    if (i == start) return -1;
-    for (; i < len; i++)
-        if (f[i] != 0 && f[i] != ' ') return -1;
-    *out = v;
-    return 0;
-}
-
-/* The header checksum: the unsigned sum of the block, the checksum field counted as spaces.
- * Eight bytes at a time in 16-bit lanes (64 words x 2 x 255 fits in a lane). */
-static uint64_t header_sum(const unsigned char *h) {
-    const uint64_t lanes = 0x00FF00FF00FF00FFULL;
-    uint64_t acc = 0, w;
-    for (int i = 0; i < 512; i += 8) {
-        memcpy(&w, h + i, 8);
-        acc += (w & lanes) + ((w >> 8) & lanes);
-    }
-    uint64_t sum = (acc & 0xFFFF) + ((acc >> 16) & 0xFFFF) + ((acc >> 32) & 0xFFFF) + (acc >> 48);
-    for (int i = 148; i < 156; i++) sum -= h[i];
-    return sum + 8 * 32;
-}
-
-/* 1 if the C walk vouches for the header at h (its data size and whether it is a regular file
- * come back), 0 if tarindex.tar._walk must look at it. A zero block has no checksum digits. */
-static int plain_header(const unsigned char *h, uint64_t *size, int *regular) {
-    unsigned char typ = h[156];
-    int reg = typ == '0' || typ == 0 || typ == '7';
-    uint64_t stored;
-    if (!reg && !(typ >= '1' && typ <= '6')) return 0; /* links, devices, dirs, FIFOs: skipped */
-    if (octal_field(h + 148, 8, &stored) < 0 || header_sum(h) != stored) return 0;
-    if (h[124] & 0x80 || octal_field(h + 124, 12, size) < 0 || *size > MAX_MEMBER_DEFAULT) return 0;
-    if (memcmp(h + 257, "ustar\0", 6) == 0 && h[345]) return 0;
-    if (typ == 0) { /* an old-style directory: type NUL, a name ending in '/' */
-        int n = 0;
-        while (n < 100 && h[n]) n++;
-        if (n > 0 && h[n - 1] == '/') reg = 0;
-    }
-    *regular = reg;
-    return 1;
-}
-
-static Py_ssize_t name_len(const unsigned char *h) {
-    Py_ssize_t n = 0;
-    while (n < 100 && h[n]) n++;
-    return n;
-}
-
 static PyObject *scan_headers(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos, limit;
@@ -103,16 +45,15 @@ static PyObject *scan_headers(PyObject *self, PyObject *args) {
     uint64_t last_size = 0;
     if (!entries) goto fail;
     while (pos >= 0 && pos + 512 <= end && PyList_GET_SIZE(entries) < limit) {
-        const unsigned char *h = buf + pos;
-        uint64_t size;
-        int regular;
-        if (!plain_header(h, &size, &regular)) break;
-        uint64_t padded = (size + 511) & ~(uint64_t)511;
-        Py_ssize_t data = pos + 512;
+        tar_member m;
+        size_t need;
+        if (tar_step(buf + pos, (size_t)(end - pos), &m, &need) != TAR_MEMBER) break;
+        uint64_t size = m.size, padded = (size + 511) & ~(uint64_t)511;
+        Py_ssize_t data = pos + (Py_ssize_t)m.data;
         if (padded > (uint64_t)PY_SSIZE_T_MAX - (uint64_t)data) break;
-        if (regular) {
+        if (m.regular) {
             if (with_data && (uint64_t)(end - data) < size) break;
-            PyObject *name = PyUnicode_DecodeUTF8((const char *)h, name_len(h), "surrogateescape");
+            PyObject *name = PyUnicode_DecodeUTF8((const char *)m.name, (Py_ssize_t)m.name_len, "surrogateescape");
             PyObject *payload = with_data ? PyBytes_FromStringAndSize((const char *)buf + data, (Py_ssize_t)size)
                                           : (Py_INCREF(Py_None), Py_None);
             PyObject *entry = (name && payload)
@@ -436,6 +377,13 @@ static int new_sample_dict(Packer *self, PyObject *key) {
     return 0;
 }
 
+/* Whether an extension is one of a sample's reserved fields (webdataset refuses these as duplicates too). */
+static int reserved_ext(PyObject *ext) {
+    return PyUnicode_Check(ext) && (PyUnicode_CompareWithASCIIString(ext, "__key__") == 0 ||
+                                    PyUnicode_CompareWithASCIIString(ext, "__url__") == 0 ||
+                                    PyUnicode_CompareWithASCIIString(ext, "__index__") == 0);
+}
+
 /* Pack one regular member (with its bytes in data, sample-dict mode), name its UTF-8
  * (surrogateescape) bytes, name_obj its str or NULL. */
 static int pack(Packer *self, const char *name, Py_ssize_t len, PyObject *name_obj, uint64_t h, uint64_t d, uint64_t size,
@@ -448,7 +396,9 @@ static int pack(Packer *self, const char *name, Py_ssize_t len, PyObject *name_o
     Py_ssize_t key_len = 0;
     long id;
     PyObject *split = NULL, *key_bytes = NULL, *key_obj = NULL;
-    if (dot && dot > name + base && !(len >= 2 && name[0] == '_' && name[1] == '_')) {
+    /* an extension starting "__" may name a reserved field (__key__, __url__, __index__): the full rules judge it */
+    if (dot && dot > name + base && !(len >= 2 && name[0] == '_' && name[1] == '_') &&
+        !(name + len - dot > 2 && dot[1] == '_' && dot[2] == '_')) {
         key_len = dot - name;
         id = spelling_id(self, dot + 1, len - key_len - 1);
     } else { /* the full rules: webdataset's pattern, metadata files */
@@ -490,6 +440,10 @@ static int pack(Packer *self, const char *name, Py_ssize_t len, PyObject *name_o
         rc = duplicate(self, h, id, name, len, name_obj);
         goto out;
     }
+    if (split && reserved_ext(PyTuple_GET_ITEM(split, 1))) { /* would replace __key__, __url__ or __index__ */
+        rc = duplicate(self, h, id, name, len, name_obj);
+        goto out;
+    }
     self->seen[id] = self->samples;
     if (self->url) {
         if (PyDict_SetItem(self->sample, PyList_GET_ITEM(self->exts, id), data) < 0) goto out;
@@ -526,20 +480,19 @@ static PyObject *Packer_scan(Packer *self, PyObject *args) {
     Py_ssize_t end = view.len, last_at = pos;
     uint64_t last_size = 0;
     while (pos >= 0 && pos + 512 <= end) {
-        const unsigned char *h = buf + pos;
-        uint64_t size;
-        int regular;
-        if (!plain_header(h, &size, &regular)) break;
-        uint64_t padded = (size + 511) & ~(uint64_t)511;
-        Py_ssize_t data = pos + 512;
+        tar_member m;
+        size_t need;
+        if (tar_step(buf + pos, (size_t)(end - pos), &m, &need) != TAR_MEMBER) break;
+        uint64_t size = m.size, padded = (size + 511) & ~(uint64_t)511;
+        Py_ssize_t data = pos + (Py_ssize_t)m.data;
         if (padded > (uint64_t)PY_SSIZE_T_MAX - (uint64_t)data) break;
-        if (regular) {
+        if (m.regular) {
             PyObject *bytes = NULL;
             if (self->url && !(bytes = member_data(buf, end, data, size))) {
                 if (PyErr_Occurred()) goto fail;
                 break; /* the data runs past the buffer: the Python walker joins it */
             }
-            int rc = pack(self, (const char *)h, name_len(h), NULL, (uint64_t)(base + pos), (uint64_t)(base + data), size, bytes);
+            int rc = pack(self, (const char *)m.name, (Py_ssize_t)m.name_len, NULL, (uint64_t)(base + pos), (uint64_t)(base + data), size, bytes);
             Py_XDECREF(bytes);
             if (rc < 0) goto fail;
         }
@@ -556,7 +509,8 @@ fail:
 }
 
 #define WINDOW_LARGE (64 << 10) /* headers of small members: several per read */
-#define WINDOW_SMALL (4 << 10)  /* after a member larger than this outgrew the window: little data read twice */
+#define WINDOW_SMALL (8 << 10)  /* after a member larger than this outgrew the window: little data read twice; a
+                                   * sample's small members with a PAX header each fit */
 
 /* The next window's size once a member of `padded` bytes (padding included) ended, `in_hand` of its
  * data bytes having come with its header's window: both walks (file and stream) follow this rule. */
@@ -586,9 +540,9 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos;
     if (!ready(self) || !PyArg_ParseTuple(args, "iKKLy*n", &fd, &offset, &file_size, &limit, &view, &pos)) return NULL;
-    uint64_t first_size;
-    int first_regular;
-    int plain = pos >= 0 && pos + 512 <= view.len && plain_header((const unsigned char *)view.buf + pos, &first_size, &first_regular);
+    tar_member first;
+    size_t need;
+    int plain = pos >= 0 && pos + 512 <= view.len && tar_step((const unsigned char *)view.buf + pos, (size_t)(view.len - pos), &first, &need) != TAR_DEFER;
     PyBuffer_Release(&view);
     if (!plain) return Py_BuildValue("(KKK)", offset, offset, 0ULL); /* the caller's header is the Python walker's */
     if (!self->url) {
@@ -598,22 +552,28 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
     if (!self->win && !(self->win = PyMem_Malloc(WINDOW_LARGE))) return PyErr_NoMemory();
     unsigned long long wbase = offset, last_at = offset, last_size = 0;
     Py_ssize_t wlen = 0, want = WINDOW_LARGE;
+    size_t headers = 512; /* the bytes the next member's headers need in the window */
     while (self->held < (uint64_t)limit && !self->error) {
-        if (offset < wbase || offset + 512 > wbase + (unsigned long long)wlen) { /* the next header: a new window */
+        if (offset < wbase || offset + headers > wbase + (unsigned long long)wlen) { /* the next member: a new window */
             wbase = offset;
-            wlen = pread_full(fd, self->win, (size_t)want, offset);
+            wlen = pread_full(fd, self->win, (size_t)(want > (Py_ssize_t)headers ? want : (Py_ssize_t)headers), offset);
             if (wlen < 0) return PyErr_SetFromErrno(PyExc_OSError);
-            if (wlen < 512) break; /* the end of the file: the Python walker says what is missing */
+            if ((size_t)wlen < headers) break; /* the end of the file: the Python walker says what is missing */
         }
         const unsigned char *h = self->win + (offset - wbase);
-        uint64_t size;
-        int regular;
-        if (!plain_header(h, &size, &regular)) break;
-        uint64_t padded = (size + 511) & ~(uint64_t)511, data = offset + 512;
+        tar_member m;
+        int k = tar_step(h, (size_t)(wbase + (unsigned long long)wlen - offset), &m, &need);
+        if (k == TAR_SHORT && need <= WINDOW_LARGE && need > headers) { /* extension headers: a window that holds them */
+            headers = need;
+            continue;
+        }
+        headers = 512;
+        if (k != TAR_MEMBER) break;
+        uint64_t size = m.size, padded = (size + 511) & ~(uint64_t)511, data = offset + m.data;
         if (size > (uint64_t)PY_SSIZE_T_MAX || padded > file_size || data > file_size - padded) break; /* truncated: Python says so */
-        Py_ssize_t in_window = (Py_ssize_t)(wbase + (unsigned long long)wlen - data); /* >= 0: the header fits */
+        Py_ssize_t in_window = (Py_ssize_t)(wbase + (unsigned long long)wlen - data); /* >= 0: the headers fit */
         want = (Py_ssize_t)next_window((uint64_t)in_window, padded);
-        if (regular) {
+        if (m.regular) {
             PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
             if (!bytes) return NULL;
             Py_ssize_t head = (uint64_t)in_window < size ? in_window : (Py_ssize_t)size;
@@ -626,7 +586,7 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
                     break; /* truncated: the Python walker says so */
                 }
             }
-            int rc = pack(self, (const char *)h, name_len(h), NULL, offset, data, size, bytes);
+            int rc = pack(self, (const char *)m.name, (Py_ssize_t)m.name_len, NULL, offset, data, size, bytes);
             Py_DECREF(bytes);
             if (rc < 0) return NULL;
         }
@@ -693,15 +653,16 @@ static size_t stream_read_full(Stream *s, char *p, size_t n) {
     return got;
 }
 
-/* Bring the window up to a whole header: *src and *avail are the unconsumed bytes (moved to the window's
- * start), *skip bytes of the stream come first and are dropped. Reads at most `want` bytes of window
- * (GIL released). 0 on success, -1 when the stream stopped first. */
-static int stream_fill(Stream *s, unsigned char *win, const unsigned char **src, size_t *avail, uint64_t *skip, size_t want) {
+/* Bring the window up to `least` bytes (a member's headers): *src and *avail are the unconsumed bytes
+ * (fewer than `least`, moved to the window's start), *skip bytes of the stream come first and are dropped.
+ * Reads at most `want` (>= least) bytes of window (GIL released). 0 on success, -1 when the stream stopped first. */
+static int stream_fill(Stream *s, unsigned char *win, const unsigned char **src, size_t *avail, uint64_t *skip, size_t want,
+                       size_t least) {
     memmove(win, *src, *avail);
     *src = win;
     int ok = 1;
     Py_BEGIN_ALLOW_THREADS
-    while (*skip > 0 || *avail < 512) {
+    while (*skip > 0 || *avail < least) {
         Py_ssize_t r = stream_read(s, (char *)win + *avail, want - *avail);
         if (r <= 0) {
             ok = 0;
@@ -722,13 +683,13 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
     unsigned long long base;
     Py_buffer view;
     Py_ssize_t pos;
-    unsigned long long max_member = MAX_MEMBER_DEFAULT;
+    unsigned long long max_member = TAR_MAX_SIZE;
     if (!ready(self) ||
         !PyArg_ParseTuple(args, "iiLLy*nK|K", &s.fd, &s.timeout_ms, &s.remaining, &limit, &view, &pos, &base, &max_member))
         return NULL;
-    uint64_t size;
-    int regular;
-    if (pos < 0 || pos + 512 > view.len || !plain_header((const unsigned char *)view.buf + pos, &size, &regular)) {
+    tar_member m;
+    size_t need;
+    if (pos < 0 || pos + 512 > view.len || tar_step((const unsigned char *)view.buf + pos, (size_t)(view.len - pos), &m, &need) == TAR_DEFER) {
         PyBuffer_Release(&view); /* the caller's header is the Python walker's */
         return Py_BuildValue("(KOKKKKO)", base + (unsigned long long)pos, Py_None, base + (unsigned long long)pos, 0ULL, 0ULL, 0ULL,
                              Py_False);
@@ -750,28 +711,35 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
     size_t avail = (size_t)(view.len - pos), want = WINDOW_LARGE;
     uint64_t at = base + (uint64_t)pos, skip = 0, last_at = 0, last_size = 0;
     PyObject *tail = NULL;
+    size_t headers = 512; /* the bytes the next member's headers need in hand */
     while (self->held < (uint64_t)limit && !self->error) {
-        if (skip > 0 || avail < 512) { /* between members: completed samples need not wait for the network */
+        if (skip > 0 || avail < headers) { /* between members: completed samples need not wait for the network */
             s.yield_ok = PyList_GET_SIZE(self->completed) > 0;
-            int rc = stream_fill(&s, self->win, &src, &avail, &skip, want);
+            int rc = stream_fill(&s, self->win, &src, &avail, &skip, want > headers ? want : headers, headers);
             s.yield_ok = 0;
             if (rc < 0) break;
         }
         const unsigned char *h = src;
-        if (!plain_header(h, &size, &regular)) break;
-        uint64_t padded = (size + 511) & ~(uint64_t)511;
-        size_t here = avail - 512; /* data bytes after the header in hand */
+        int k = tar_step(h, avail, &m, &need);
+        if (k == TAR_SHORT && need <= WINDOW_LARGE && need > headers) { /* extension headers: read until they are in hand */
+            headers = need;
+            continue;
+        }
+        headers = 512;
+        if (k != TAR_MEMBER) break;
+        uint64_t size = m.size, padded = (size + 511) & ~(uint64_t)511;
+        size_t here = avail - m.data; /* data bytes after the headers in hand */
         uint64_t fetched = 0;      /* data bytes read past them, straight into the member */
         if (size > (uint64_t)PY_SSIZE_T_MAX || (s.remaining >= 0 && size > (uint64_t)here + (uint64_t)s.remaining) ||
             (s.remaining < 0 && size > max_member))
             break; /* more than the stream holds or may hold: the Python walker says what is wrong */
-        if (regular) {
+        if (m.regular) {
             /* a stream of unknown length: the member's bytes grow as its data arrives, never more than came */
             uint64_t cap = s.remaining < 0 && size > (uint64_t)here + GROW_FIRST ? (uint64_t)here + GROW_FIRST : size;
             PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
             if (!bytes) goto fail;
             size_t head = (uint64_t)here < size ? here : (size_t)size;
-            memcpy(PyBytes_AS_STRING(bytes), h + 512, head);
+            memcpy(PyBytes_AS_STRING(bytes), h + m.data, head);
             while ((uint64_t)head + fetched < size) { /* the rest straight from the stream into the member's bytes */
                 if ((uint64_t)head + fetched == cap) {
                     cap = cap * 2 < size ? cap * 2 : size;
@@ -780,11 +748,11 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
                 size_t need = (size_t)(cap - (uint64_t)head - fetched);
                 size_t got = stream_read_full(&s, PyBytes_AS_STRING(bytes) + head + fetched, need);
                 fetched += got;
-                if (got < need) { /* stopped: hand back the header and the data so far */
-                    tail = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(512 + head + fetched));
+                if (got < need) { /* stopped: hand back the headers and the data so far */
+                    tail = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(m.data + head + fetched));
                     if (tail) {
-                        memcpy(PyBytes_AS_STRING(tail), h, 512);
-                        memcpy(PyBytes_AS_STRING(tail) + 512, PyBytes_AS_STRING(bytes), head + fetched);
+                        memcpy(PyBytes_AS_STRING(tail), h, m.data);
+                        memcpy(PyBytes_AS_STRING(tail) + m.data, PyBytes_AS_STRING(bytes), head + fetched);
                     }
                     Py_DECREF(bytes);
                     if (!tail) goto fail;
@@ -794,7 +762,7 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
                 }
             }
             if (tail) break;
-            int rc = pack(self, (const char *)h, name_len(h), NULL, at, at + 512, size, bytes);
+            int rc = pack(self, (const char *)m.name, (Py_ssize_t)m.name_len, NULL, at, at + m.data, size, bytes);
             Py_DECREF(bytes);
             if (rc < 0) goto fail;
         }
@@ -802,9 +770,9 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
         last_size = size;
         size_t used = (uint64_t)here < padded ? here : (size_t)padded;
         skip = padded - (uint64_t)used - fetched;
-        src += 512 + used;
+        src += m.data + used;
         avail = here - used;
-        at += 512 + padded;
+        at += m.data + padded;
         want = next_window((uint64_t)here, padded);
     }
     /* the unconsumed bytes start at `at - skip` when skip > 0 (then none are in hand) */

@@ -1,28 +1,29 @@
-"""Build and merge indexes: parallel, incremental, atomic."""
+"""Build indexes: parallel (local processes or any ``concurrent.futures.Executor``), incremental, atomic."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import multiprocessing
 import operator
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 from .errors import IndexFormatError, IndexNotFoundError, ShardNotFoundError, TarIndexError
 from .identity import current_info
 from .index.format import ShardInfo, ShardTable
+from .index.merge import merge, placed, relative_path
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
 from .objstore import is_object_url
 from .opener import shard_name
 from .scan import scan_shard
-from .shards import INDEX_SUFFIX, ShardKind, default_index_path, expand_shards, shard_kind
+from .shards import INDEX_SUFFIX, default_index_path, expand_shards, shard_kind
 from .sources import is_url
 
-__all__ = ["BuildReport", "build_index", "merge_indexes", "parse_part", "part_slice"]
+__all__ = ["BuildReport", "build_index", "merge_indexes"]
 
 Progress = Callable[[int], None]
 Part = tuple[int, int] | str
@@ -43,16 +44,6 @@ class BuildReport:
         return f"BuildReport({str(self.path)!r}, scanned={len(self.scanned)}, reused={len(self.reused)})"
 
 
-def _relative(shard: str, index_dir: Path) -> str:
-    if shard_kind(shard) != "file":
-        return shard
-    absolute = os.path.abspath(shard)
-    try:
-        return os.path.relpath(absolute, index_dir)
-    except ValueError:  # another drive
-        return absolute
-
-
 def _reusable(previous: Path) -> dict[str, tuple[IndexReader, int]]:
     """Shards of an existing index by relative path; empty if there is none or it is unreadable."""
     try:
@@ -60,8 +51,6 @@ def _reusable(previous: Path) -> dict[str, tuple[IndexReader, int]]:
     except (IndexNotFoundError, IndexFormatError):
         return {}
     return {info.path: (reader, i) for i, info in enumerate(reader.shards)}
-
-
 
 
 def parse_part(part: Part) -> tuple[int, int]:
@@ -91,27 +80,23 @@ def part_slice(shards: list[str], part: tuple[int, int]) -> list[str]:
     return shards[(k - 1) * len(shards) // n : k * len(shards) // n]
 
 
-def _scan_all(shards: list[str], workers: int, progress: Progress | None) -> dict[str, tuple[ShardInfo, ShardTable]]:
-    results: dict[str, tuple[ShardInfo, ShardTable]] = {}
-    if workers <= 1 or len(shards) <= 1:
-        for s in shards:
-            results[s] = scan_shard(s)
-            if progress:
+def _scanned(shards: list[str], workers: int, executor: Executor | None, progress: Progress | None) -> Iterator[tuple[ShardInfo, ShardTable]]:
+    """Scan results in shard order, as they complete (scanned on ``executor``, or in ``workers`` local processes)."""
+    with ExitStack() as stack:
+        if executor is None and workers > 1 and len(shards) > 1:
+            methods = multiprocessing.get_all_start_methods()
+            ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            pool: Executor
+            if any(is_object_url(s) for s in shards):  # network-bound; and obstore's runtime does not survive fork
+                pool = ThreadPoolExecutor(max_workers=min(workers, len(shards)), thread_name_prefix="tarindex-scan")
+            else:
+                pool = ProcessPoolExecutor(max_workers=min(workers, len(shards)), mp_context=ctx)
+            executor = stack.enter_context(pool)
+        results = executor.map(scan_shard, shards) if executor is not None else map(scan_shard, shards)
+        for result in results:
+            if progress:  # before handing it out: the last shard's count must not wait for a next() that never comes
                 progress(1)
-        return results
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    pool: Executor
-    if any(is_object_url(s) for s in shards):  # network-bound; and obstore's runtime does not survive fork
-        pool = ThreadPoolExecutor(max_workers=min(workers, len(shards)), thread_name_prefix="tarindex-scan")
-    else:
-        pool = ProcessPoolExecutor(max_workers=min(workers, len(shards)), mp_context=ctx)
-    with pool:
-        for s, result in zip(shards, pool.map(scan_shard, shards, chunksize=1)):
-            results[s] = result
-            if progress:
-                progress(1)
-    return results
+            yield result
 
 
 def build_index(
@@ -121,6 +106,7 @@ def build_index(
     workers: int | None = None,
     part: Part | None = None,
     progress: Progress | None = None,
+    executor: Executor | None = None,
 ) -> BuildReport:
     """Index tar shards into one LMDB index file.
 
@@ -133,23 +119,27 @@ def build_index(
         index: where to write the index; default beside the shards (see
             :func:`tarindex.shards.default_index_path`).
         workers: processes that scan shards; default ``os.cpu_count()``.
-        part: ``(K, N)`` or ``"K/N"`` to index only the K-th of N contiguous
-            slices of the shard list (1-based), for builds spread over
-            machines; combine the parts with :func:`merge_indexes`.
-        progress: called with the number of shards done (scanned, or found
-            unchanged) since the last call; the index is written after the last.
+        part: ``(K, N)`` or ``"K/N"`` to index only the K-th of N contiguous slices
+            of the shard list (1-based), for builds spread over machines; combine the
+            parts with :func:`merge_indexes`, which orders them by the K recorded in each.
+        progress: called with the number of shards done (scanned, or found unchanged)
+            since the last call; the index is written after the last.
+        executor: scan the shards on this ``concurrent.futures.Executor`` instead of
+            local processes: a ``ProcessPoolExecutor``, ``dask.distributed.Client(...).get_executor()``,
+            Ray's ``ray.util.multiprocessing.Pool`` wrapped in an executor (docs/building.md).
+            Results come back in shard order and are written as they arrive.
 
     Shards of the existing index that are no longer in the list are dropped
     from it, each with a logged warning naming it. When nothing changed (the
     same shards in the same order, each with its indexed size and mtime), the
-    index is left as it is: the build costs a ``stat`` per shard.
+    index is left as it is: the build costs an ``open`` and ``fstat`` per shard.
 
     Raises:
+        ValueError: ``part`` is not K/N with 1 <= K <= N.
         ShardNotFoundError: a shard does not exist.
         CorruptArchiveError: a shard is not a valid tar archive.
-        ValueError: a malformed ``part``.
     """
-    k_n = parse_part(part) if part is not None else None
+    part = parse_part(part) if part is not None else None
     paths = expand_shards(shards)
     if not paths:
         raise ShardNotFoundError("no shards given")
@@ -159,35 +149,38 @@ def build_index(
         raise TarIndexError(f"{next(p for p in paths if is_url(p))}: URL shards need an index path (index=..., or -o)")
     else:
         out = default_index_path(paths)
-        if k_n is not None:
-            out = out.with_name(out.name[: -len(INDEX_SUFFIX)] + f".part-{k_n[0]}-of-{k_n[1]}{INDEX_SUFFIX}")
-    if k_n is not None:
-        paths = part_slice(paths, k_n)
+        if part is not None:
+            digits = len(str(part[1]))  # zero-padded, so the parts also sort by name
+            out = out.with_name(out.name[: -len(INDEX_SUFFIX)] + f".part-{part[0]:0{digits}d}-of-{part[1]}{INDEX_SUFFIX}")
+    if part is not None:
+        paths = part_slice(paths, part)
     index_dir = out.absolute().parent
-    rel = [_relative(s, index_dir) for s in paths]
+    rel = [relative_path(s, index_dir) for s in paths]
     if len(set(rel)) != len(rel):
         raise TarIndexError("the same shard is named twice")
     previous = _reusable(out)
-    kept = {s: current_info(s, previous[r][0].shards[previous[r][1]]) for s, r in zip(paths, rel) if r in previous}
-    todo = [s for s in paths if kept.get(s) is None]
-    if progress and len(todo) < len(paths):
-        progress(len(paths) - len(todo))
-    if not todo and list(previous) == rel and all(kept[s] == previous[r][0].shards[previous[r][1]] for s, r in zip(paths, rel)):
-        # nothing changed (the same shards, in the same order, with the recorded mtimes): the index stands
-        _close_all(previous)
-        return BuildReport(out, [], list(paths))
-    scanned = _scan_all(todo, workers or os.cpu_count() or 1, progress)
-    with IndexWriter(out) as writer:
-        for s, r in zip(paths, rel):
-            if s in scanned:
-                info, table = scanned[s]
-                writer.add(_with_path(info, r, shard_kind(s)), table)
-            else:
-                reader, i = previous[r]
-                writer.add(kept[s] or reader.shards[i], reader.shard_table(i))
-    _warn_dropped(out, previous, rel)  # once the new index has replaced the old one
-    _close_all(previous)
-    return BuildReport(out, [s for s in paths if s in scanned], [s for s in paths if s not in scanned])
+    try:
+        kept = {s: current_info(s, previous[r][0].shards[previous[r][1]]) for s, r in zip(paths, rel) if r in previous}
+        todo = [s for s in paths if kept.get(s) is None]
+        if progress and len(todo) < len(paths):
+            progress(len(paths) - len(todo))
+        if not todo and list(previous) == rel and all(kept[s] == previous[r][0].shards[previous[r][1]] for s, r in zip(paths, rel)):
+            return BuildReport(out, [], list(paths))  # nothing changed (same shards, order and mtimes): the index stands
+        scans = _scanned(todo, workers or os.cpu_count() or 1, executor, progress)
+        todo_set = set(todo)
+        with IndexWriter(out, part=part) as writer:
+            for s, r in zip(paths, rel):
+                if s in todo_set:
+                    info, table = next(scans)
+                    writer.add(placed(info, r, shard_kind(s)), table)
+                else:
+                    reader, i = previous[r]
+                    writer.add(kept[s] or reader.shards[i], reader.shard_table(i))
+        _warn_dropped(out, previous, rel)  # once the new index has replaced the old one
+    finally:
+        for reader in {id(r): r for r, _ in previous.values()}.values():
+            reader.close()
+    return BuildReport(out, todo, [s for s in paths if s not in todo_set])
 
 
 def _warn_dropped(out: Path, previous: dict[str, tuple[IndexReader, int]], rel: list[str]) -> None:
@@ -200,38 +193,15 @@ def _warn_dropped(out: Path, previous: dict[str, tuple[IndexReader, int]], rel: 
         _log.warning("%s: %d more shards are no longer in the shard list; dropped from the index", out, len(dropped) - _NAMED_DROPS)
 
 
-def _close_all(previous: dict[str, tuple[IndexReader, int]]) -> None:
-    for reader in {id(r): r for r, _ in previous.values()}.values():
-        reader.close()
-
-
-def _with_path(info: ShardInfo, path: str, kind: ShardKind) -> ShardInfo:
-    """``info`` under its path relative to the index, with the kind of name it was given as (names are data)."""
-    norm = os.path.normpath(path)
-    outside = kind == "file" and (os.path.isabs(norm) or norm.split(os.sep)[0] == os.pardir)
-    return dataclasses.replace(info, path=path, kind=kind, outside=outside)
-
-
 def merge_indexes(parts: Iterable[str | os.PathLike[str]], output: str | os.PathLike[str]) -> Path:
-    """Combine indexes (for example ``--part`` builds) into one, shards in the order given.
+    """Combine indexes into one: parts of a ``--part K/N`` build in K order (all N of them), other indexes as given.
+
+    Streams shard by shard (memory bounded by the largest shard); the output is
+    written atomically, so an interrupted merge leaves any previous index at
+    ``output`` as it was.
 
     Raises:
         IndexNotFoundError, IndexFormatError: a part is missing or not an index.
-        TarIndexError: two parts name the same shard.
+        TarIndexError: two parts name the same shard; a part of a split is missing or given twice.
     """
-    out = Path(output)
-    out_dir = out.absolute().parent
-    readers = [IndexReader(p) for p in parts]
-    seen: set[str] = set()
-    with IndexWriter(out) as writer:
-        for reader in readers:
-            for i, info in enumerate(reader.shards):
-                name = shard_name(reader.path, info)
-                path = _relative(name, out_dir) if info.kind == "file" else name
-                if path in seen:
-                    raise TarIndexError(f"{reader.path}: shard {path} is already in another part")
-                seen.add(path)
-                writer.add(_with_path(info, path, info.kind), reader.shard_table(i))
-    for reader in readers:
-        reader.close()
-    return out
+    return merge(parts, output, shard_name)

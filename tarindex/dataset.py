@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._native import SPEEDUPS
 from ._process import FORK
@@ -20,9 +21,9 @@ from .errors import (
     TarIndexError,
     shown,
 )
+from .gzip import random_access_refused
 from .identity import Check, check_shard
 from .index.reader import IndexReader
-from .index.records import unpack as unpack_record
 from .objstore import is_remote_reader, read_many
 from .opener import ShardOpener, open_url, open_zstd_shard, shard_name
 from .options import SourceOptions
@@ -31,6 +32,10 @@ from .shards import resolve_index
 _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
 
 __all__ = ["TarDataset"]
+
+log = logging.getLogger("tarindex")
+
+OnError = Literal["raise", "skip"]
 
 _pread = os.pread
 _ATTACH = threading.Lock()  # attaching (the first read of a dataset in a process), across threads
@@ -73,6 +78,16 @@ class TarDataset:
             See docs/zstd.md.
         zstd_cache_bytes: size bound of ``zstd_cache_dir`` (least recently
             used shards are deleted).
+        on_error: what a sample that cannot be read or decoded does: ``"raise"``
+            (default) raises it (a decoding failure as
+            :class:`~tarindex.errors.DecodeError` naming the shard and offset);
+            ``"skip"`` logs it (logger ``tarindex``, with the shard and offset)
+            and returns the next readable sample (``i + 1``, ``i + 2``, ...,
+            wrapping around): damaged members (``CorruptArchiveError``, a zstd
+            frame that does not decompress) and decoding or ``transform``
+            failures alike. Missing or changed shards always raise.
+        max_errors: with ``on_error="skip"``, this many failures in a row (in this
+            process, across calls) raise the last one.
         verify: how a shard is checked when a process first opens it
             (:mod:`tarindex.identity`): ``"stat"`` compares size and mtime, and
             the fingerprint (first and last 64 KiB) only when the mtime
@@ -107,7 +122,16 @@ class TarDataset:
         options: SourceOptions | None = None,
         storage_options: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        on_error: OnError = "raise",
+        max_errors: int = 10,
     ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        if max_errors < 1:
+            raise ValueError(f"max_errors must be >= 1, not {max_errors}")
+        self.on_error: OnError = on_error
+        self.max_errors = max_errors
+        self._failures = 0  # failures in a row, in this process
         self.index_path = resolve_index(source)
         self._load_index()
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
@@ -157,17 +181,14 @@ class TarDataset:
             self.index.close()
             self._load_index()
         ix = self.index
-        self._rec_at = ix.column("record_offset")
-        self._records = ix.column("records")
-        self._stride = ix.record_stride
+        self._blocks = ix.blocks()  # keeps the index's map open while this process reads from it
         self._exts = ix.exts
         self._opener = ShardOpener(len(self.urls), self._open_handle, self.max_open_files)
         self._fast: Any = None
         if _speedups is not None:
             self._fast = _speedups.Reader(
-                self._rec_at,
-                self._records,
-                self._stride,
+                self._blocks.payload,
+                self._blocks.block_samples,
                 self._n,
                 tuple(self._exts),
                 tuple(self.urls),
@@ -201,6 +222,9 @@ class TarDataset:
             os.close(fd)
             raise
         handle: Any = fd
+        if info.compression == "gzip":
+            os.close(fd)
+            raise random_access_refused(path)
         if info.compression == "zstd":
             handle = open_zstd_shard(
                 path, fd, info, self.index.frame_table(shard), cache_dir=self.zstd_cache_dir, cache_bytes=self.zstd_cache_bytes
@@ -223,6 +247,7 @@ class TarDataset:
             k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame", "_remote", "_index_id")
         }
         state["_gen"] = -1
+        state["_failures"] = 0
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -249,17 +274,20 @@ class TarDataset:
         if self._gen != FORK[0]:  # inherited through fork: attach anew in this process
             self._attach()
             return self.read(i)
-        i, offset, size, shard, spans, key = self._locate(i)
+        i, offset, size, shard, members, key = self._locate(i)
         opener = self._opener
         handle = opener.acquire(shard)  # counted: no other thread closes it under this read
         try:
             buf = _pread(handle, size, offset) if type(handle) is int else handle.read_at(offset, size)
         finally:
             opener.release(shard)
-        return self._sample(i, buf, offset, size, shard, spans, key)
+        return self._sample(i, buf, offset, size, shard, members, key)
 
-    def _locate(self, i: int) -> tuple[int, int, int, int, Any, str]:
-        """Sample ``i``'s record: ``(i, offset, size, shard, member spans, key)``, ``i`` made non-negative.
+    def _locate(self, i: int) -> tuple[int, int, int, int, list[tuple[int, int, int]], bytes]:
+        """Sample ``i``'s record: ``(i, offset, size, shard, members, key)``, ``i`` made non-negative.
+
+        ``members`` holds ``(extension number, data offset relative to the sample, size)`` each, checked
+        against the sample's range; ``key`` is utf-8 (surrogateescape).
 
         Raises:
             IndexError: ``i`` is out of range.
@@ -271,14 +299,12 @@ class TarDataset:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range for {n} samples")
-        records, stride = self._records, self._stride
-        at = i * stride if stride else self._rec_at[i]
-        offset, size, shard, spans, key = unpack_record(records, at, i)
+        shard, offset, size, members, key = self._blocks.record(i)
         if shard >= len(self.urls):
-            raise IndexFormatError(f"the index record of sample {i} is damaged; rebuild the index")
-        return i, offset, size, shard, spans, key
+            raise IndexFormatError(f"{self.index_path}: the record of sample {i} names shard {shard} of {len(self.urls)}; rebuild the index")
+        return i, offset, size, shard, members, key
 
-    def _sample(self, i: int, buf: Any, offset: int, size: int, shard: int, spans: Any, key: str) -> Sample:
+    def _sample(self, i: int, buf: Any, offset: int, size: int, shard: int, members: list[tuple[int, int, int]], key: bytes) -> Sample:
         """The sample dict of sample ``i`` from the bytes of its whole range.
 
         Raises:
@@ -286,13 +312,10 @@ class TarDataset:
         """
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
-        sample: Sample = {"__key__": key, "__url__": self.urls[shard], "__index__": i}
-        exts, nm = self._exts, len(spans) // 3
-        for j in range(nm):
-            o, end = spans[2 * j], spans[2 * j] + spans[2 * j + 1]
-            if end > size:
-                raise CorruptArchiveError(self.urls[shard], offset, "index entry out of bounds")
-            sample[exts[spans[2 * nm + j]]] = buf[o:end]
+        sample: Sample = {"__key__": key.decode("utf-8", "surrogateescape"), "__url__": self.urls[shard], "__index__": i}
+        exts = self._exts
+        for e, o, z in members:  # checked against the sample's range when the record was read
+            sample[exts[e]] = buf[o : o + z]
         return sample
 
     if TYPE_CHECKING:
@@ -316,14 +339,34 @@ class TarDataset:
         return item(i)
 
     def _choose_item(self) -> None:
-        self._item = self.read if self.decoder is None and self.transform is None else self._decoded_item  # type: ignore[method-assign]
+        if self.on_error == "skip":
+            self._item = self._skipping_item  # type: ignore[method-assign]
+        else:
+            self._item = self.read if self.decoder is None and self.transform is None else self._decoded_item  # type: ignore[method-assign]
 
     def _decoded_item(self, i: int) -> Any:
         return self._finish(self.read(i))
 
+    def _skipping_item(self, i: int) -> Any:
+        """``ds[i]`` with ``on_error="skip"``: the first readable sample from ``i`` on (see the class doc)."""
+        n = self._n
+        j = i
+        while True:
+            try:
+                sample = self._decoded_item(j)
+            except (CorruptArchiveError, DecodeError) as exc:
+                self._failures += 1
+                log.warning("skipping sample %d (%d in a row, max_errors=%d): %s", j % n if n else j, self._failures, self.max_errors, exc)
+                if self._failures >= self.max_errors:
+                    raise
+                j = (j + 1) % n if j >= 0 else j + 1
+                continue
+            self._failures = 0
+            return sample
+
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
-        if name in ("decoder", "transform"):  # ds[i] chooses its item function again
+        if name in ("decoder", "transform", "on_error"):  # ds[i] chooses its item function again
             self.__dict__.pop("_item", None)
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
@@ -332,7 +375,7 @@ class TarDataset:
         ``DataLoader`` calls this for batched sampling; reading in file order keeps
         reads local (page cache, zstd frames) whatever order the sampler chose.
         """
-        if self._remote:
+        if self._remote and self.on_error == "raise":  # with "skip", sample by sample: each failure handled
             return self._getitems_remote(indices)
         out: list[Any] = [None] * len(indices)
         for k in sorted(range(len(indices)), key=indices.__getitem__):
@@ -392,7 +435,7 @@ class TarDataset:
     @property
     def shard_sizes(self) -> list[int]:
         """Samples per shard, in index order (sample numbers run shard after shard)."""
-        starts = self.index.array("shard_start")
+        starts = self.index.shard_starts()
         return [int(b - a) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
 
     @property

@@ -8,9 +8,12 @@ from typing import Any, ClassVar, overload
 __all__ = [
     "CommandNotAllowedError",
     "CorruptArchiveError",
+    "CorruptDeflateError",
     "CorruptFrameError",
     "DecodeError",
+    "DecompressionLimitError",
     "DuplicateMemberError",
+    "IndexChangedError",
     "IndexFormatError",
     "IndexNotFoundError",
     "PatternError",
@@ -20,9 +23,11 @@ __all__ = [
     "ShardNotFoundError",
     "SourceError",
     "StaleIndexError",
+    "StateError",
     "StreamWarning",
     "TarIndexError",
     "TarIndexWarning",
+    "UnsupportedCompressionError",
     "WriteError",
 ]
 
@@ -119,6 +124,21 @@ class CorruptFrameError(CorruptArchiveError):
     """zstd data is damaged (corrupt or truncated frame, bad seek table); the offset is in the compressed file."""
 
 
+class CorruptDeflateError(CorruptArchiveError):
+    """gzip data is damaged (bad header, corrupt deflate stream, CRC or length mismatch, truncated);
+    the offset is in the compressed file."""
+
+
+class DecompressionLimitError(CorruptArchiveError):
+    """Compressed data expands beyond a configured bound (:class:`tarindex.compression.Limits`): a
+    decompression bomb, or a shard that needs the bound raised; the offset is in the compressed file."""
+
+
+class UnsupportedCompressionError(_OfShard, ValueError):
+    """A shard is compressed with a format tarindex does not read (bzip2, xz, lz4); the message names the
+    format and the command that converts the shard."""
+
+
 class DuplicateMemberError(CorruptArchiveError):
     """Two members of one sample share an extension."""
 
@@ -175,6 +195,12 @@ class CommandNotAllowedError(TarIndexError, PermissionError):
     """An index names a shard that is a command (``pipe:CMD``) and the caller did not allow commands."""
 
 
+class IndexChangedError(StaleIndexError):
+    """The index file at a path is no longer the one first opened there (rebuilt in place); ``.what`` says how."""
+
+    _template = "{path}: the index was rebuilt since it was opened ({what}); open it again"
+
+
 class SampleNotFoundError(TarIndexError, KeyError):
     """A key or sample number is not in the index."""
 
@@ -182,7 +208,11 @@ class SampleNotFoundError(TarIndexError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class SamplerStateError(TarIndexError, ValueError):
+class StateError(TarIndexError, ValueError):
+    """A state dict (``load_state_dict``) is malformed or belongs to another dataset or configuration."""
+
+
+class SamplerStateError(StateError):
     """A sampler state dict is malformed or belongs to another dataset or configuration."""
 
 

@@ -18,22 +18,10 @@ from typing import Any, NamedTuple, Protocol
 
 from . import tar
 from ._native import SPEEDUPS
-from .errors import DuplicateMemberError
+from .errors import DuplicateMemberError, shown
 from .tar import BLOCK, Buffer, Entry
 
-__all__ = [
-    "Columns",
-    "Packer",
-    "SampleRecord",
-    "TablePacker",
-    "fused",
-    "group_members",
-    "iter_samples",
-    "new_packer",
-    "pack_samples",
-    "sample_key",
-    "split_key",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 # the packer in C (names in the common case split on bytes, the rest by sample_key); TablePacker is the reference
 _CPacker = SPEEDUPS.Packer if SPEEDUPS is not None else None
@@ -70,8 +58,15 @@ def sample_key(name: str) -> tuple[str, str] | None:
     return split
 
 
+RESERVED = frozenset({"__key__", "__url__", "__index__"})
+"""Fields every sample dict has: a member with one of these as its extension is refused like a duplicate."""
+
+
 def _duplicate(path: str, header_offset: int, ext: str, key: str, name: str) -> DuplicateMemberError:
-    return DuplicateMemberError(path, header_offset, f"duplicate extension {ext!r} in sample {key!r} (member {name!r})")
+    if ext in RESERVED:
+        what = f"member {shown(name)} would replace the reserved field {ext!r} of sample {shown(key)}"
+        return DuplicateMemberError(path, header_offset, what)
+    return DuplicateMemberError(path, header_offset, f"duplicate extension {ext!r} in sample {shown(key)} (member {shown(name)})")
 
 
 class SampleRecord(NamedTuple):
@@ -111,6 +106,8 @@ def group_members(entries: Iterable[Entry], path: str) -> Iterator[SampleRecord]
                 yield SampleRecord(key, start, end - start, tuple(current), tuple(payloads) if with_data else None)
             key, start, current, exts, payloads = k, header_offset, [], [], []
         elif ext in exts:
+            raise _duplicate(path, header_offset, ext, k, name)
+        if ext in RESERVED:
             raise _duplicate(path, header_offset, ext, k, name)
         current.append((ext, offset, size))
         exts.append(ext)

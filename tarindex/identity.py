@@ -21,7 +21,7 @@ from .errors import StaleIndexError
 from .index.format import ShardInfo
 from .shards import fingerprint
 
-__all__ = ["Check", "check_shard", "check_source", "current_info"]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 Check = Literal["stat", "fingerprint"]
 """``stat``: size and mtime, the fingerprint when only the mtime differs; ``fingerprint``: always the fingerprint too."""

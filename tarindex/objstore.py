@@ -37,19 +37,7 @@ from .options import SourceOptions
 if TYPE_CHECKING:
     from obstore import GetOptions
 
-__all__ = [
-    "OBJECT_SCHEMES",
-    "FsspecReader",
-    "ObjectReader",
-    "ObjectSource",
-    "coalesce",
-    "glob_urls",
-    "is_object_url",
-    "is_remote_reader",
-    "obstore_started",
-    "open_reader",
-    "read_many",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 OBJECT_SCHEMES = frozenset(("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss"))
 """URL schemes read through obstore."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from ._cache import FileCache
 from .errors import CommandNotAllowedError, CorruptFrameError, IndexFormatError, RandomAccessError
+from .gzip import random_access_refused
 from .index.format import ShardInfo
 from .objstore import open_reader
 from .options import SourceOptions
@@ -30,7 +31,7 @@ from .shards import as_path, is_fingerprint, shard_kind
 from .zstd import MAP_SLICE, decompress_frames
 from .zstd_random import ReadAt, zstd_reader
 
-__all__ = ["ShardOpener", "check_commands", "close_handle", "fix_command", "open_url", "open_zstd_shard", "shard_name"]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 
 def shard_name(index_path: str | os.PathLike[str], info: ShardInfo) -> str:
@@ -101,6 +102,9 @@ def open_url(url: str, info: ShardInfo, frames: np.ndarray | None = None, option
     reader = open_reader(url, size=info.size, etag=info.etag, mtime_ns=info.mtime_ns, options=options or SourceOptions())
     if info.compression == "zstd":
         return open_zstd_shard(url, reader, info, frames)
+    if info.compression == "gzip":
+        reader.close()
+        raise random_access_refused(url)
     return reader
 
 
@@ -298,7 +302,9 @@ def _cached_copy(path: str, fd: int, info: ShardInfo, frames: np.ndarray, cache_
         pieces = iter(lambda: os.read(fd, MAP_SLICE // 4), b"")
         os.lseek(fd, 0, os.SEEK_SET)
         for chunk in decompress_frames(pieces, path):
-            f.write(chunk)
+            f.write(chunk[: total - f.tell()])
+            if f.tell() >= total:  # the indexed frames are written: what follows is padding
+                break
         if f.tell() != total:
             raise CorruptFrameError(path, 0, f"decompresses to {f.tell()} bytes, the index says {total}")
 

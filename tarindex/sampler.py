@@ -29,17 +29,20 @@ the new plan, dealt to the new ranks the same way. See ``docs/sampling.md``.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from .errors import SamplerStateError
+from ._split import Draws, pick, stream_key
+from ._state import check_header, header
+from .errors import SamplerStateError, StateError
 
-__all__ = ["ShardSampler", "ShardSized"]
+__all__ = ["MixSampler", "ShardSampler", "ShardSized"]
 
 _BLOCK = 8192  # stream positions mapped per vectorised step
 _TABLE_MAX = 1 << 20  # windows up to this size get an exact numpy permutation; larger ones a Feistel network
@@ -247,6 +250,14 @@ class ShardSampler:
             the frame cache holds. Default (``None``): the dataset's
             ``samples_per_frame`` when it has one (``TarDataset``: 1 for plain
             tar, the mean samples per frame of its zstd shards), else 1.
+        elastic: deal the stream by position instead of in blocks: rank ``r``
+            takes stream positions ``r, r + world, r + 2 * world, ...``, so step
+            ``j`` of a job (``world`` ranks x ``B`` samples) covers stream
+            positions ``[j * world * B, (j + 1) * world * B)`` whatever the world
+            size: the same global sequence on any number of ranks and workers
+            (keep ``world * B`` constant), and a state resumes on another world
+            size at the same global position. The cost: every rank reads from
+            every shard of the current window (see ``docs/sampling.md``).
 
     Raises:
         ValueError: bad rank, world size, chunk or block size, or a negative
@@ -266,6 +277,7 @@ class ShardSampler:
         *,
         chunk_shards: int = 4,
         block_samples: int | None = None,
+        elastic: bool = False,
     ) -> None:
         if block_samples is None:
             block_samples = max(1, int(getattr(dataset, "samples_per_frame", 1)))
@@ -294,6 +306,7 @@ class ShardSampler:
         self.drop_last = drop_last
         self.chunk_shards = chunk_shards
         self.block_samples = block_samples
+        self.elastic = elastic
         self.epoch = 0
         self._plan: Plan = ((0, self.total_samples),) if self.total_samples else ()
         self._offset = 0  # samples of this rank's block consumed before this pass
@@ -315,6 +328,8 @@ class ShardSampler:
         return self._block_len(self._plan_total, self.num_replicas, self.drop_last)
 
     def __len__(self) -> int:
+        if self.elastic:  # from the global position reached, an equal share per rank
+            return self._block_len(max(0, self.total_samples - self._offset), self.num_replicas, self.drop_last)
         return self.num_samples - self._offset
 
     def set_epoch(self, epoch: int) -> None:
@@ -323,6 +338,12 @@ class ShardSampler:
             self.epoch = epoch
             self._plan = ((0, self.total_samples),) if self.total_samples else ()
             self._offset = 0
+        self._yielded = 0
+
+    def rewind(self) -> None:
+        """Start the current epoch again from its first sample (the whole stream; a loaded position is dropped)."""
+        self._plan = ((0, self.total_samples),) if self.total_samples else ()
+        self._offset = 0
         self._yielded = 0
 
     def _epoch_order(self) -> _EpochOrder:
@@ -352,11 +373,27 @@ class ShardSampler:
     def __iter__(self) -> Iterator[int]:
         order = self._epoch_order()
         length = self.num_samples
-        start = self.rank * length
         self._yielded = 0
+        if self.elastic:
+            yield from self._elastic(order)
+            return
+        start = self.rank * length
         for a, b in self._stream_ranges(start + self._offset, start + length):
             for chunk in order.samples(a, b):
                 for i in chunk.tolist():
+                    self._yielded += 1
+                    yield i
+
+    def _elastic(self, order: _EpochOrder) -> Iterator[int]:
+        """Stream positions ``offset + rank + k * world`` for ``k < len(self)`` (past the end: padding, as
+        in block dealing), ``offset`` being the global position the pass starts at."""
+        world, start = self.num_replicas, self._offset
+        pos = start
+        for a, b in self._stream_ranges(start, start + len(self) * world):
+            for chunk in order.samples(a, b):
+                mine = chunk[(self.rank - (pos - start)) % world :: world]
+                pos += len(chunk)
+                for i in mine.tolist():
                     self._yielded += 1
                     yield i
 
@@ -371,6 +408,7 @@ class ShardSampler:
             "drop_last": self.drop_last,
             "total_samples": self.total_samples,
             "num_shards": len(self.sizes),
+            "elastic": self.elastic,
         }
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
@@ -388,6 +426,8 @@ class ShardSampler:
         done = self._yielded if consumed is None else consumed
         if not 0 <= done <= len(self):
             raise ValueError(f"consumed must be in [0, {len(self)}], got {done}")
+        if self.elastic:  # ranks in lockstep: every position below this one was handed out to some rank
+            done *= self.num_replicas
         return {
             "format": _STATE_FORMAT,
             "epoch": self.epoch,
@@ -418,18 +458,21 @@ class ShardSampler:
             consumed = state["consumed"]
             counts = [int(c) for c in consumed] if isinstance(consumed, (list, tuple)) else [int(consumed)] * old_world
             mine = self._config()
-            ours = {k: state[k] for k in mine}
+            ours = {k: state.get(k, False) if k == "elastic" else state[k] for k in mine}  # no "elastic": an older state
         except (KeyError, TypeError, ValueError) as exc:
             raise SamplerStateError(f"not a ShardSampler state: {exc!r}") from exc
         if fmt != _STATE_FORMAT:
             raise SamplerStateError(f"ShardSampler state format {fmt} is not supported (expected {_STATE_FORMAT})")
         for k, v in mine.items():
-            if k == "drop_last" and old_world != self.num_replicas:
+            if k == "drop_last" and (old_world != self.num_replicas or self.elastic):
                 continue  # the new dealing may choose its own
             if ours[k] != v:
                 raise SamplerStateError(f"ShardSampler state is for {k}={ours[k]!r}, this sampler has {k}={v!r}")
         if old_world < 1 or len(counts) != old_world:
             raise SamplerStateError(f"ShardSampler state: {len(counts)} consumed counts for {old_world} replicas")
+        if self.elastic:  # one global position, whatever the world sizes
+            self.epoch, self._yielded, self._offset = epoch, 0, min(counts)
+            return
         if any(not 0 <= a < b <= self.total_samples for a, b in plan):
             raise SamplerStateError(f"ShardSampler state: plan {plan} outside [0, {self.total_samples}]")
         total = sum(b - a for a, b in plan)
@@ -453,3 +496,160 @@ class ShardSampler:
             f"ShardSampler(samples={self.total_samples}, shards={len(self.sizes)}, rank={self.rank}/{self.num_replicas}, "
             f"epoch={self.epoch}, chunk_shards={self.chunk_shards})"
         )
+
+
+class MixSampler:
+    """The map-style counterpart of :func:`tarindex.mix`: weighted sampling over datasets concatenated
+    (``torch.utils.data.ConcatDataset(datasets)`` numbering: dataset ``k``'s samples follow those of
+    the datasets before it).
+
+    Each index comes from dataset ``k`` with probability ``weights[k]`` (among those still running),
+    in that dataset's own :class:`ShardSampler` order (shard-local, split over ranks), drawn from a
+    counter-based random stream of ``(seed, epoch, rank)``. ``state_dict`` / ``load_state_dict``
+    resume mid-epoch (``StatefulDataLoader`` calls them by itself).
+
+    Args:
+        datasets: anything with ``shard_sizes`` (``TarDataset``s), in concatenation order.
+        weights: one non-negative weight per dataset, not all zero (default: equal).
+        num_samples: indices per rank per epoch; required with ``stop="never"`` and for equal
+            lengths on every rank with ``stop="first"``.
+        num_replicas: as :class:`ShardSampler`.
+        rank: as :class:`ShardSampler`.
+        seed: fixes the choices; each dataset's :class:`ShardSampler` gets a seed of its own derived from it.
+        chunk_shards: as :class:`ShardSampler`.
+        block_samples: as :class:`ShardSampler`.
+        stop: ``"all"`` (default): a dataset that runs out leaves the draw, every sample once per
+            epoch (apart from :class:`ShardSampler` padding); ``"first"``: the epoch ends when one
+            runs out; ``"never"``: a dataset that runs out starts its order again.
+
+    Raises:
+        ValueError: bad weights, ``stop``, or ``stop="never"`` without ``num_samples``.
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[ShardSized],
+        weights: Sequence[float] | None = None,
+        *,
+        num_samples: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        stop: Literal["first", "all", "never"] = "all",
+        chunk_shards: int = 4,
+        block_samples: int | None = None,
+    ) -> None:
+        if not datasets:
+            raise ValueError("MixSampler needs at least one dataset")
+        w = [1.0] * len(datasets) if weights is None else [float(x) for x in weights]
+        if len(w) != len(datasets):
+            raise ValueError(f"{len(w)} weights for {len(datasets)} datasets")
+        if any(not x >= 0 for x in w) or sum(w) <= 0:
+            raise ValueError(f"weights must be >= 0 and not all 0, got {w}")
+        if stop not in ("first", "all", "never"):
+            raise ValueError(f"stop must be 'first', 'all' or 'never', not {stop!r}")
+        if stop == "never" and num_samples is None:
+            raise ValueError("stop='never' needs num_samples (the epoch would never end)")
+        self.samplers = [
+            ShardSampler(ds, num_replicas, rank, seed=stream_key("tarindex-mix-sampler", seed, k) >> 33,
+                         chunk_shards=chunk_shards, block_samples=block_samples)
+            for k, ds in enumerate(datasets)
+        ]
+        self.offsets = [0, *itertools.accumulate(s.total_samples for s in self.samplers)][:-1]
+        self.weights, self.seed, self.stop, self.num_samples = w, seed, stop, num_samples
+        self.rank, self.num_replicas = self.samplers[0].rank, self.samplers[0].num_replicas
+        self.epoch = 0
+        self._resume = False  # a loaded position waits for the next iteration
+        self._fresh()
+
+    def _fresh(self) -> None:
+        self.step, self.yielded, self.done = 0, 0, False
+        self.active = [True] * len(self.samplers)
+
+    def __len__(self) -> int:
+        if self.num_samples is not None:
+            return self.num_samples
+        if self.stop == "all":
+            return sum(len(s) for s in self.samplers)
+        raise TypeError("a MixSampler with stop='first' has a length only with num_samples")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the mix and of every dataset's sampler (a loaded position holds for its own epoch)."""
+        if epoch != self.epoch:
+            self._resume = False
+        self.epoch = epoch
+        for s in self.samplers:
+            s.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        if not self._resume:
+            self._fresh()
+            for s in self.samplers:
+                s.rewind()
+        self._resume = False
+        draws = Draws(stream_key("tarindex-mix-sampler", self.seed, self.epoch, self.rank))
+        iterators: list[Iterator[int] | None] = [None] * len(self.samplers)
+        cumulative = list(itertools.accumulate(w if a else 0.0 for w, a in zip(self.weights, self.active)))
+        while not self.done and cumulative[-1] > 0 and (self.num_samples is None or self.yielded < self.num_samples):
+            k = pick(draws, self.step, cumulative)
+            self.step += 1
+            it = iterators[k]
+            if it is None:
+                it = iterators[k] = iter(self.samplers[k])
+            i = next(it, -1)
+            if i < 0:
+                if self.stop == "first":
+                    break
+                if self.stop == "all":
+                    self.active[k] = False
+                    cumulative = list(itertools.accumulate(w if a else 0.0 for w, a in zip(self.weights, self.active)))
+                    continue
+                self.samplers[k].rewind()  # "never": dataset k's order again
+                it = iterators[k] = iter(self.samplers[k])
+                i = next(it, -1)
+                if i < 0:
+                    raise ValueError(f"MixSampler: dataset {k} has no samples to repeat")
+            self.yielded += 1
+            yield self.offsets[k] + i
+        self.done = True
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "weights": self.weights,
+            "stop": self.stop,
+            "num_samples": self.num_samples,
+            "sizes": [s.total_samples for s in self.samplers],
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position: draws made, indices handed out, datasets still running, each dataset sampler's state."""
+        return {
+            **header("MixSampler", self._config()),
+            "epoch": self.epoch,
+            "step": self.step,
+            "yielded": self.yielded,
+            "active": list(self.active),
+            "done": self.done,
+            "samplers": [s.state_dict() for s in self.samplers],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` on the next iteration (same world size; each dataset's sampler as
+        :meth:`ShardSampler.load_state_dict`).
+
+        Raises:
+            StateError: a malformed state, or one of another mix.
+        """
+        check_header(state, "MixSampler", self._config())
+        try:
+            epoch, step, yielded = int(state["epoch"]), int(state["step"]), int(state["yielded"])
+            active, done, subs = [bool(a) for a in state["active"]], bool(state["done"]), list(state["samplers"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"malformed MixSampler state: {exc!r}") from exc
+        if len(active) != len(self.samplers) or len(subs) != len(self.samplers):
+            raise StateError(f"MixSampler state for {len(subs)} datasets, this one has {len(self.samplers)}")
+        for sampler, sub in zip(self.samplers, subs):
+            sampler.load_state_dict(sub)
+        self.epoch, self.step, self.yielded, self.active, self.done = epoch, step, yielded, active, done
+        self._resume = True

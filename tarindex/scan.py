@@ -15,8 +15,16 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ._source import Source
-from .errors import CorruptArchiveError, CorruptFrameError, ShardNotFoundError
+from .compression import ArchiveEnd, codec_of, detect
+from .errors import (
+    CorruptArchiveError,
+    CorruptDeflateError,
+    CorruptFrameError,
+    DecompressionLimitError,
+    ShardNotFoundError,
+)
 from .grouping import Packer, SampleRecord, new_packer, pack_samples
+from .gzip import decompress_gzip
 from .index.format import ShardInfo, ShardTable
 from .shards import FINGERPRINT_SPAN, fingerprint, fingerprint_stream
 from .sources import is_url, open_source
@@ -31,23 +39,11 @@ from .zstd import (
     decompress_frames,
     frame_array,
     is_zstd,
-    iter_decompressed,
     random_access,
     read_seek_table,
 )
 
-__all__ = [
-    "archive",
-    "iter_archive",
-    "scan_shard",
-    "scan_stream",
-    "scan_zstd",
-    "shard_info",
-    "table_from_chunks",
-    "table_from_entries",
-    "table_from_file",
-    "table_from_samples",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 
 # -- tables from walks ------------------------------------------------------------
@@ -99,21 +95,35 @@ def table_from_samples(samples: Iterable[SampleRecord]) -> ShardTable:
 # -- archives: raw chunks -> tar chunks --------------------------------------------
 
 
-def iter_archive(chunks: Iterable[Any], url: str, *, frames: list[Any] | None = None) -> Iterator[bytes]:
-    """The uncompressed tar stream of a source's chunks: zstd is detected by its first bytes and decompressed.
+def iter_archive(
+    chunks: Iterable[Any], url: str, *, frames: list[Any] | None = None, end: ArchiveEnd | None = None
+) -> Iterator[bytes]:
+    """The uncompressed tar stream of a source's chunks: the codec is detected by the first bytes
+    (:func:`tarindex.compression.codec_of`) and decompresses.
 
     ``frames``, when given, receives the frame table of a zstd stream (see
-    :func:`tarindex.zstd.iter_decompressed`) and stays empty for a plain tar.
+    :func:`tarindex.zstd.iter_decompressed`) and stays empty for a plain tar. ``end``, set by the
+    consumer once the tar has ended, stops decompression after the padding (the rest is read).
 
     Raises:
-        CorruptArchiveError: bad zstd data.
+        CorruptArchiveError: bad compressed data.
+        UnsupportedCompressionError: bzip2, xz, lz4 or Unix compress.
+        DecompressionLimitError: the output exceeds the bounds.
     """
     chunks = iter(chunks)
     first = next(chunks, None)
     if first is None:
         return
-    if is_zstd(bytes(first[:4])):
-        yield from iter_decompressed(itertools.chain((first,), chunks), url, frames=frames)
+    while len(first) < 6:  # enough bytes to tell every format apart
+        more = next(chunks, None)
+        if more is None:
+            break
+        first = bytes(first) + bytes(more)
+    codec = codec_of(bytes(first[:6]), url)
+    if codec == "zstd":
+        yield from decompress_frames(itertools.chain((first,), chunks), url, frames, end=end)
+    elif codec == "gzip":
+        yield from decompress_gzip(itertools.chain((first,), chunks), url, end=end)
     else:
         yield first
         yield from chunks
@@ -125,14 +135,16 @@ def archive(
     *,
     frames: list[Any] | None = None,
     first: bytes = b"",
+    end: ArchiveEnd | None = None,
 ) -> Iterator[bytes]:
     """A source's uncompressed tar stream (see :func:`iter_archive`), decompressed in its reader thread.
 
     ``tap`` wraps the raw chunks before decompression (it runs in the reader thread); ``frames``
-    collects a zstd stream's frame table; ``first``: bytes already read from the source.
+    collects a zstd stream's frame table; ``first``: bytes already read from the source; ``end``:
+    set it once the tar has ended, so that draining the rest decompresses only the padding.
     """
     raw = source.raw(first)
-    return source.threaded(iter_archive(tap(raw) if tap is not None else raw, source.url, frames=frames))
+    return source.threaded(iter_archive(tap(raw) if tap is not None else raw, source.url, frames=frames, end=end))
 
 
 # -- shards ------------------------------------------------------------------------
@@ -159,8 +171,16 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
         st = os.fstat(fd)
         if st.st_size == 0:
             raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
-        table = scan_zstd(fd, path) if is_zstd(os.pread(fd, 4, 0)) else table_from_file(fd, path)
-        return shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table), table
+        codec = codec_of(os.pread(fd, 6, 0), path)
+        partial = False
+        if codec == "zstd":
+            table, partial = _scan_zstd(fd, path)
+        elif codec == "gzip":
+            table = _scan_gzip(fd, path)
+        else:
+            table = table_from_file(fd, path)
+        info = shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table, gzip=codec == "gzip")
+        return (dataclasses.replace(info, random_access=False) if partial else info), table
     finally:
         os.close(fd)
 
@@ -190,21 +210,29 @@ def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
             yield chunk
 
     rows: list[tuple[int, int, int, int]] = []
+    end = ArchiveEnd()
     with open_source(url) as source:
-        raw = archive(source, tapped, frames=rows)
+        raw = archive(source, tapped, frames=rows, end=end)
         table = table_from_chunks(raw, url)
-        for _ in raw:  # the rest (end-of-archive padding): the size and fingerprint cover the whole stream
-            pass
+        end.set()
+        for _ in raw:  # the rest (end-of-archive padding), read but not decompressed past Limits.padding:
+            pass  # the size and fingerprint cover the whole stream
         size = source.position
     if is_zstd(bytes(head[:4])):  # the frame table, as for a local zstd shard
         table.frames = frame_array(rows)
-    info = shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table, etag=source.etag)
-    return info, table
+    gzip = detect(bytes(head[:6])) == "gzip"
+    info = shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table, etag=source.etag, gzip=gzip)
+    return (dataclasses.replace(info, random_access=False) if end.partial else info), table
 
 
-def shard_info(path: str, size: int, mtime_ns: int, fp: str, table: ShardTable, *, etag: str | None = None) -> ShardInfo:
-    """A scanned shard's record; a zstd shard (one with a frame table) says so, and whether random access is cheap."""
+def shard_info(
+    path: str, size: int, mtime_ns: int, fp: str, table: ShardTable, *, etag: str | None = None, gzip: bool = False
+) -> ShardInfo:
+    """A scanned shard's record; a zstd shard (one with a frame table) says so, and whether random access is
+    cheap; a gzip shard says so (not read at random)."""
     info = ShardInfo(path, size, mtime_ns, fp, table.n_samples, table.n_members, etag=etag)
+    if gzip:
+        return dataclasses.replace(info, compression="gzip", random_access=False)
     if table.frames is not None:
         info = dataclasses.replace(info, compression="zstd", random_access=random_access(table.frames))
     return info
@@ -219,11 +247,21 @@ def scan_zstd(fd: int, path: str) -> ShardTable:
     table, is indexed by walking the frames' headers, which also names the
     frame at fault.
 
+    After the end-of-archive marker only :attr:`tarindex.compression.Limits.padding` bytes are
+    decompressed; the frames after that are walked by their headers and get no rows.
+
     Raises:
         CorruptFrameError: corrupt or truncated zstd data, or a seek table that
             disagrees with the frames (compressed offsets).
         CorruptArchiveError: a decompressed stream that is not a valid tar.
+        DecompressionLimitError: the output exceeds the expansion ratio.
     """
+    return _scan_zstd(fd, path)[0]
+
+
+def _scan_zstd(fd: int, path: str) -> tuple[ShardTable, bool]:
+    """:func:`scan_zstd`, and whether the walk stopped inside a frame (whose row is then incomplete)."""
+    end = ArchiveEnd()
     buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     try:
         if hasattr(mmap, "MADV_SEQUENTIAL"):
@@ -234,25 +272,40 @@ def scan_zstd(fd: int, path: str) -> ShardTable:
         table = None
         if seek is not None and len(seek) and int(seek[:, 1].max()) <= PIECE_LIMIT:
             try:
-                table = _scan_chunks(by_seek_table(mv, seek, rows), path)
+                table = _scan_chunks(by_seek_table(mv, seek, rows, path, end), path, end)
             except SeekTableMismatch:
                 rows.clear()
+                end = ArchiveEnd()
         if table is None:
             pieces = (mv[i : i + MAP_SLICE] for i in range(0, len(mv), MAP_SLICE))
-            table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False), path)
+            table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False, end=end), path, end)
             del pieces
         mv.release()
     finally:
         close_map(buf)
     frames = frame_array(rows)
     if seek is not None:
-        check_seek_table(frames, seek, path)
+        check_seek_table(frames[:-1] if end.partial else frames, seek, path, prefix=end.skipped)
     table.frames = frames
-    return table
+    return table, end.partial
 
 
-def _scan_chunks(chunks: Iterator[bytes], path: str) -> ShardTable:
-    """The tar parser over decompressed pieces; the pieces after the end-of-archive marker are drained too.
+def _scan_gzip(fd: int, path: str) -> ShardTable:
+    """Index a gzip shard: one streaming decompression (1 MiB reads), the tar parser on its output.
+
+    Raises:
+        CorruptDeflateError: damaged gzip data (compressed offset).
+        CorruptArchiveError: a decompressed stream that is not a valid tar.
+        DecompressionLimitError: the output exceeds the expansion ratio.
+    """
+    end = ArchiveEnd()
+    reads = (os.pread(fd, MAP_SLICE // 16, off) for off in range(0, os.fstat(fd).st_size, MAP_SLICE // 16))
+    return _scan_chunks(decompress_gzip(reads, path, end=end), path, end)
+
+
+def _scan_chunks(chunks: Iterator[bytes], path: str, end: ArchiveEnd) -> ShardTable:
+    """The tar parser over decompressed pieces; the input after the end-of-archive marker is drained
+    too (``end`` set: only the padding is decompressed, the rest read).
 
     Raises:
         CorruptFrameError: damaged zstd data (compressed offset).
@@ -261,10 +314,11 @@ def _scan_chunks(chunks: Iterator[bytes], path: str) -> ShardTable:
     """
     try:
         table = table_from_chunks(chunks, path)
-    except CorruptFrameError:
+    except (CorruptFrameError, CorruptDeflateError, DecompressionLimitError):  # offsets in the compressed file
         raise
     except CorruptArchiveError as exc:
         raise type(exc)(path, exc.offset, f"{exc.what} (in the decompressed tar)") from exc
+    end.set()
     for _ in chunks:  # the frames after the end-of-archive marker
         pass
     return table

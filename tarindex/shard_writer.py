@@ -22,12 +22,14 @@ from typing import Any, BinaryIO, Literal, NoReturn
 import zstandard
 
 from ._atomic import AtomicFile
+from .compression import codec_of
 from .errors import CorruptArchiveError, ShardNotFoundError
 from .grouping import group_members
+from .gzip import decompress_gzip
 from .tar import BLOCK, iter_tar
-from .zstd import MAX_FRAME_BYTES, close_map, is_zstd, iter_decompressed, seek_table_frame
+from .zstd import MAX_FRAME_BYTES, close_map, iter_decompressed, seek_table_frame
 
-__all__ = ["DEFAULT_FRAME_SIZE", "DEFAULT_LEVEL", "SeekableZstdWriter", "ShardWriter", "compress_shard"]
+__all__ = ["ShardWriter", "compress_shard"]  # public (tarindex.ShardWriter, tarindex.compress_shard); the rest serves the package
 
 DEFAULT_LEVEL = 3
 """zstd level of ``tarindex compress`` and ``ShardWriter`` (zstd's own default)."""
@@ -135,7 +137,8 @@ def compress_shard(
 
     Raises:
         ShardNotFoundError: ``src`` does not exist.
-        CorruptArchiveError: ``src`` is not a valid tar (or zstd) archive.
+        CorruptArchiveError: ``src`` is not a valid tar (or zstd or gzip) archive.
+        UnsupportedCompressionError: ``src`` is bzip2, xz, lz4 or Unix compress.
     """
     src, dst = os.fspath(src), os.fspath(dst)
     try:
@@ -147,10 +150,12 @@ def compress_shard(
     try:
         if os.fstat(fd).st_size == 0:
             raise CorruptArchiveError(src, 0, "empty file, not a tar archive")
-        if is_zstd(os.pread(fd, 4, 0)):  # decompress to a temporary tar beside the output first
+        codec = codec_of(os.pread(fd, 6, 0), src)
+        if codec != "tar":  # zstd or gzip: decompress to a temporary tar beside the output first
             plain = AtomicFile(Path(dst).with_name(Path(dst).name + ".plain"))
+            decompress = iter_decompressed if codec == "zstd" else decompress_gzip
             with open(src, "rb") as f:
-                for piece in iter_decompressed(iter(lambda: f.read(_READ), b""), src):
+                for piece in decompress(iter(lambda: f.read(_READ), b""), src):
                     plain.file.write(piece)
             plain.file.close()
             os.close(fd)

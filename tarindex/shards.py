@@ -15,25 +15,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from .compression import looks_like_shard, sniff_file
 from .errors import IndexNotFoundError, PatternError, ShardNotFoundError
 
-__all__ = [
-    "FINGERPRINT_SPAN",
-    "INDEX_SUFFIX",
-    "PATTERN_SEPARATOR",
-    "ShardKind",
-    "as_path",
-    "default_index_path",
-    "expand_braces",
-    "expand_patterns",
-    "expand_shards",
-    "fingerprint",
-    "fingerprint_stream",
-    "is_fingerprint",
-    "is_index_file",
-    "resolve_index",
-    "shard_kind",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 ShardKind = Literal["file", "url", "command"]
 """How a shard is opened: a local ``file``, a ``url`` (``scheme://``), or a ``command`` (``pipe:CMD``, ``-``)."""
@@ -43,14 +28,6 @@ FINGERPRINT_SPAN = 64 << 10
 PATTERN_SEPARATOR = "::"
 _ENV = re.compile(r"\$\{(\w+)\}")
 _ESCAPED = {"{": "\x00(", "}": "\x00)"}  # stand-ins for escaped braces (no name holds a NUL)
-# An index is an LMDB file: its first meta page holds MDB_MAGIC (0xBEEFC0DE) after a 16-byte page header.
-_LMDB_MAGIC_AT = 16
-_LMDB_MAGICS = (0xBEEFC0DE .to_bytes(4, "little"), 0xBEEFC0DE .to_bytes(4, "big"))
-# How a shard starts: a tar header (checksum at 148), or a compressed frame: zstd (and its skippable
-# frames, as the seekable format's), gzip, bzip2, xz, lz4.
-_TAR_BLOCK = 512
-_COMPRESSED_MAGICS = (b"\x28\xb5\x2f\xfd", *(bytes([0x50 + i, 0x2A, 0x4D, 0x18]) for i in range(16)), b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x04\x22\x4d\x18")
-_SHARD_SUFFIXES = (".tar", ".tar.zst", ".tzst")
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -152,8 +129,9 @@ def expand_shards(
 ) -> list[str]:
     """Turn paths, globs and patterns (braces, ``::``) into a list of shard names, in order.
 
-    A glob over ``file://`` or an object store (``s3://``, ``gs://``, ``az://``,
-    ``hf://``) lists it (:func:`tarindex.objstore.glob_urls`); other URLs pass through.
+    A glob in a URL lists the store (``file://``; ``s3://``, ``gs://``, ``az://`` through obstore;
+    ``hf://`` and any other fsspec protocol through fsspec: :func:`tarindex.objstore.glob_urls`);
+    ``http(s)://`` URLs pass through.
 
     A scheme is honoured in the names given, never in the names a glob matches (see :func:`as_path`).
 
@@ -167,7 +145,7 @@ def expand_shards(
         text = os.fspath(spec)
         for s in expand_patterns(text):
             kind = shard_kind(s)
-            if kind == "url" and glob.has_magic(s) and s.split("://", 1)[0].lower() in _LISTED_SCHEMES:
+            if kind == "url" and glob.has_magic(s) and s.split("://", 1)[0].lower() not in _UNLISTED_SCHEMES:
                 out.extend(_glob_url(s, text, must_exist, storage_options))
             elif kind != "file":
                 out.append(s)
@@ -186,7 +164,7 @@ def expand_shards(
     return out
 
 
-_LISTED_SCHEMES = frozenset(("file", "s3", "gs", "gcs", "az", "azure", "abfs", "abfss", "hf"))
+_UNLISTED_SCHEMES = frozenset(("http", "https"))  # no listing (and ``?`` starts a query there, not a glob)
 
 
 def _glob_url(url: str, spec: str, must_exist: bool, storage_options: dict[str, Any] | None) -> list[str]:
@@ -242,42 +220,6 @@ def fingerprint_stream(size: int, head: bytes, tail: bytes) -> str:
     return h.hexdigest()
 
 
-def is_index_file(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` names an index rather than a shard, decided by content before name.
-
-    An existing file that starts as an LMDB file does is an index; one that starts as a shard does
-    (a tar header with a valid checksum, or a zstd, gzip, bzip2, xz or lz4 frame) is a shard,
-    whatever either is called. A file that is neither is taken by its name: a shard if it is named
-    ``.tar``, ``.tar.zst`` or ``.tzst`` (reading it then says where it is damaged), else an index
-    (opening it then says it is none). A path that does not exist is an index when it is named
-    ``*.tarindex``.
-    """
-    p = os.fspath(path)
-    try:
-        with open(p, "rb") as f:
-            head = f.read(_TAR_BLOCK)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return p.endswith(INDEX_SUFFIX) and not os.path.isdir(p)
-    if head[_LMDB_MAGIC_AT : _LMDB_MAGIC_AT + 4] in _LMDB_MAGICS:
-        return True
-    if head.startswith(_COMPRESSED_MAGICS) or _is_tar_header(head):
-        return False
-    return not p.endswith(_SHARD_SUFFIXES)
-
-
-def _is_tar_header(block: bytes) -> bool:
-    """Whether ``block`` is a tar header with a valid checksum, or the zero block of an empty archive."""
-    if len(block) < _TAR_BLOCK:
-        return False
-    if block == bytes(_TAR_BLOCK):
-        return True
-    try:
-        recorded = int(block[148:156].strip(b" \0") or b"-1", 8)
-    except ValueError:
-        return False
-    return recorded == sum(block[:148]) + 8 * 0x20 + sum(block[156:_TAR_BLOCK])
-
-
 def resolve_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Path:
     """An index given as its file, or as the shards (list, glob, brace pattern) it sits beside.
 
@@ -285,8 +227,10 @@ def resolve_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[st
         IndexNotFoundError: shards were given and no index sits beside them.
         ShardNotFoundError: a shard pattern matches nothing.
     """
-    if isinstance(source, (str, os.PathLike)) and is_index_file(source):
-        return Path(source)
+    if isinstance(source, (str, os.PathLike)):
+        p = Path(source)
+        if p.suffix == INDEX_SUFFIX or (p.is_file() and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
+            return p
     index = default_index_path(expand_shards(source))
     if not index.is_file():
         raise IndexNotFoundError(f"{index}: no index beside these shards (build one with 'tarindex build')")

@@ -29,23 +29,18 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ._network import FsspecSource, HTTPSource, RangeReader
-from ._source import DEFAULT_BLOCK_SIZE, Source, _reads, is_url
+# Re-exported for the package (`X as X`): importers reach every source through this module.
+from ._network import FsspecSource as FsspecSource
+from ._network import HTTPSource as HTTPSource
+from ._network import RangeReader as RangeReader
+from ._source import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE
+from ._source import Source, _reads
+from ._source import is_url as is_url
 from .errors import ShardNotFoundError, SourceError
 from .objstore import OBJECT_SCHEMES, open_stream
 from .options import SourceOptions
 
-__all__ = [
-    "DEFAULT_BLOCK_SIZE",
-    "FileSource",
-    "FsspecSource",
-    "HTTPSource",
-    "PipeSource",
-    "RangeReader",
-    "Source",
-    "is_url",
-    "open_source",
-]
+__all__ = ["Source", "open_source"]  # public: open_source and what it returns; the rest serves the package
 
 
 class FileSource(Source):

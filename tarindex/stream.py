@@ -10,31 +10,45 @@ local plain tar is read with ``pread``), the same grouping
 from __future__ import annotations
 
 import copy
-import itertools
 import os
-import random
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import torch.utils.data
 
-from ._split import Slot, buffer_shuffle, shard_order, shards_for_slot, worker_slot
+from ._process import FORK
+from ._split import (
+    AFTER,
+    ONE,
+    SKIP,
+    WHOLE,
+    EpochRun,
+    Slot,
+    deal_rest,
+    shard_order,
+    shards_for_slot,
+    stream_key,
+    worker_slot,
+)
+from ._state import SharedEpoch, check_header, header, stream_states
 from .collate import batched, collate
+from .compression import ArchiveEnd, codec_of, detect, looks_like_shard, sniff_file
 from .decode import DecodeMode, Decoder
-from .errors import DecodeError, StreamWarning, TarIndexError, shown
+from .errors import CorruptArchiveError, DecodeError, StateError, StreamWarning, TarIndexError, shown
 from .grouping import fused, iter_samples
 from .identity import check_shard, check_source
 from .index.format import ShardInfo
 from .index.reader import IndexReader
 from .opener import check_commands, shard_name
+from .options import SourceOptions
 from .scan import archive
-from .shards import expand_shards, is_index_file
-from .sources import DEFAULT_BLOCK_SIZE, FileSource, is_url, open_source
+from .shards import INDEX_SUFFIX, expand_shards
+from .sources import DEFAULT_BLOCK_SIZE, FileSource, RangeReader, is_url, open_source
 from .tar import Stream
-from .zstd import is_zstd
 
-__all__ = ["Handler", "TarStream", "read_ahead_for"]
+__all__ = ["Handler", "TarStream"]  # public (tarindex.TarStream); the rest serves the package
 
 Sample = dict[str, Any]
 Handler = Literal["raise", "warn", "skip_shard"] | Callable[[Exception], bool]
@@ -47,14 +61,16 @@ def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] |
     reader: IndexReader | None = None
     if isinstance(urls, IndexReader):
         reader = urls
-    elif isinstance(urls, (str, os.PathLike)) and is_index_file(urls):  # by content: a shard may have any name
-        reader = IndexReader(urls)
+    elif isinstance(urls, (str, os.PathLike)):
+        p = os.fspath(urls)
+        if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
+            reader = IndexReader(p)
     if reader is None:
         return expand_shards(urls), None, None
     try:
         check_commands(reader.path, reader.shards, allow_commands)
         names = [shard_name(reader.path, info) for info in reader.shards]
-        starts = [int(x) for x in reader.array("shard_start").tolist()]
+        starts = [int(x) for x in reader.shard_starts().tolist()]
         infos = list(reader.shards)
     finally:
         if reader is not urls:
@@ -68,6 +84,35 @@ def read_ahead_for(url: str, read_ahead: int | None) -> int | None:
     if read_ahead is None and not is_url(url) and torch.utils.data.get_worker_info() is not None:
         return 0
     return read_ahead
+
+
+class _FileReader:
+    """``read_at(offset, size)`` over a local file (``os.pread``)."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self.fd).st_size
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        return os.pread(self.fd, size, offset)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _chunks_at(reader: Any, offset: int, block_size: int) -> Iterator[bytes]:
+    """The bytes of ``reader`` from ``offset`` to its end, in reads growing from 256 KiB to ``block_size``
+    (one sample read again costs one small read)."""
+    n = 256 << 10
+    while offset < reader.size:
+        data = reader.read_at(offset, min(n, reader.size - offset))
+        if not data:
+            return
+        offset += len(data)
+        n = min(2 * n, max(block_size, 256 << 10))
+        yield data
 
 
 class _Chain:
@@ -131,8 +176,11 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         urls: shard names (list, brace pattern, glob; local paths, ``-``,
             ``pipe:COMMAND``, ``http(s)://``, fsspec URLs), or an index file
             or :class:`~tarindex.IndexReader` whose shards are streamed. A single
-            file is taken for an index by its content (an LMDB file), whatever its name.
-        decode, decoders, transform, allow_pickle: as for :class:`~tarindex.TarDataset`.
+            file is an index or a shard by its content, whatever its name.
+        decode: as for :class:`~tarindex.TarDataset`.
+        decoders: as for :class:`~tarindex.TarDataset`.
+        transform: as for :class:`~tarindex.TarDataset`.
+        allow_pickle: as for :class:`~tarindex.TarDataset`.
         shuffle: size of the sample shuffle buffer (0: no sample shuffling).
         shuffle_shards: shuffle the shard order each epoch; default ``shuffle > 0``.
         seed: with the epoch, rank and worker, fixes every random choice.
@@ -142,10 +190,14 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             next shard (unreadable or corrupt shard); ``"skip_shard"``: warn and
             skip the rest of the shard; or a function of the exception that
             returns ``True`` to go on as ``"warn"`` does (webdataset's handlers).
-        rank, world_size: override ``torch.distributed`` / ``RANK`` / ``WORLD_SIZE``.
+        max_errors: with a handler that goes on, this many errors in a row (no
+            good sample between them, in one worker) raise the last one; ``None``: no limit.
+        rank: overrides ``torch.distributed`` / ``RANK``.
+        world_size: overrides ``torch.distributed`` / ``WORLD_SIZE``.
         block_size: bytes per read.
-        retries, backoff, timeout: network retries without progress, first
-            backoff in seconds (doubled each time), socket timeout.
+        retries: network retries without progress.
+        backoff: first backoff in seconds (doubled each time).
+        timeout: socket timeout in seconds.
         storage_options: client options of object stores and fsspec filesystems (docs/remote.md).
         headers: extra HTTP(S) request headers (e.g. ``{"Authorization": "Bearer ..."}``).
         read_ahead: blocks a reader thread keeps ready ahead of the parser (0: read in the
@@ -189,6 +241,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         read_ahead: int | None = None,
         allow_commands: bool = False,
         headers: Mapping[str, str] | None = None,
+        max_errors: int | None = None,
     ) -> None:
         super().__init__()
         if not callable(handler) and handler not in _HANDLERS:
@@ -203,9 +256,13 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self.shuffle_size = shuffle
         self.shuffle_shards = shuffle > 0 if shuffle_shards is None else shuffle_shards
         self.seed = seed
-        self.epoch = 0
+        self._epoch = SharedEpoch(0)
         self.epoch_size = epoch_size
         self.handler = handler
+        if max_errors is not None and max_errors < 1:
+            raise ValueError(f"max_errors must be >= 1, not {max_errors}")
+        self.max_errors = max_errors
+        self._errors = 0  # errors handled in a row, in this process
         self.rank = rank
         self.world_size = world_size
         self._source_options: dict[str, Any] = {
@@ -218,6 +275,12 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         }
         self.read_ahead = read_ahead
         self.batching: tuple[int, Callable[[list[Any]], Any] | None, bool] | None = None
+        self._pending: list[dict[str, Any]] | None = None  # loaded states, used by the next iteration of their epoch
+        self._run: EpochRun | None = None  # the current iteration's run (its state is state_dict())
+        self._run_slot: Slot | None = None
+        self._run_epoch = 0
+        self._readers: dict[int, Any] = {}  # per process: random readers of shards read from a position
+        self._readers_fork = 0
 
     # -- webdataset's fluent stages: ds.shuffle(1000).decode("pil").to_tuple("jpg", "cls").map(fn).batched(64) --
     def shuffle(self, size: int) -> TarStream:
@@ -274,18 +337,6 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         out.batching = (batch_size, collation_fn, partial)
         return out
 
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch: it reseeds the shard order and the shuffle buffer (call before each epoch)."""
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        """Samples per rank per epoch; defined only with ``epoch_size`` and without ``batched``."""
-        if self.epoch_size is None:
-            raise TypeError("TarStream has no length without epoch_size (shards are not indexed)")
-        if self.batching is not None:  # each worker's last batch may be short: the count depends on the workers
-            raise TypeError("a batched TarStream has no length: batches per rank depend on the DataLoader's workers")
-        return self.epoch_size
-
     # -- one shard ----------------------------------------------------------------
     def _raw(self, shard: int) -> Iterator[tuple[int, Sample]]:
         """``(sample offset, raw sample)`` for one shard, in archive order."""
@@ -299,35 +350,43 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 else:
                     check_source(url, self._infos[shard], source.size, source.mtime_ns)
             fd = source.fileno() if isinstance(source, FileSource) and source.size is not None and fused() else -1
-            if fd >= 0 and not is_zstd(os.pread(fd, 4, 0)):  # a local tar: the C walk reads it, one copy, no thread
+            if fd >= 0 and codec_of(os.pread(fd, 6, 0), url) == "tar":  # a local tar: the C walk reads it, one copy, no thread
                 yield from iter_samples(fd, url, index=index)
                 return
             first = b""
             if source.walks_direct and fused():  # HTTP, pipes: the C walk reads the socket or pipe itself
-                while len(first) < 4 and (more := source.read(64 << 10)):
+                while len(first) < 6 and (more := source.read(64 << 10)):
                     first += more
-                if not is_zstd(first[:4]):
+                if codec_of(first[:6], url) == "tar":
                     yield from iter_samples(Stream(source, first), url, index=index)
                     while source.read(source.block_size):  # to the end: the body's length is checked there
                         pass
                     return
-            raw = archive(source, first=first)
+            end = ArchiveEnd()
+            raw = archive(source, first=first, end=end)
             yield from iter_samples(raw, url, index=index)
+            end.set()  # what follows the tar is read, but decompressed only as far as Limits.padding
             for _ in raw:  # to the end: a pipe's exit status and an HTTP body's length are checked there
                 pass
         finally:
             source.close()
 
     def _handle(self, exc: Exception) -> bool:
-        """Apply the handler: ``False`` to raise, ``True`` to go on (a warning was issued)."""
+        """Apply the handler: ``False`` to raise, ``True`` to go on (a warning was issued).
+
+        ``max_errors`` errors in a row (no good sample between them) raise the last one.
+        """
         handler = self.handler
         if handler == "raise":
+            return False
+        self._errors += 1
+        if self.max_errors is not None and self._errors >= self.max_errors:
             return False
         if callable(handler):
             return bool(handler(exc))
         sample_only = handler == "warn" and isinstance(exc, DecodeError)
         skipped = "skipping the sample" if sample_only else "skipping the rest of the shard"
-        warnings.warn(f"{exc}; {skipped}", StreamWarning, stacklevel=3)
+        warnings.warn(f"{exc}; {skipped} ({self._errors} in a row)", StreamWarning, stacklevel=3)
         return True
 
     def shard_samples(self, shard: int) -> Iterator[Any]:
@@ -338,10 +397,18 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 ``SourceError``, ``ShardNotFoundError`` or ``DecodeError``, each
                 naming the shard and the byte offset.
         """
+        for _, _, sample in self._samples(shard, enumerate(self._raw(shard))):
+            if sample is not SKIP:
+                yield sample
+
+    def _samples(self, shard: int, numbered: Iterator[tuple[int, tuple[int, Sample]]]) -> Iterator[tuple[int, int, Any]]:
+        """``(offset, ordinal, sample)`` for raw ``(ordinal, (offset, sample))`` of ``shard`` (what
+        ``enumerate`` makes of :meth:`_raw`): decoded and transformed, with the handler applied (a
+        skipped sample comes as ``SKIP``, so that positions still advance)."""
         decoder, transform = self.decoder, self.transform
         url = self.urls[shard]
         try:
-            for offset, sample in self._raw(shard):
+            for ordinal, (offset, sample) in numbered:
                 if decoder is not None or transform is not None:
                     try:
                         if decoder is not None:
@@ -352,15 +419,139 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                         err = DecodeError(url, offset, f"sample {shown(str(sample.get('__key__')))}: {type(exc).__name__}: {exc}")
                         if not self._handle(err):
                             raise err from exc
+                        yield offset, ordinal, SKIP
                         if self.handler == "skip_shard":
                             return
                         continue
-                yield sample
+                if self._errors:
+                    self._errors = 0
+                yield offset, ordinal, sample
+        except StateError:
+            raise
         except (TarIndexError, OSError) as exc:
             if isinstance(exc, DecodeError) or not self._handle(exc):
                 raise
 
+    # -- positions: reading from a sample on, reading one sample again ------------------------
+    def _random(self, shard: int) -> Any:
+        """A reader with ``read_at`` and ``size`` for a plain tar shard that has one (a local file,
+        an HTTP server answering ``Range``), else ``None`` (zstd, pipes, standard input, fsspec:
+        read from the start). Kept per process while the epoch runs."""
+        if self._readers_fork != FORK[0]:
+            self._readers, self._readers_fork = {}, FORK[0]
+        if shard in self._readers:
+            return self._readers[shard]
+        url = self.urls[shard]
+        reader: Any = None
+        try:
+            if is_url(url) and url.split("://", 1)[0].lower() in ("http", "https"):
+                opts = self._source_options
+                reader = RangeReader(
+                    url, SourceOptions(retries=opts["retries"], backoff=opts["backoff"], timeout=opts["timeout"], headers=opts["headers"])
+                )
+            elif not is_url(url) and url != "-" and not url.startswith("pipe:") and os.path.isfile(url):
+                reader = _FileReader(url)
+            if reader is not None and (reader.size < 0 or detect(reader.read_at(0, 6)) != "tar"):
+                reader.close()
+                reader = None
+        except (TarIndexError, OSError):  # no Range support, unreachable: read from the start (errors come there)
+            if reader is not None:
+                reader.close()
+            reader = None
+        if len(self._readers) >= 8:
+            old = self._readers.pop(next(iter(self._readers)))
+            if old is not None:
+                old.close()
+        self._readers[shard] = reader
+        return reader
+
+    def _close_readers(self) -> None:
+        readers, self._readers = self._readers, {}
+        if self._readers_fork == FORK[0]:
+            for reader in readers.values():
+                if reader is not None:
+                    reader.close()
+
+    def _raw_at(self, shard: int, offset: int, ordinal: int, mode: int) -> Iterator[tuple[int, Sample]]:
+        """Raw ``(offset, sample)`` pairs from the sample at ``offset`` (the shard's ``ordinal``-th) on:
+        read with ``read_at`` from there when the shard allows it, else from the start, skipping.
+        ``AFTER`` leaves that sample out, ``ONE`` yields it only.
+
+        Raises:
+            StateError: the shard has no sample ``ordinal`` at ``offset`` (it changed since the state was saved).
+        """
+        url = self.urls[shard]
+        first_index = self._starts[shard] if self._starts is not None else None
+        reader = self._random(shard)
+        numbered: Iterator[tuple[int, tuple[int, Sample]]]
+        if reader is not None:
+            index = None if first_index is None else first_index + ordinal
+            walk = iter_samples(_chunks_at(reader, offset, self._source_options["block_size"]), url, index=index)
+            numbered = enumerate(((offset + off, sample) for off, sample in walk), ordinal)
+        else:
+            numbered = ((k, pair) for k, pair in enumerate(self._raw(shard)) if k >= ordinal)
+        found = False
+        try:
+            for k, (off, sample) in numbered:
+                if k == ordinal:
+                    if off != offset:
+                        raise StateError(
+                            f"{url}: sample {ordinal} is at offset {off}, the saved state says {offset}: "
+                            "the shard changed since the state was saved"
+                        )
+                    found = True
+                    if mode == AFTER:
+                        continue
+                yield off, sample
+                if mode == ONE:
+                    return
+        except CorruptArchiveError as exc:
+            if found or reader is None:
+                raise
+            raise StateError(
+                f"{url}: no sample {ordinal} at offset {offset}, where the saved state says it is (not a tar header there): "
+                "the shard changed since the state was saved"
+            ) from exc
+
+    def _read_item(self, shard: int, offset: int, ordinal: int, mode: int) -> Iterator[tuple[int, int, Any]]:
+        if mode == WHOLE:
+            return self._samples(shard, enumerate(self._raw(shard)))
+        return self._samples(shard, enumerate(self._raw_at(shard, offset, ordinal, mode), ordinal + (mode == AFTER)))
+
+    def _pick(self, shard: int, wanted: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
+        """The samples at ``wanted`` ``(offset, ordinal)`` positions of ``shard``, in ordinal order:
+        one read each where the shard allows, else one pass from the start."""
+        if self._random(shard) is not None:
+            for offset, ordinal in wanted:
+                yield from self._read_item(shard, offset, ordinal, ONE)
+            return
+        want = dict((ordinal, offset) for offset, ordinal in wanted)
+        last = max(want)
+
+        def wanted_only() -> Iterator[tuple[int, tuple[int, Sample]]]:
+            for k, (off, sample) in enumerate(self._raw(shard)):
+                if k in want:
+                    if off != want[k]:
+                        raise StateError(
+                            f"{self.urls[shard]}: sample {k} is at offset {off}, the saved state says {want[k]}: "
+                            "the shard changed since the state was saved"
+                        )
+                    yield k, (off, sample)
+                if k >= last:
+                    return
+
+        yield from self._samples(shard, wanted_only())
+
     # -- an epoch -----------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch (shared with DataLoader workers, persistent ones too)."""
+        return self._epoch.value
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self._epoch.value = epoch
+
     def slot(self) -> Slot:
         """This process's reader slot (rank, world size, worker, workers)."""
         return worker_slot(self.rank, self.world_size)
@@ -378,24 +569,139 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         base, extra = divmod(self.epoch_size, slot.num_workers)
         return base + (slot.worker < extra)
 
-    def _passes(self, shards: list[int]) -> Iterator[Any]:
-        """Each shard once; with ``epoch_size``, again and again until the quota stops the caller."""
-        while True:
-            got = False
-            for shard in shards:
-                for sample in self.shard_samples(shard):
-                    got = True
-                    yield sample
-            if self.epoch_size is None:
-                return
-            if not got:
-                names = ", ".join(self.urls[s] for s in shards[:3])
-                raise TarIndexError(f"{names}: no samples to fill epoch_size={self.epoch_size}")
+    def _new_run(self, slot: Slot, epoch: int, *, resumed: bool = False) -> EpochRun:
+        shards = self.shards_for(slot, epoch)
+
+        def empty() -> Exception:
+            names = ", ".join(self.urls[s] for s in shards[:3])
+            return TarIndexError(f"{names}: no samples to fill epoch_size={self.epoch_size}")
+
+        return EpochRun(
+            self._read_item,
+            self._pick,
+            lambda shard: self._random(shard) is not None,
+            own=shards,
+            shuffle=self.shuffle_size,
+            key=stream_key("tarindex-samples", self.seed, epoch, slot.rank, slot.worker, *(("resumed",) if resumed else ())),
+            quota=self._quota(slot),
+            empty=empty,
+        )
+
+    def _run_for(self, slot: Slot, epoch: int) -> EpochRun:
+        """This slot's run of ``epoch``: fresh, or continued from the loaded states of that epoch."""
+        states = [st for st in self._pending or () if st["epoch"] == epoch]
+        if not states:
+            return self._new_run(slot, epoch)
+        layouts = {(st["slot"][1], st["slot"][3]) for st in states}
+        if layouts == {(slot.world_size, slot.num_workers)}:
+            mine = [st for st in states if (st["slot"][0], st["slot"][2]) == (slot.rank, slot.worker)]
+            if len(mine) != 1:
+                raise StateError(
+                    f"TarStream states for {slot.world_size} ranks x {slot.num_workers} workers have "
+                    f"{len(mine)} for rank {slot.rank} worker {slot.worker} (expected 1)"
+                )
+            run = self._new_run(slot, epoch)
+            run.restore(mine[0])
+            return run
+        old = sorted(states, key=lambda st: (st["slot"][0], st["slot"][2]))
+        world, workers = old[0]["slot"][1], old[0]["slot"][3]
+        have = [(st["slot"][0], st["slot"][2]) for st in old]
+        if len(layouts) != 1 or have != [(r, w) for r in range(world) for w in range(workers)]:
+            raise StateError(
+                f"TarStream states cover readers {have}: resuming on another number of ranks or workers "
+                "needs the state of every reader of the interrupted epoch (tarindex.stream_states)"
+            )
+        runs = []
+        for st in old:
+            r = self._new_run(Slot(st["slot"][0], world, st["slot"][2], workers), epoch)
+            r.restore(st)
+            runs.append(r)
+        run = self._new_run(slot, epoch, resumed=True)
+        run.queue, run.quota = deal_rest(runs, slot.index, slot.count)
+        return run
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "shuffle": self.shuffle_size,
+            "shuffle_shards": self.shuffle_shards,
+            "shards": len(self.urls),
+            "names": zlib.crc32("\n".join(os.path.basename(u.rstrip("/")) for u in self.urls).encode()),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this reader (rank and DataLoader worker) is in the epoch, as plain values.
+
+        Holds the epoch, the reader's slot, the work left (shard order position and the byte offset
+        reached in the shard being read), the shuffle buffer as sample positions (a few KB) and the
+        count of random draws: loading it (:meth:`load_state_dict`) continues with exactly the
+        samples an uninterrupted epoch would have yielded after the last one delivered.
+        ``StatefulDataLoader`` calls it in each worker; without workers, call it between samples.
+        """
+        slot = self.slot()
+        run = self._run if self._run is not None and (self._run_slot, self._run_epoch) == (slot, self.epoch) else None
+        if run is None:
+            pending = [
+                st for st in self._pending or ()
+                if st["epoch"] == self.epoch and tuple(st["slot"]) == (slot.rank, slot.world_size, slot.worker, slot.num_workers)
+            ]
+            if pending:
+                return dict(pending[0])
+            run = self._new_run(slot, self.epoch)
+        return {
+            **header("TarStream", self._config()),
+            "epoch": self.epoch,
+            "slot": [slot.rank, slot.world_size, slot.worker, slot.num_workers],
+            **run.state(),
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+        """Continue from saved states on the next iteration of their epoch (which this selects).
+
+        ``state_dict`` is one reader's state (what ``StatefulDataLoader`` hands each worker), or
+        every reader's states (a list, or :func:`tarindex.stream_states` of a DataLoader
+        checkpoint): with the saved ranks and workers each continues exactly where it stopped;
+        with others, what the saved readers had left is dealt to the new ones, each remaining
+        sample exactly once (another order).
+
+        Raises:
+            StateError: a malformed state, or one of another stream (shards, seed, shuffle).
+        """
+        states = stream_states(state_dict)
+        if not states:
+            raise StateError("no TarStream state in the given state_dict")
+        for st in states:
+            check_header(st, "TarStream", self._config())
+            slot = st.get("slot")
+            if not (isinstance(slot, list) and len(slot) == 4 and all(isinstance(x, int) for x in slot)):
+                raise StateError(f"malformed TarStream state: slot {slot!r}")
+        epochs = {int(st["epoch"]) for st in states}
+        if len(epochs) != 1:
+            raise StateError(f"TarStream states of several epochs: {sorted(epochs)}")
+        self._pending = states
+        self._run = None
+        self.epoch = epochs.pop()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch: it reseeds the shard order and the shuffle buffer (call before each epoch).
+
+        The value is shared with DataLoader workers, persistent ones included: each reads it when
+        an iteration starts. A loaded state holds for its own epoch only.
+        """
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        """Samples per rank per epoch; defined only with ``epoch_size`` and without ``batched``."""
+        if self.epoch_size is None:
+            raise TypeError("TarStream has no length without epoch_size (shards are not indexed)")
+        if self.batching is not None:  # each worker's last batch may be short: the count depends on the workers
+            raise TypeError("a batched TarStream has no length: batches per rank depend on the DataLoader's workers")
+        return self.epoch_size
 
     def __iter__(self) -> Iterator[Any]:
         slot = self.slot()
         epoch = self.epoch
-        if len(self.urls) < slot.count and slot.index == 0:
+        if len(self.urls) < slot.count and slot.index == 0 and not self._pending:
             policy = "each reads one shard again" if self.epoch_size is not None else "they yield nothing"
             warnings.warn(
                 f"{len(self.urls)} shards for {slot.world_size} ranks x {slot.num_workers} workers: "
@@ -403,20 +709,22 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 StreamWarning,
                 stacklevel=2,
             )
-        shards = self.shards_for(slot, epoch)
-        quota = self._quota(slot)
-        if not shards or quota == 0:
-            return
-        stream: Iterator[Any] = self._passes(shards)
-        if self.shuffle_size > 0:
-            rng = random.Random(f"tarindex-samples-{self.seed}-{epoch}-{slot.rank}-{slot.worker}")
-            stream = buffer_shuffle(stream, self.shuffle_size, rng)
-        if quota is not None:
-            stream = itertools.islice(stream, quota)
+        run = self._run_for(slot, epoch)
+        self._pending = None
+        self._run, self._run_slot, self._run_epoch = run, slot, epoch
+        stream: Iterator[Any] = iter(run)
         if self.batching is not None:
             size, collation_fn, partial = self.batching
             stream = batched(stream, size, collation_fn, partial=partial)
-        yield from stream
+        try:
+            yield from stream
+        finally:
+            self._close_readers()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_readers"], state["_readers_fork"], state["_run"] = {}, 0, None  # handles stay in their process
+        return state
 
     def __repr__(self) -> str:
         return f"TarStream({len(self.urls)} shards, shuffle={self.shuffle_size}, epoch={self.epoch})"

@@ -33,21 +33,8 @@ from typing import Any, Protocol
 from ._native import SPEEDUPS
 from .errors import CorruptArchiveError
 
-__all__ = [
-    "BLOCK",
-    "MAX_MEMBER_SIZE",
-    "Buffer",
-    "Entry",
-    "Member",
-    "Sink",
-    "group_tar",
-    "index_tar",
-    "index_tar_file",
-    "iter_members",
-    "iter_tar",
-    "iter_tar_file",
-    "scan_tar",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
+
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
 _REGULAR = frozenset(b"0\x007")
@@ -61,8 +48,9 @@ _POSIX_MAGIC = b"ustar\x00"
 _BATCH_HEADERS = 1024  # headers per call of the C walk
 _BATCH_BYTES = 16 << 20  # member data the C walk takes per call (with_data)
 _WINDOW = 64 << 10
-_SMALL_WINDOW = 4 << 10
+_SMALL_WINDOW = 8 << 10  # a sample's small members with a PAX header each fit
 _SIZE_MAX = (1 << 63) - 1
+_CHAIN = 8 << 10  # a member's extension headers the C walk is helped to see in one window
 
 MAX_MEMBER_SIZE = 8 << 30
 """The largest member (or extension header) accepted from a source whose length is not known
@@ -334,6 +322,10 @@ class _Cursor:
         """Bytes the input holds from ``pos`` on, when known (``None``: chunks of unknown total length)."""
         return None
 
+    def extend(self, pos: int, need: int) -> int:
+        """:meth:`fill` (a file cursor reads a window no larger than the last)."""
+        return self.fill(pos, need)
+
     def skip(self, pos: int, count: int) -> int:
         """Advance ``count`` bytes from ``pos`` without keeping them; return the new ``pos`` (-1 at end of input)."""
         pos += count
@@ -371,6 +363,12 @@ class _FileCursor:
         self.base += pos
         self.buf = os.pread(self.fd, max(need, _SMALL_WINDOW if self.large else _WINDOW), self.base)
         self.large = False
+        return 0 if len(self.buf) >= need else -1
+
+    def extend(self, pos: int, need: int) -> int:
+        """Like :meth:`fill`, in a window no larger than the last one (when it held a member's headers in part)."""
+        self.base += pos
+        self.buf = os.pread(self.fd, max(need, len(self.buf) - pos), self.base)
         return 0 if len(self.buf) >= need else -1
 
     def room(self, pos: int) -> int:
@@ -611,6 +609,7 @@ def _walk(
     walk_direct = getattr(cur, "walk_direct", None) if taking and hasattr(sink, "scan_file") else None  # file, socket, pipe
     add = getattr(sink, "add", None)
     added = held = 0  # members and data bytes given to a sample sink since its last take()
+    stalled = -1  # where the C walk last stopped short of the window's end
 
     while True:
         buf = cur.buf
@@ -658,6 +657,11 @@ def _walk(
                     added = held = 0
                     yield from _taken(sink)
                 continue
+            if len(buf) - pos < _CHAIN and cur.base + pos != stalled:  # a member's headers across the window's end:
+                stalled = cur.base + pos  # bring them into one window (once) and let the C walk try again
+                filled = cur.extend(pos, len(buf) - pos + _CHAIN)
+                pos = max(filled, 0)  # at the input's end, every byte left is in the window
+                continue
         hdr = buf[pos : pos + BLOCK]
         here = cur.base + pos
         if hdr == _ZERO_BLOCK:
@@ -703,7 +707,7 @@ def _walk(
                 pos = cur.fill(pos, size)  # the same absolute data_offset, in a new window
                 buf = cur.buf
                 if pos < 0:
-                    raise CorruptArchiveError(path, here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base + len(buf)}")
+                    raise CorruptArchiveError(path, start, f"truncated archive: member data needs {size} bytes, input ends at {cur.base + len(buf)}")
             data = buf[pos : pos + size]
         if sparse:
             log.warning("%s: skipping GNU sparse member %r at offset %d", path, name, start)
@@ -717,7 +721,7 @@ def _walk(
         padded = _padded(size)
         pos = pos + padded if pos + padded <= len(buf) else cur.skip(pos, padded)
         if pos < 0:
-            raise CorruptArchiveError(path, here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base}")
+            raise CorruptArchiveError(path, start, f"truncated archive: member data needs {size} bytes, input ends at {cur.base}")
         ext.start = -1
         if ext.local:
             ext.local = []

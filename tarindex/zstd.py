@@ -29,29 +29,10 @@ from typing import Any
 import numpy as np
 import zstandard
 
+from .compression import ArchiveEnd, Budget
 from .errors import CorruptFrameError
 
-__all__ = [
-    "FRAME_FIELDS",
-    "MAP_SLICE",
-    "MAX_FRAME_BYTES",
-    "PIECE_LIMIT",
-    "RANDOM_ACCESS_FRAME_LIMIT",
-    "SEEKABLE_MAGIC",
-    "ZSTD_MAGIC",
-    "SeekTableMismatch",
-    "by_seek_table",
-    "check_seek_table",
-    "close_map",
-    "decompress_frame",
-    "decompress_frames",
-    "frame_array",
-    "is_zstd",
-    "iter_decompressed",
-    "random_access",
-    "read_seek_table",
-    "seek_table_frame",
-]
+__all__ = ["iter_decompressed"]  # public: streaming decompression; the rest serves the package
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 """The first four bytes of a zstd data frame."""
@@ -260,6 +241,20 @@ class _Events:
             self._queue.popleft()
         return event
 
+    @property
+    def position(self) -> int:
+        """Compressed bytes read so far."""
+        return self._scanner.pos
+
+    def pass_over(self) -> None:
+        """Walk the rest of the input by its headers, decompressing nothing (structure still checked).
+
+        Raises:
+            CorruptFrameError: the rest is not zstd, or ends inside a frame.
+        """
+        while self.pop() is not None:
+            pass
+
 
 class _FrameSource:
     """A file-like ``read`` over the pieces of the current data frame, for ``stream_reader``."""
@@ -346,6 +341,7 @@ def decompress_frames(
     frames: list[tuple[int, int, int, int]] | None = None,
     *,
     hold: bool = True,
+    end: ArchiveEnd | None = None,
 ) -> Iterator[bytes]:
     """Decompress a zstd stream, frame by frame; append each frame's table row to ``frames``.
 
@@ -356,11 +352,17 @@ def decompress_frames(
     stream. Without it (indexing, where any error discards everything) output
     flows at once, which keeps memory hot. Output pieces are at most 4 MiB.
 
+    The output is bounded (:class:`tarindex.compression.Limits`): an expansion ratio, and, once the
+    consumer sets ``end`` (it saw the end-of-archive marker), the padding still decompressed; the
+    rest of the input is then walked by its headers, not decompressed, and gets no table rows.
+
     Raises:
         CorruptFrameError: a corrupt or truncated frame, or bytes that are not zstd.
+        DecompressionLimitError: the output exceeds the expansion ratio.
     """
     dctx = zstandard.ZstdDecompressor()
     events = _Events(chunks, path)
+    budget = Budget(path, end)
     d_off = 0
     hold_limit = _HOLD_BYTES if hold else 0
     while True:
@@ -370,10 +372,14 @@ def decompress_frames(
         kind, off, value = event
         if kind != PIECE:
             continue  # skippable frames (an END always follows a PIECE of its frame)
+        if budget.padding_done():  # past the end of the archive: read the rest, decompress none of it
+            events.pass_over()
+            return
         after = events.peek()
         if after is not None and after[0] == END:  # the whole frame in one piece: one call
             events.pop()
             out = _whole_frame(dctx, value, path, off)
+            budget.spend(len(out), events.position)
             if frames is not None:
                 frames.append((off, after[2], d_off, len(out)))
             d_off += len(out)
@@ -390,11 +396,21 @@ def decompress_frames(
                 if not out:
                     break
                 d_frame += len(out)
+                budget.spend(len(out), events.position)
                 held.append(out)
                 held_bytes += len(out)
                 if held_bytes > hold_limit:
                     yield from held
                     held, held_bytes = [], 0
+                if budget.padding_done():  # the frame goes on past the padding: stop decompressing it
+                    yield from held
+                    while source.read(_OUT_PIECE):  # the rest of its blocks, by their headers
+                        pass
+                    if source.ended is not None and frames is not None:
+                        frames.append((off, source.ended[1], d_off, d_frame))
+                    end.partial = True  # type: ignore[union-attr]  # padding_done() implies an end
+                    events.pass_over()
+                    return
         except zstandard.ZstdError as exc:
             raise CorruptFrameError(path, off, f"corrupt zstd frame ({exc})") from exc
         if source.ended is None and source.read(1):  # the decompressor stopped before the blocks did
@@ -468,8 +484,9 @@ def seek_table_frame(sizes: Iterable[tuple[int, int]]) -> bytes:
     return _SEEK_TABLE_SKIPPABLE.to_bytes(4, "little") + len(body).to_bytes(4, "little") + body
 
 
-def check_seek_table(table: np.ndarray, seek: np.ndarray, path: str) -> None:
-    """Compare a walked frame table with a seek table.
+def check_seek_table(table: np.ndarray, seek: np.ndarray, path: str, *, prefix: bool = False) -> None:
+    """Compare a walked frame table with a seek table (with ``prefix``: the table's rows with the
+    seek table's first ones, for a walk that stopped after the end of the archive).
 
     Raises:
         CorruptFrameError: they disagree, naming the first frame that differs.
@@ -483,7 +500,7 @@ def check_seek_table(table: np.ndarray, seek: np.ndarray, path: str) -> None:
                 f"seek table disagrees with frame {k} (table: {c} -> {d} bytes, "
                 f"frame: {int(table[k, 1])} -> {int(table[k, 3])} bytes)",
             )
-    if len(table) != len(seek):
+    if len(table) != len(seek) and not (prefix and len(table) <= len(seek)):
         raise CorruptFrameError(
             path, 0, f"seek table lists {len(seek)} frames, the file has {len(table)} data frames"
         )
@@ -514,15 +531,27 @@ class SeekTableMismatch(Exception):
     """The seek table does not describe the file exactly: index it by walking its frames instead."""
 
 
-def by_seek_table(mv: memoryview, seek: np.ndarray, rows: list[tuple[int, int, int, int]]) -> Iterator[bytes]:
+def by_seek_table(
+    mv: memoryview, seek: np.ndarray, rows: list[tuple[int, int, int, int]], path: str, end: ArchiveEnd | None = None
+) -> Iterator[bytes]:
     """Decompress the frames the seek table lists, one call each, checking every size and frame end.
+
+    Once ``end`` is set and the padding after it decompressed, the remaining frames get the seek
+    table's rows without being decompressed (their bytes are never served: they follow the tar).
 
     Raises:
         SeekTableMismatch: any disagreement or damage (the frame walk then names it precisely).
+        DecompressionLimitError: the output exceeds the expansion ratio.
     """
     dctx = zstandard.ZstdDecompressor()
+    budget = Budget(path, end)
     off = d_off = 0
     for c_size, d_size in seek.tolist():
+        if budget.padding_done():
+            rows.append((off, c_size, d_off, d_size))
+            off += c_size
+            d_off += d_size
+            continue
         frame = mv[off : off + c_size]
         if len(frame) != c_size or zstandard.frame_content_size(frame) == 0:  # a 0 is proved by the frame walk
             raise SeekTableMismatch
@@ -532,6 +561,7 @@ def by_seek_table(mv: memoryview, seek: np.ndarray, rows: list[tuple[int, int, i
             raise SeekTableMismatch from exc
         if len(out) != d_size or zstandard.frame_content_size(frame) not in (-1, d_size):
             raise SeekTableMismatch
+        budget.spend(d_size, off + c_size)
         rows.append((off, c_size, d_off, d_size))
         off += c_size
         d_off += d_size

@@ -25,15 +25,7 @@ from ._process import FORK
 from .errors import CorruptFrameError
 from .zstd import decompress_frame
 
-__all__ = [
-    "DEFAULT_CACHE_BYTES",
-    "SEED_BYTES",
-    "FrameCache",
-    "ReadAt",
-    "ZstdShardReader",
-    "frame_cache",
-    "zstd_reader",
-]
+__all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 
 class ReadAt(Protocol):

@@ -19,8 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import tarindex.grouping
+import pytest
+
 import tarindex.tar
+from conftest import use_pure_python
 from tarindex.errors import TarIndexError
 from tarindex.grouping import iter_samples
 from tarindex.scan import table_from_chunks, table_from_file
@@ -160,15 +162,11 @@ class PipeFeed:
 
 @contextlib.contextmanager
 def impl(which: str) -> Iterator[None]:
-    """Run with the C walks (``"c"``) or the pure-Python reference (``"python"``)."""
-    saved = tarindex.tar._scan_headers, tarindex.grouping._CPacker
-    if which == "python":
-        tarindex.tar._scan_headers = None
-        tarindex.grouping._CPacker = None
-    try:
+    """Run with the C walks (``"c"``) or the pure-Python reference (``"python"``, the suite's one switch)."""
+    with pytest.MonkeyPatch.context() as m:
+        if which == "python":
+            use_pure_python(m)
         yield
-    finally:
-        tarindex.tar._scan_headers, tarindex.grouping._CPacker = saved
 
 
 @contextlib.contextmanager

@@ -387,13 +387,13 @@ def test_index_past_the_end_of_a_shard_is_corrupt(tmp_path: Path) -> None:
         ds[2]
 
 
-def test_out_of_range_member_in_a_record_is_corrupt(tmp_path: Path) -> None:
+def test_out_of_range_member_in_a_record_is_a_damaged_index(tmp_path: Path) -> None:
     def damage(table: ShardTable, info: ShardInfo) -> None:
         table.member_size[0] = table.sample_size[0]  # the first member now runs past its sample's range
 
-    shard, ds, _ = _damaged_index(tmp_path, damage)
+    _, ds, _ = _damaged_index(tmp_path, damage)
     assert _strip(ds[1])["__key__"] == "s00i001"
-    with pytest.raises(tarindex.CorruptArchiveError, match=rf"{re.escape(str(shard))}: index entry out of bounds at offset 0"):
+    with pytest.raises(tarindex.IndexFormatError, match=rf"{re.escape(str(ds.index_path))}: the record of sample 0 is damaged \(a member at"):
         ds[0]
 
 

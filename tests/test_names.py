@@ -16,17 +16,27 @@ import tarindex
 from conftest import make_shard_set, tarfile_members
 from tarindex.cli.main import main
 from tarindex.errors import CommandNotAllowedError, IndexFormatError, RandomAccessError, ShardNotFoundError
+from tarindex.index.format import META_KEY, SHARDS_PREFIX, numbered, seal
 from tarindex.shards import as_path, expand_shards, shard_kind
 
 
 def edit_meta(index: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    """Rewrite an index's meta in place, as a hostile or careless tool would."""
+    """Rewrite an index's meta and shard records in place (sealed again), as a hostile or careless tool would.
+
+    ``edit`` gets the meta with the shard records as ``meta["shards"]``.
+    """
     env = lmdb.open(str(index), subdir=False, lock=False)
     try:
         with env.begin(write=True) as txn:
-            meta = json.loads(bytes(txn.get(b"meta")))
+            meta = json.loads(bytes(txn.get(META_KEY))[4:])
+            per = meta["shard_block"]
+            keys = [numbered(SHARDS_PREFIX, b) for b in range(-(-meta["n_shards"] // per))]
+            meta["shards"] = [info for key in keys for info in json.loads(bytes(txn.get(key))[4:])]
             edit(meta)
-            txn.put(b"meta", json.dumps(meta).encode())
+            shards = meta.pop("shards")
+            txn.put(META_KEY, seal(META_KEY, json.dumps(meta).encode()))
+            for b, key in enumerate(keys):
+                txn.put(key, seal(key, json.dumps(shards[b * per : (b + 1) * per]).encode()))
     finally:
         env.close()
 
@@ -203,3 +213,32 @@ def test_dataset_decode_errors_name_shard_and_offset(tmp_path: Path, stage: str)
         ds[7]
     with pytest.raises(DecodeError, match=r"train-000001\.tar: sample 's01i000': ValueError: .* \(sample at offset 0\)"):
         next(iter(tarindex.TarStream(shards[1], **kw)))
+
+
+@pytest.mark.usefixtures("impl")
+@pytest.mark.parametrize("ext", ["__key__", "__url__", "__index__", "__KEY__"])
+@pytest.mark.parametrize("first", [False, True])
+def test_members_named_like_reserved_fields_are_refused(tmp_path: Path, ext: str, first: bool) -> None:
+    """``x.__key__`` would replace the sample's ``__key__`` (silently, before): refused as webdataset refuses it,
+    a DuplicateMemberError naming the member and its header's offset; the samples before it stream."""
+    import io
+    import tarfile
+
+    from tarindex.errors import DuplicateMemberError
+
+    shard = tmp_path / "r-000000.tar"
+    names = ["a.txt", f"b.{ext}", "b.txt", "c.txt"] if first else ["a.txt", "b.txt", f"b.{ext}", "c.txt"]
+    with tarfile.open(shard, "w", format=tarfile.GNU_FORMAT) as tf:
+        for name in names:
+            ti = tarfile.TarInfo(name)
+            ti.size = 3
+            tf.addfile(ti, io.BytesIO(b"xyz"))
+    offset = 1024 * names.index(f"b.{ext}")
+    pattern = rf"r-000000\.tar: member 'b\.{ext}' would replace the reserved field '{ext.lower()}' of sample 'b' at offset {offset}"
+    with pytest.raises(DuplicateMemberError, match=pattern):
+        tarindex.build_index([shard], workers=1)
+    got = []
+    with pytest.raises(DuplicateMemberError, match=pattern):
+        for sample in tarindex.TarStream(shard):
+            got.append(sample["__key__"])
+    assert got == ["a"]

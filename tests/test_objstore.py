@@ -299,3 +299,47 @@ def test_block_cache_serves_the_second_epoch(
     assert all(_same(g, want[i]) for g, i in zip(second.__getitems__(order), order))
     assert _same(second[7], want[7])
     assert proxy.requests == before  # every range came from the cache
+
+
+def test_any_fsspec_protocol_builds_and_reads_at_random(shard_set: Callable[..., list[Path]], tmp_path: Path) -> None:
+    """The path of hf:// and every other fsspec protocol, on fsspec's in-memory filesystem."""
+    import fsspec
+
+    paths = shard_set(3, 8, name="mem")
+    fs = fsspec.filesystem("memory")
+    root = f"memory://tarindex-{tmp_path.name}"
+    for p in paths:
+        fs.pipe(f"{root}/{p.name}", p.read_bytes())
+    fs.pipe(f"{root}/other.txt", b"x")
+    assert expand_shards(f"{root}/train-*.tar") == [f"{root}/{p.name}" for p in paths]
+    build_index(f"{root}/train-*.tar", index=tmp_path / "mem.tarindex", workers=1)
+    ds = TarDataset(tmp_path / "mem.tarindex")
+    want = _oracle(paths)
+    order = list(range(len(ds)))
+    random.Random(4).shuffle(order)
+    assert all(_same(g, want[i]) for g, i in zip(ds.__getitems__(order), order))
+    assert _same(ds[5], want[5])
+    fs.pipe(f"{root}/{paths[2].name}", paths[2].read_bytes() + b"\0" * 512)  # grown: another size
+    with pytest.raises(StaleIndexError, match=rf"{root}/{paths[2].name}: shard changed since it was indexed \(size"):
+        TarDataset(tmp_path / "mem.tarindex")[17]
+
+
+_LOADER_SCRIPT = """
+import sys, warnings
+import torch
+from tarindex import TarDataset
+from tarindex.errors import TarIndexWarning
+warnings.filterwarnings("error", category=TarIndexWarning)  # inherited by forked workers
+ds = TarDataset(sys.argv[1])  # no read in this process: workers forked from it use obstore
+loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2, collate_fn=lambda b: [s["__key__"] for s in b])
+print(",".join(k for batch in loader for k in batch))
+"""
+
+
+def test_dataloader_workers_read_s3_through_obstore(bucket_set: tuple[str, list[Path]], tmp_path: Path) -> None:
+    url, paths = bucket_set
+    build_index(f"{url}/train-*.tar", index=tmp_path / "s3.tarindex", workers=1)
+    env = {**os.environ, "PYTHONPATH": str(Path(tarindex.__file__).parent.parent)}
+    out = subprocess.run([sys.executable, "-c", _LOADER_SCRIPT, str(tmp_path / "s3.tarindex")], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().split(",") == [w["__key__"] for w in _oracle(paths)]

@@ -66,7 +66,12 @@ def test_close_racing_reading_threads(tmp_path: Path) -> None:
 def few_descriptors(more: int) -> Iterator[None]:
     """This process may open only ``more`` more descriptors (the soft ``ulimit -n``) inside the block."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + more, hard))
+    used = {int(fd) for fd in os.listdir("/proc/self/fd")}
+    limit = free = 0
+    while free < more:  # the limit is on descriptor numbers: closed ones below the highest are free too
+        free += limit not in used
+        limit += 1
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
     try:
         yield
     finally:

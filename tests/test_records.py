@@ -1,6 +1,8 @@
-"""Sample records (tarindex.index.records): encode -> decode is the identity; damage is reported."""
+"""Record blocks (tarindex.index.records): encode -> decode is the identity in the Python and C readers."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -8,90 +10,93 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarindex.errors import IndexFormatError
-from tarindex.index.records import HEAD, MAX_MEMBERS, STRIDE_SLACK, decode, encode, unpack_head
+from tarindex.index.records import MAX_KEY_BYTES, MAX_MEMBERS, Columns, encode_block, parse
+from tarindex.opener import ShardOpener
 
-_sample = st.tuples(
-    st.integers(0, 2**40),  # offset
-    st.integers(0, 2**40),  # size
-    st.integers(0, 2**32 - 1),  # shard
-    st.lists(st.tuples(st.integers(0, 2**63), st.integers(0, 2**63), st.integers(0, 2**16 - 1)), max_size=6),
-    st.text(max_size=40),  # key
+Sample = tuple[int, int, int, list[tuple[int, int, int]], bytes]  # shard, offset, size, (ext, offset, size)..., key
+
+_key = st.one_of(
+    st.text(max_size=12).map(lambda t: t.encode("utf-8", "surrogatepass")),  # unicode, empty
+    st.integers(0, 10**6).map(lambda k: b"k%07d" % k),  # counters
+    st.binary(max_size=6),  # any bytes (keys are utf-8 with surrogateescape)
 )
 
 
-def _encode(samples: list) -> tuple[np.ndarray, np.ndarray, int]:
+@st.composite
+def _samples(draw: st.DrawFn, small: bool = False) -> list[Sample]:
+    """Samples of any shape, members inside their sample and in order; with ``small``, byte ranges a
+    reader can actually read (offsets still near 2**40)."""
+    n = draw(st.integers(1, 40))
+    out: list[Sample] = []
+    sequential = draw(st.booleans())
+    for i in range(n):
+        size = draw(st.integers(0, 3000) if small else st.one_of(st.integers(0, 2**63 - 1), st.integers(0, 5000)))
+        offset = draw(st.integers(2**40 - 2**20, 2**40) if small else st.integers(0, 2**64 - 1))
+        members, pos = [], 0
+        for e in draw(st.lists(st.integers(0, 5), max_size=4, unique=True)):
+            mo = draw(st.integers(pos, size))
+            ms = draw(st.integers(0, size - mo))
+            members.append((e, mo, ms))
+            pos = mo + ms
+        key = b"%08d" % (1000 + i) if sequential else draw(_key)
+        out.append((draw(st.integers(0, 3)), offset, size, members, key))
+    return out
+
+
+def _columns(samples: list[Sample]) -> Columns:
     members = [m for s in samples for m in s[3]]
-    return encode(
-        np.array([s[2] for s in samples], np.uint32),
+    return Columns(
         np.array([s[0] for s in samples], np.uint64),
         np.array([s[1] for s in samples], np.uint64),
-        np.array([len(s[3]) for s in samples], np.uint32),
-        np.array([m[2] for m in members], np.uint16),
-        np.array([m[0] for m in members], np.uint64),
+        np.array([s[2] for s in samples], np.uint64),
+        np.array([len(s[3]) for s in samples], np.int64),
+        np.array([m[0] for m in members], np.uint16),
         np.array([m[1] for m in members], np.uint64),
-        [s[4].encode("utf-8", "surrogatepass") for s in samples],
+        np.array([m[2] for m in members], np.uint64),
+        [s[4] for s in samples],
     )
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(_sample, max_size=30), st.data())
-def test_encode_decode_round_trip(samples: list, data: st.DataObject) -> None:
-    table, blob, stride = _encode(samples)
-    n = len(samples)
-    starts = [i * stride for i in range(n + 1)] if stride else table.tolist()
-    assert len(blob) % 8 == 0 and starts[-1] == len(blob) and len(starts) == n + 1
-    assert len(table) == (0 if stride else n + 1)
-    lengths = [HEAD.size + 18 * len(s[3]) + len(s[4].encode("utf-8", "surrogatepass")) for s in samples]
-    if stride:  # a stride only where padding every record to the longest costs little
-        assert stride == -(-max(lengths) // 8) * 8 and stride * n <= STRIDE_SLACK * sum(-(-x // 8) * 8 for x in lengths)
-    lo = data.draw(st.integers(0, n))
-    hi = data.draw(st.integers(lo, n))
-    dec = decode(blob, table, stride, lo, hi)
-    part = samples[lo:hi]
-    assert dec.offset.tolist() == [s[0] for s in part]
-    assert dec.size.tolist() == [s[1] for s in part]
-    assert dec.shard.tolist() == [s[2] for s in part]
-    assert dec.nmembers.tolist() == [len(s[3]) for s in part]
-    assert dec.member_offset.tolist() == [m[0] for s in part for m in s[3]]
-    assert dec.member_size.tolist() == [m[1] for s in part for m in s[3]]
-    assert dec.member_ext.tolist() == [m[2] for s in part for m in s[3]]
-    assert dec.keys(blob) == [s[4].encode("utf-8", "surrogatepass").decode("utf-8", "surrogateescape") for s in part]
-    for i, s in enumerate(samples):  # the fixed head, as the read paths unpack it
-        assert unpack_head(blob, starts[i])[:4] == (s[0], s[1], s[2], len(s[3]))
-        assert starts[i] % 8 == 0
+@settings(max_examples=300, deadline=None)
+@given(_samples())
+def test_python_round_trip_of_any_values(samples: list[Sample]) -> None:
+    cols = _columns(samples)
+    block = parse(memoryview(encode_block(cols)), 6, len(samples), "test")
+    decoded = block.columns("test")
+    for name in ("shard", "offset", "size", "nmembers", "member_ext", "member_offset", "member_size"):
+        assert getattr(decoded, name).tolist() == getattr(cols, name).tolist(), name
+    assert decoded.keys == cols.keys
+    for j, s in enumerate(samples):
+        assert block.record(j, "test") == s
 
 
-def test_uniform_records_sit_at_a_stride_uneven_ones_behind_a_table() -> None:
-    uniform = [(i, 10, 0, [(0, 5, 0), (5, 5, 1)], f"{i:06d}") for i in range(50)]
-    table, blob, stride = _encode(uniform)
-    assert stride == len(blob) // 50 and len(table) == 0
-    uneven = [*uniform, (0, 10, 0, [(0, 1, 0)] * 400, "big")]
-    table, blob, stride = _encode(uneven)
-    assert stride == 0 and len(table) == 52 and int(table[-1]) == len(blob)
+@settings(max_examples=100, deadline=None)
+@given(_samples(), st.data())
+def test_members_outside_their_sample_are_errors(samples: list[Sample], data: st.DataObject) -> None:
+    j = data.draw(st.integers(0, len(samples) - 1))
+    shard, offset, size, _, key = samples[j]
+    bad = data.draw(st.sampled_from([[(0, size + 1, 0)], [(0, 0, size + 1)], [(0, 1, 0), (1, 0, 0)], [(0, 0, 2**64 - 1)]]))
+    samples[j] = (shard, offset, size, bad, key)
+    block = parse(memoryview(encode_block(_columns(samples))), 6, len(samples), "test")
+    with pytest.raises(IndexFormatError, match="test is damaged"):
+        block.record(j, "test")
+    with pytest.raises(IndexFormatError, match="test is damaged"):
+        block.columns("test")
 
 
-def test_limits_are_errors() -> None:
-    too_many = [(0, 1, 0, [(0, 0, 0)] * (MAX_MEMBERS + 1), "k")]
-    with pytest.raises(IndexFormatError, match="65536 members"):
-        _encode(too_many)
-    with pytest.raises(IndexFormatError, match="at most 65535"):
-        _encode([(0, 1, 0, [], "x" * 70_000)])
+class _Shard:
+    """A shard of the test: ``read_at`` returns bytes computed from the position (any offset, no file)."""
+
+    def __init__(self, shard: int) -> None:
+        self.shard = shard
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        return bytes((offset + k + 7 * self.shard) % 251 for k in range(size))
 
 
-def test_damaged_offsets_are_errors() -> None:
-    starts, blob, stride = _encode([(0, 10, 0, [(0, 10, 0)] * 20, "a"), (10, 10, 0, [], "b")])
-    assert stride == 0  # uneven: an offset table
-    bad = starts.copy()
-    bad[1] = len(blob) + 8
-    with pytest.raises(IndexFormatError, match="damaged"):
-        decode(blob, bad, 0, 0, 2)
-    bad[1] = 3  # not 8-aligned
-    with pytest.raises(IndexFormatError, match="damaged"):
-        decode(blob, bad, 0, 0, 2)
-    assert HEAD.size == 24
-
-
-def test_c_reader_rejects_damaged_records() -> None:
+@settings(max_examples=150, deadline=None)
+@given(_samples(small=True))
+def test_c_reader_reads_what_was_encoded(samples: list[Sample]) -> None:
     from conftest import require_c_extension
 
     require_c_extension()
@@ -100,20 +105,82 @@ def test_c_reader_rejects_damaged_records() -> None:
     from tarindex.errors import CorruptArchiveError
 
     assert SPEEDUPS is not None
-    starts, blob, _ = _encode([(0, 10, 0, [(0, 10, 0)] * 20, "a"), (10, 10, 0, [], "b")])
-    bad = starts.copy()
-    bad[1] = len(blob) - 8  # the record's head runs past the blob
+    per = 16  # several blocks, the last one partial
+    payloads = [memoryview(encode_block(_columns(samples[b : b + per]))) for b in range(0, len(samples), per)]
+    blocks = [parse(p, 6, min(per, len(samples) - b * per), "test") for b, p in enumerate(payloads)]
+    exts = tuple(f"e{k}" for k in range(6))
+    urls = tuple(f"s{k}.tar" for k in range(4))
 
-    def never(*_: object) -> None:
-        raise AssertionError("the damaged record must be caught before any shard is opened")
+    def fallback(i: int) -> Any:
+        raise AssertionError(f"the C reader handed sample {i} to the Python path")
 
-    from tarindex.opener import ShardOpener
+    opener = ShardOpener(len(urls), _Shard, len(urls))
+    reader = SPEEDUPS.Reader(lambda b: blocks[b].view, per, len(samples), exts, urls, opener, fallback, CorruptArchiveError, FORK)
+    for i, (shard, offset, size, members, key) in enumerate(samples):
+        got = reader.read(i)
+        data = _Shard(shard).read_at(offset, size)
+        expected = {"__key__": key.decode("utf-8", "surrogateescape"), "__url__": urls[shard], "__index__": i}
+        expected.update({exts[e]: data[mo : mo + ms] for e, mo, ms in members})
+        assert got == expected
 
-    opener = ShardOpener(1, never, 1)
-    reader = SPEEDUPS.Reader(memoryview(bad), memoryview(blob), 0, 2, ("jpg",), ("s.tar",), opener, never, CorruptArchiveError, FORK)
-    with pytest.raises(IndexFormatError, match="record of sample 1 is damaged"):
-        reader.read(1)
+
+def test_a_damaged_record_in_the_c_reader_is_the_python_error() -> None:
+    from conftest import require_c_extension
+
+    require_c_extension()
+    from tarindex._native import SPEEDUPS
+    from tarindex._process import FORK
+    from tarindex.errors import CorruptArchiveError
+
+    assert SPEEDUPS is not None
+    block = parse(memoryview(encode_block(_columns([(0, 0, 10, [(0, 0, 10)], b"a"), (9, 0, 10, [], b"b")]))), 1, 2, "t")
+
+    def python_path(i: int) -> Any:
+        return block.record(i, f"the record of sample {i}")
+
+    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ("s.tar",), ShardOpener(1, _Shard, 1), python_path, CorruptArchiveError, FORK)
+    assert reader.read(0)["jpg"] == _Shard(0).read_at(0, 10)
     with pytest.raises(IndexError):
         reader.read(2)
-    with pytest.raises(IndexFormatError, match="fewer than the index's samples"):  # a stride that does not fit the blob
-        SPEEDUPS.Reader(memoryview(bad), memoryview(blob), len(blob), 2, ("jpg",), ("s.tar",), opener, never, CorruptArchiveError, FORK)
+    # sample 1 names shard 9 of 1: the C reader defers to the Python path, which must raise too
+    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ("s.tar",), ShardOpener(1, _Shard, 1), lambda i: {}, CorruptArchiveError, FORK)
+    with pytest.raises(IndexFormatError, match="record of sample 1 is damaged"):
+        reader.read(1)
+
+
+def test_common_shapes_take_few_bytes() -> None:
+    """Counters as keys, members one after another: a few bytes per sample."""
+    samples: list[Sample] = []
+    offset = 0
+    rng = np.random.default_rng(0)
+    for i in range(1024):
+        members, pos = [], 0
+        for e in range(3):
+            mo = ((pos + 511) & ~511) + 512
+            ms = int(rng.integers(900, 1100))
+            members.append((e, mo, ms))
+            pos = mo + ms
+        size = (pos + 511) & ~511
+        samples.append((0, offset, size, members, b"%08d" % i))
+        offset += size
+    raw = encode_block(_columns(samples))
+    assert len(raw) / 1024 <= 10  # offset 3 bytes, three sizes of 2 bytes; key, pattern, shard, member offsets 0
+    block = parse(memoryview(raw), 3, 1024, "t")
+    assert block.widths[:5] == [0, 3, 0, 0, 0] and block.record(1023, "t")[4] == b"00001023"
+
+
+def test_limits_are_errors() -> None:
+    with pytest.raises(IndexFormatError, match=f"at most {MAX_MEMBERS}"):
+        encode_block(_columns([(0, 0, 1, [(0, 0, 0)] * (MAX_MEMBERS + 1), b"k")]))
+    with pytest.raises(IndexFormatError, match=f"at most {MAX_KEY_BYTES}"):
+        encode_block(_columns([(0, 0, 1, [], b"x" * 70_000)]))
+
+
+def test_a_block_that_does_not_match_its_header_is_an_error() -> None:
+    raw = encode_block(_columns([(0, 5, 10, [(0, 512, 3)], b"key")] * 3))
+    with pytest.raises(IndexFormatError, match="expected n=4"):
+        parse(memoryview(raw), 1, 4, "b")
+    with pytest.raises(IndexFormatError, match=r"expected .* bytes from its header"):
+        parse(memoryview(raw + b"x"), 1, 3, "b")
+    with pytest.raises(IndexFormatError, match="names extension 0 of 0"):
+        parse(memoryview(raw), 0, 3, "b")

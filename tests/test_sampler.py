@@ -475,3 +475,40 @@ def test_default_block_follows_the_zstd_frames(tmp_path: Path, dataset: TarDatas
     assert len(set(order)) == len(order)
     runs = sum(1 for a, b in zip(order, order[1:]) if b == a + 1)
     assert runs >= len(order) // 2  # consecutive samples come in runs
+
+
+def test_elastic_same_global_sequence_for_any_world_size() -> None:
+    sizes = Shards(np.array([37, 0, 50, 23, 41, 9, 60]))  # 220 samples
+    batch_total = 20  # world x per-rank batch, kept constant
+
+    def global_batches(world: int) -> list[list[int]]:
+        per = batch_total // world
+        ranks = [list(ShardSampler(sizes, world, r, seed=3, drop_last=True, elastic=True)) for r in range(world)]
+        steps = min(len(x) for x in ranks) // per
+        return [sorted(i for r in range(world) for i in ranks[r][j * per : (j + 1) * per]) for j in range(steps)]
+
+    one = global_batches(1)
+    assert len(one) == 11 and sorted(i for b in one for i in b) == list(range(220))
+    for world in (2, 4, 5):
+        assert global_batches(world) == one, world
+
+
+def test_elastic_resumes_on_another_world_size() -> None:
+    sizes = Shards(np.array([30, 30, 30, 30]))
+    full = list(ShardSampler(sizes, 1, 0, seed=1, elastic=True))
+    old = [ShardSampler(sizes, 2, r, seed=1, elastic=True) for r in range(2)]
+    seen = []
+    for s in old:  # two ranks in lockstep, 13 samples each
+        it = iter(s)
+        seen += [next(it) for _ in range(13)]
+    state = old[0].state_dict()
+    assert state["consumed"] == 26
+    new = [ShardSampler(sizes, 3, r, seed=1, elastic=True) for r in range(3)]
+    for s in new:
+        s.load_state_dict(state)
+    rest = [list(s) for s in new]
+    assert sorted(seen) == sorted(full[:26])
+    assert len(rest[0]) == len(rest[1]) == len(rest[2]) == 32  # ceil(94 / 3): two padding samples
+    interleaved = [rest[j % 3][j // 3] for j in range(94)]
+    assert [x for pair in zip(seen[:13], seen[13:]) for x in pair] == full[:26]
+    assert interleaved == full[26:]  # the same global order after the resume

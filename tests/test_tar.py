@@ -23,7 +23,7 @@ def walk_path(impl: str) -> str:
     return impl
 
 
-def test_c_walk_covers_plain_headers_and_stops_at_the_rest(walk_path: str) -> None:
+def test_c_walk_covers_extension_headers_and_stops_at_the_rest(walk_path: str) -> None:
     from tarindex._speedups import scan_headers
 
     bio = io.BytesIO()
@@ -34,9 +34,16 @@ def test_c_walk_covers_plain_headers_and_stops_at_the_rest(walk_path: str) -> No
             tf.addfile(ti, io.BytesIO(b"abc"))
     buf = bio.getvalue()
     got, after, last_at, last_size = scan_headers(buf, 0, 100, True, 1000)
-    assert got == [("a.txt", 100, 612, 3, b"abc")] and after == 1024 and (last_at, last_size) == (0, 3)
-    assert buf[after + 156 : after + 157] == b"L"  # stopped at the extension header, for the Python walker
-    assert scan_headers(buf, after, 0, False, 1000)[0] == []
+    assert [e[:4] for e in got] == [("a.txt", 100, 612, 3), ("b" * 120 + ".txt", 1124, 2660, 3), ("c.txt", 3172, 3684, 3)]
+    assert [e[4] for e in got] == [b"abc"] * 3 and (last_at, last_size) == (3072, 3)
+    assert buf[after : after + BLOCK] == bytes(BLOCK)  # stopped at the end-of-archive marker, for the Python walker
+    assert scan_headers(buf, 1024, 0, True, 1000)[0][0][:2] == ("b" * 120 + ".txt", 1024)  # the member starts at its 'L' header
+    assert scan_headers(buf[:2100], 1024, 0, False, 1000)[1] == 1024  # its headers do not fit: the Python walker's
+    pax = io.BytesIO()
+    with tarfile.open(fileobj=pax, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "global"}) as tf:
+        ti = tarfile.TarInfo("x.txt")
+        tf.addfile(ti, io.BytesIO(b""))
+    assert scan_headers(pax.getvalue(), 0, 0, True, 1000)[:2] == ([], 0)  # a global PAX header: the Python walker's
     assert [e[0] for e in iter_tar((buf,), "x.tar")] == ["a.txt", "b" * 120 + ".txt", "c.txt"]
 
 

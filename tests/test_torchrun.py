@@ -80,3 +80,21 @@ def test_two_rank_state_resumes_on_one_rank(runs: tuple[Path, list[dict[str, Any
     first = full[0]["shard_first"] + full[1]["shard_first"]
     assert len(rest) == 96 - 24
     assert sorted(first + rest) == sorted(ds.keys())
+
+
+def test_stream_resumes_under_torchrun(runs: tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]) -> None:
+    """A shuffled TarStream through StatefulDataLoader(num_workers=2) on 2 ranks, stopped after 3 batches and
+    resumed in fresh processes: each rank's rest equals its uninterrupted epoch's; the ranks cover every
+    sample once. Both ranks' states also finish the epoch on one rank (another world size)."""
+    out, full, rest = runs
+    ds = TarDataset(next(out.parent.glob("data/*.tarindex")))
+    for f, r in zip(full, rest):
+        assert len(f["stream_first"]) == 12
+        assert f["stream_first"] + r["stream_rest"] == f["stream"]
+    assert sorted(full[0]["stream"] + full[1]["stream"]) == sorted(ds.keys())
+    states = tarindex.stream_states([json.loads((out / f"stream-rank{r}.json").read_text()) for r in range(2)])
+    assert len(states) == 4  # 2 ranks x 2 workers
+    one = tarindex.TarStream(ds.index_path, shuffle=8, seed=5, rank=0, world_size=1)
+    one.load_state_dict(states)
+    finished = [s["__key__"] for s in one]
+    assert sorted(full[0]["stream_first"] + full[1]["stream_first"] + finished) == sorted(ds.keys())

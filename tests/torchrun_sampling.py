@@ -4,8 +4,9 @@
 Usage: torchrun --standalone --nproc_per_node=2 tests/torchrun_sampling.py INDEX OUT_DIR full|resume
 
 ``full``: an uninterrupted epoch with each sampler, then a ShardSampler epoch that stops after
-``STOP_BATCHES`` batches and saves its state (the process then exits: the interruption).
-``resume``: a fresh process loads that state and finishes the epoch.
+``STOP_BATCHES`` batches and saves its state (the process then exits: the interruption); the same with a
+shuffled ``TarStream`` of the index's shards through ``StatefulDataLoader`` (its state saved).
+``resume``: a fresh process loads those states and finishes the epochs.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-from tarindex import ShardSampler, TarDataset
+from tarindex import ShardSampler, TarDataset, TarStream
 
 __all__: list[str] = []
 
@@ -36,6 +37,25 @@ def keys(ds: TarDataset, sampler: Any, stop: int | None = None) -> list[str]:
         if stop is not None and step == stop:
             break
         out += batch
+    return out
+
+
+def stream_keys(index: str, state: Path, mode: str) -> list[str]:
+    """A shuffled TarStream epoch through StatefulDataLoader(num_workers=2): whole ("full"), its first
+    ``STOP_BATCHES`` batches with the loader state saved ("first"), or the rest from that state ("resume")."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    stream = TarStream(index, shuffle=8, seed=SEED).map(key_of)
+    stream.set_epoch(EPOCH)
+    loader = StatefulDataLoader(stream, batch_size=BATCH, num_workers=2, collate_fn=list)
+    if mode == "resume":
+        loader.load_state_dict(json.loads(state.read_text()))
+    out: list[str] = []
+    for step, batch in enumerate(loader):
+        out += batch
+        if mode == "first" and step + 1 == STOP_BATCHES:
+            state.write_text(json.dumps(loader.state_dict()))
+            break
     return out
 
 
@@ -59,11 +79,14 @@ def main() -> None:
         result["shard_first"] = keys(ds, first, stop=STOP_BATCHES)
         result["handed_out"] = first.state_dict()["consumed"]  # ahead of the loop: DataLoader prefetch
         state_file.write_text(json.dumps(first.state_dict(consumed=len(result["shard_first"]))))
+        result["stream"] = stream_keys(index, out_dir / f"stream-rank{rank}.json", "full")
+        result["stream_first"] = stream_keys(index, out_dir / f"stream-rank{rank}.json", "first")
     else:
         resumed = ShardSampler(ds, seed=SEED)
         resumed.load_state_dict(json.loads(state_file.read_text()))
         resumed.set_epoch(EPOCH)
         result["shard_rest"] = keys(ds, resumed)
+        result["stream_rest"] = stream_keys(index, out_dir / f"stream-rank{rank}.json", "resume")
     lengths: list[Any] = [None] * world
     dist.all_gather_object(lengths, {k: len(v) for k, v in result.items() if isinstance(v, list)})
     result["all_lengths"] = lengths

@@ -1,8 +1,11 @@
 """Benchmarks, side by side with the peers and the physical limit, as ratios in one run.
 
-Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,zstd,sampler,sampler_zstd,scale]
-Every part but ``remote`` runs by default; ``--only`` picks some (``--only remote``: random access
-over loopback nginx with 20 ms added per request, tools/bench_remote.py). ``--only stream,quick``: the streaming benchmark over
+Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,resume,zstd,sampler,sampler_zstd,scale]
+``--sets jpeg-ustar,jpeg-wds,jpeg-posix,jpeg-gnu``: the first shards of a set as they are and rewritten by
+webdataset's TarWriter, GNU tar --format=posix and GNU tar with long names (``WRITERS``).
+Every part but ``remote`` runs by default; ``--only`` picks some (``walk``: the tar walk alone, TarStream and
+index tables, in one process; ``--only remote``: random access over loopback nginx with 20 ms added per
+request, tools/bench_remote.py). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
@@ -36,6 +39,15 @@ SPECS = {
     "small": (20, 10_000, (800, 1200)),
     "sampler": (40, 500, (4_000, 16_000)),  # a quick set for the sampler benchmarks
 }
+WRITERS = {
+    "ustar": "the set's own shards (tarfile, short names: plain ustar headers only)",
+    "wds": "webdataset.TarWriter defaults: a PAX header before every member (float mtime)",
+    "posix": "GNU tar --format=posix: a PAX header before every member",
+    "gnu": "GNU tar default format, names under a 120-character directory: a GNU 'L' header before every member",
+}
+"""Sets made of another set's samples by another writer: ``--sets jpeg-wds,small-posix``, ... (the first
+``VARIANT_SHARDS`` shards of the set; compare with the same shards as written by tarfile: ``--sets jpeg``)."""
+VARIANT_SHARDS = 4
 
 
 # -- data ------------------------------------------------------------------------------
@@ -79,6 +91,51 @@ def make_set(root: Path, name: str, n_shards: int, per_shard: int, size_range: t
     return paths
 
 
+def make_variant(root: Path, base: list[str], name: str, writer: str) -> list[str]:
+    """The first ``VARIANT_SHARDS`` shards of ``base`` rewritten by ``writer`` (see ``WRITERS``), made once."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for src in base[:VARIANT_SHARDS]:
+        p = root / Path(src).name.replace(name.split("-")[0], name)
+        paths.append(str(p))
+        if p.exists():
+            continue
+        tmp = p.with_suffix(".tmp")
+        with tarfile.open(src) as tf:
+            members = [(m.name, tf.extractfile(m).read()) for m in tf if m.isreg()]  # type: ignore[union-attr]
+        if writer == "ustar":
+            shutil.copyfile(src, tmp)
+        elif writer == "wds":
+            import webdataset as wds
+
+            with wds.TarWriter(str(tmp)) as out:
+                sample: dict[str, object] = {}
+                for member, data in members:
+                    key, ext = member.split(".", 1)
+                    if sample and sample["__key__"] != key:
+                        out.write(sample)
+                        sample = {}
+                    sample.setdefault("__key__", key)
+                    sample[ext] = data
+                out.write(sample)
+        else:
+            tree = Path(tempfile.mkdtemp(dir=root))
+            prefix = "d" * 120 + "/" if writer == "gnu" else ""
+            for member, data in members:
+                (tree / prefix).mkdir(parents=True, exist_ok=True)
+                (tree / (prefix + member)).write_bytes(data)
+            names = [prefix + m for m, _ in members]
+            fmt = ["--format=posix"] if writer == "posix" else []
+            subprocess.run(["tar", *fmt, "--no-recursion", "-C", str(tree), "-cf", str(tmp), *names], check=True)
+            shutil.rmtree(tree)
+        tmp.rename(p)
+    return paths
+
+
 def timed(fn: Callable[[], object], repeat: int = 1) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -102,13 +159,15 @@ def _rss_mb() -> tuple[float, float]:
 # -- build -----------------------------------------------------------------------------
 
 
-def bench_build(paths: list[str], name: str, index: Path) -> list[Row]:
-    def tarfile_scan() -> None:
-        for p in paths:
-            with tarfile.open(p) as tf:
-                for _ in tf:
-                    pass
+def tarfile_scan(paths: list[str]) -> None:
+    """The peer: every member header of every shard, by tarfile."""
+    for p in paths:
+        with tarfile.open(p) as tf:
+            for _ in tf:
+                pass
 
+
+def bench_build(paths: list[str], name: str, index: Path) -> list[Row]:
     def build() -> None:
         index.unlink(missing_ok=True)
         tarindex.build_index(paths, index=index)
@@ -116,7 +175,7 @@ def bench_build(paths: list[str], name: str, index: Path) -> list[Row]:
     def rebuild() -> None:  # the same shards, none changed: the index stands
         tarindex.build_index(paths, index=index)
 
-    t_tarfile = timed(tarfile_scan, 2)
+    t_tarfile = timed(lambda: tarfile_scan(paths), 2)
     t_build = timed(build, 2)
     t_rebuild = timed(rebuild, 3)
     ratio = f"{t_tarfile / t_build:.1f}x faster than a tarfile scan ({t_tarfile:.2f} s); target >= 10x"
@@ -386,6 +445,80 @@ def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None
     return rows
 
 
+# -- resume ------------------------------------------------------------------------------------
+
+
+def bench_resume(paths: list[str], name: str, work: Path) -> list[Row]:
+    """TarStream resumed at 10/50/90% of an epoch (shuffle=1000): time to the first resumed sample, state size."""
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _servers import start_nginx, stop  # the test suite's nginx launcher
+
+    n = _stream_pass(paths)
+    kw = {"shuffle": 1000, "seed": 0}
+    rows: list[Row] = []
+
+    def first_sample(stream: tarindex.TarStream) -> float:
+        t0 = time.perf_counter()
+        next(iter(stream))
+        return time.perf_counter() - t0
+
+    started = start_nginx(Path(paths[0]).parent.resolve(), Path(tempfile.mkdtemp(dir=work)))
+    sources = {"local": paths}
+    if started is not None:
+        sources["HTTP, loopback nginx"] = [f"http://127.0.0.1:{started[1]}/{Path(p).name}" for p in paths]
+    try:
+        for where, urls in sources.items():
+            rows.append((f"{name}: TarStream(shuffle=1000) {where}, epoch start: first sample (s)",
+                         min(first_sample(tarindex.TarStream(urls, **kw)) for _ in range(3)), "fills the buffer: 1,000 samples"))
+            for frac in (0.1, 0.5, 0.9):
+                stream = tarindex.TarStream(urls, **kw)
+                it = iter(stream)
+                for _ in range(int(n * frac)):
+                    next(it)
+                state = json.dumps(stream.state_dict())
+                del it
+                best = float("inf")
+                for _ in range(3):
+                    resumed = tarindex.TarStream(urls, **kw)
+                    resumed.load_state_dict(json.loads(state))
+                    best = min(best, first_sample(resumed))
+                rows.append((f"{name}: {where}, resumed at {frac:.0%}: first sample (s)", best,
+                             f"state {len(state):,} bytes (JSON), target <= 0.2 s, independent of the position"))
+    finally:
+        if started is not None:
+            stop(started[0])
+    return rows
+
+
+def bench_walk(paths: list[str], name: str, repeat: int = 3) -> list[Row]:
+    """The tar walk alone, in one process: ``TarStream`` over local files beside ``cat``, and the index
+    tables of every shard (``scan_shard``) beside a ``tarfile`` scan; best of ``repeat``, alternating."""
+    import subprocess
+
+    from tarindex.scan import scan_shard
+
+    _ = tarindex.TarStream  # imports torch before anything is timed
+
+    def scan() -> None:
+        for p in paths:
+            scan_shard(p)
+
+    total_mb = sum(os.path.getsize(p) for p in paths) / 1e6
+    best = {"cat": float("inf"), "stream": float("inf"), "scan": float("inf"), "tarfile": float("inf")}
+    for _ in range(repeat):
+        best["cat"] = min(best["cat"], timed(lambda: subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)))
+        best["stream"] = min(best["stream"], timed(lambda: _stream_pass(paths)))
+        best["scan"] = min(best["scan"], timed(scan))
+        best["tarfile"] = min(best["tarfile"], timed(lambda: tarfile_scan(paths)))
+    return [
+        (f"{name}: TarStream local files, walk only (MB/s)", total_mb / best["stream"], f"{best['cat'] / best['stream']:.2f}x cat ({total_mb / best['cat']:,.0f} MB/s)"),
+        (f"{name}: index tables of every shard, one process (s)", best["scan"], f"{best['tarfile'] / best['scan']:.1f}x faster than a tarfile scan ({best['tarfile']:.2f} s)"),
+    ]
+
+
 # -- zstd shards ------------------------------------------------------------------------------
 
 
@@ -512,8 +645,12 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_sampler_order(index, name)
     if "sampler_zstd" in only:
         yield from bench_sampler_zstd(paths[: ZSTD_SHARDS[0]], name, work)
+    if "walk" in only:
+        yield from bench_walk(paths, name)
     if "stream" in only:
         yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
+    if "resume" in only and name == "jpeg":
+        yield from bench_resume(paths, name, work)
     if "zstd" in only:
         yield from bench_zstd(paths[: ZSTD_SHARDS[0]], name, work, frame_table=name == "small")
     if "remote" in only:  # not by default: it starts nginx and a delaying relay
@@ -679,7 +816,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default="bench-data", type=Path)
     ap.add_argument("--sets", default="jpeg,small")
-    ap.add_argument("--only", default="build,access,loader,open,stream,zstd,sampler,sampler_zstd,scale")
+    ap.add_argument("--only", default="build,access,loader,open,walk,stream,resume,zstd,sampler,sampler_zstd,scale")
     ap.add_argument("--zstd-shards", type=int, default=None, help="zstd benchmark on the first N shards (quick check)")
     args = ap.parse_args()
     ZSTD_SHARDS[0] = args.zstd_shards
@@ -690,8 +827,12 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.2f}; peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB")
     print("| measurement | value | ratio |\n|---|---|---|")
     for name in args.sets.split(","):
-        n_shards, per, size = SPECS[name]
-        paths = make_set(args.dir / name, name, n_shards, per, size)
+        base_name, _, writer = name.partition("-")
+        n_shards, per, size = SPECS[base_name]
+        paths = make_set(args.dir / base_name, base_name, VARIANT_SHARDS if writer else n_shards, per, size)
+        if writer:
+            print(f"{name}: {WRITERS[writer]}; {VARIANT_SHARDS} shards of the {base_name} set")
+            paths = make_variant(args.dir / name, paths, name, writer)
         for label, value, ratio in run_set(name, paths, only, work):
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
     if "scale" in only:

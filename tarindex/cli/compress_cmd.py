@@ -24,7 +24,7 @@ DEFAULT_FRAME_SIZE = 8 << 10
 )
 @click.option("-q", "--quiet", is_flag=True, help="No summary.")
 def command(src: str, dst: str, level: int, frame_size: int, quiet: bool) -> None:
-    """Rewrite the tar IN (plain or zstd) as OUT: seekable zstd with sample-aligned frames.
+    """Rewrite the tar IN (plain, zstd or gzip) as OUT: seekable zstd with sample-aligned frames.
 
     OUT ends with a seek table (zstd seekable format); 'zstd -d OUT' gives back
     the tar byte for byte. OUT may be IN (recompress in place; rebuild the index after).

@@ -1,63 +1,116 @@
-"""Read an index: lazy per-process LMDB, zero-copy sample records, key lookup.
+"""Read an index: lazy per-process LMDB, record blocks read one at a time, hashed key lookup.
 
-Importing this module, or opening an index, never imports torch.
+Importing this module, or opening an index, never imports torch. Opening reads the
+LMDB container's two meta pages (checked against the file's size, so a truncated
+file is an :class:`~tarindex.errors.IndexFormatError`, never a ``SIGBUS``) and the
+sealed ``meta``; a sample touches its record block and the B-tree pages above it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import weakref
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import lmdb
 import numpy as np
 
-from ..errors import IndexFormatError, IndexNotFoundError, SampleNotFoundError
+from ..errors import IndexChangedError, IndexFormatError, IndexNotFoundError, SampleNotFoundError
 from .format import (
-    COL_PREFIX,
-    COLUMNS,
+    BLOCK_PREFIX,
     FORMAT_VERSION,
     FRAMES_PREFIX,
-    KEY_PREFIX,
+    KEYS_PREFIX,
     MAGIC,
     META_KEY,
+    SHARDS_PREFIX,
+    START_KEY,
     ShardInfo,
     ShardTable,
+    bucket_of,
+    key_hash,
+    numbered,
+    unseal,
 )
-from .records import Decoded, decode, unpack
+from .records import Block, Columns, parse
 
 __all__ = ["IndexReader"]
 
-_MV_FORMAT = {"<u8": "Q", "<u4": "I", "<u2": "H", "u1": "B"}
+_LMDB_MAGIC = 0xBEEFC0DE
+
+
+def check_container(path: Path) -> None:
+    """Check that the file holds every page its LMDB meta pages name, before it is mapped.
+
+    A truncated index (an interrupted copy, a full disk) would otherwise be mapped and
+    fault (``SIGBUS``) on the first page past its end.
+
+    Raises:
+        IndexFormatError: not an LMDB file, or shorter than its meta pages say.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(152)
+            size = os.fstat(f.fileno()).st_size
+            psize = int.from_bytes(head[40:44], "little") if len(head) >= 152 else 0
+            if len(head) < 152 or int.from_bytes(head[16:20], "little") != _LMDB_MAGIC or not 512 <= psize <= 1 << 16:
+                raise IndexFormatError(f"{path}: not a tarindex index (not an LMDB file: {size} bytes)")
+            f.seek(psize)
+            second = f.read(152)
+    except OSError as exc:
+        raise IndexFormatError(f"{path}: cannot read the index ({exc.strerror or exc})") from exc
+    metas = [head] + ([second] if len(second) == 152 and int.from_bytes(second[16:20], "little") == _LMDB_MAGIC else [])
+    meta = max(metas, key=lambda m: int.from_bytes(m[144:152], "little"))  # LMDB uses the later transaction's
+    last = int.from_bytes(meta[136:144], "little")
+    if (last + 1) * psize > size:
+        raise IndexFormatError(
+            f"{path}: the index is truncated (expected at least {(last + 1) * psize} bytes, got {size}); rebuild or copy it again"
+        )
 
 
 class _Env:
     """One LMDB environment and read transaction per index file per process.
 
     LMDB forbids opening one environment twice in a process, so readers of the
-    same file share it (reference counted). Keyed by inode: a rebuilt index
-    (a new file renamed over the old) gets a new environment.
+    same file share it (reference counted: readers and every :class:`BlockSource`).
+    Keyed by inode: a rebuilt index (a new file renamed over the old) gets a new environment.
     """
 
     def __init__(self, key: tuple[int, int], path: Path) -> None:
+        check_container(path)
         try:
             self.env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=0, readahead=False)
         except lmdb.Error as exc:
             raise IndexFormatError(f"{path}: not a tarindex index ({exc})") from exc
-        self.key, self.refs = key, 0
+        self.key, self.refs, self.pid = key, 0, os.getpid()
         self.txn = self.env.begin(buffers=True)
         try:
-            self.meta = _check_meta(path, self.txn.get(META_KEY))
+            self.meta = _check_meta(path, self.get(META_KEY, path))
         except IndexFormatError:
             self.close()
             raise
 
+    def get(self, key: bytes, path: Path) -> Any:
+        try:
+            return self.txn.get(key)
+        except lmdb.Error as exc:
+            raise IndexFormatError(f"{path}: the index is damaged ({exc}); rebuild the index") from exc
+
+    def acquire(self) -> _Env:
+        self.refs += 1
+        return self
+
     def release(self) -> None:
+        if self.pid != os.getpid():  # inherited through fork: the child closed it already
+            return
         self.refs -= 1
         if self.refs <= 0:
-            _ENVS.pop(self.key, None)
+            if _ENVS.get(self.key) is self:
+                del _ENVS[self.key]
             self.close()
 
     def close(self) -> None:
@@ -81,44 +134,196 @@ def _acquire(path: Path) -> _Env:
     found = _ENVS.get(key)
     if found is None:
         found = _ENVS[key] = _Env(key, path)
-    found.refs += 1
-    return found
+    return found.acquire()
+
+
+_META_INTS = ("n_samples", "n_members", "n_shards", "duplicate_keys", "block_samples", "n_blocks", "n_buckets", "sample_bytes", "shard_block")
 
 
 def _check_meta(path: Path, raw: Any) -> dict[str, Any]:
+    """The meta, its checksum and schema checked.
+
+    Raises:
+        IndexFormatError: not a tarindex index, another format version, or damaged.
+    """
+    if raw is not None and bytes(raw[:1]) == b"{":  # format 3 and older: JSON without a checksum
+        try:
+            old = json.loads(bytes(raw))
+        except ValueError:
+            old = None
+        if isinstance(old, dict) and old.get("magic") == MAGIC:
+            raise IndexFormatError(
+                f"{path}: index format version {old.get('format_version')}, this tarindex reads version {FORMAT_VERSION}; "
+                "rebuild the index ('tarindex build' over it does)"
+            )
+    if raw is None:
+        raise IndexFormatError(f"{path}: an LMDB file, but not a tarindex index")
     try:
-        meta = json.loads(bytes(raw)) if raw is not None else None
-    except ValueError:
-        meta = None
+        meta = json.loads(bytes(unseal(raw, META_KEY, f"{path}: the index's meta")))
+    except ValueError as exc:
+        raise IndexFormatError(f"{path}: the index's meta is damaged ({exc}); rebuild the index") from exc
     if not isinstance(meta, dict) or meta.get("magic") != MAGIC:
         raise IndexFormatError(f"{path}: an LMDB file, but not a tarindex index")
     if meta.get("format_version") != FORMAT_VERSION:
         raise IndexFormatError(
-            f"{path}: index format version {meta.get('format_version')}, "
-            f"this tarindex reads version {FORMAT_VERSION}; rebuild the index"
+            f"{path}: index format version {meta.get('format_version')}, this tarindex reads version {FORMAT_VERSION}; rebuild the index"
         )
+    bad = [k for k in _META_INTS if type(meta.get(k)) is not int or meta[k] < 0]
+    if not bad:
+        n, b = meta["n_samples"], meta["block_samples"]
+        bad = [
+            name
+            for name, ok in (
+                ("block_samples", b > 0),
+                ("shard_block", meta["shard_block"] > 0),
+                ("n_blocks", meta["n_blocks"] == -(-n // b)),
+                ("n_buckets", (meta["n_buckets"] > 0) == (n > 0)),
+                ("sample_bytes", 1 <= meta["sample_bytes"] <= 8 and n <= 1 << (8 * meta["sample_bytes"])),
+                ("exts", isinstance(meta.get("exts"), list) and all(isinstance(e, str) for e in meta["exts"])),
+                ("build_id", isinstance(meta.get("build_id"), str)),
+                ("part", _is_part(meta.get("part"))),
+            )
+            if not ok
+        ]
+    if bad:
+        shown = {k: meta.get(k) for k in bad}
+        raise IndexFormatError(f"{path}: the index's meta is damaged (bad {', '.join(bad)}: {str(shown)[:200]}); rebuild the index")
     return meta
+
+
+def _is_part(part: Any) -> bool:
+    if part is None:
+        return True
+    return isinstance(part, list) and len(part) == 2 and all(type(x) is int for x in part) and 1 <= part[0] <= part[1]
+
+
+class BlockSource:
+    """The record blocks of one index in one process: checked once, then served as views of the map.
+
+    Holds the LMDB environment open while it lives, so views it handed out stay
+    valid even after :meth:`IndexReader.close` (a dataset's C reader keeps one).
+    """
+
+    def __init__(self, reader: IndexReader) -> None:
+        self._env: _Env | None = _acquire(reader.path)
+        self._where = str(reader.path)
+        meta = reader.meta
+        self.block_samples: int = meta["block_samples"]
+        self._n, self._n_exts = reader.n_samples, len(reader.exts)
+        self._blocks: dict[int, Block] = {}
+        if self._env.meta.get("build_id") != meta["build_id"]:
+            raise IndexChangedError(reader.path, f"build {meta['build_id']} -> {self._env.meta.get('build_id')}")
+
+    def block(self, b: int) -> Block:
+        """Block ``b``, parsed and checked (cached).
+
+        Raises:
+            IndexFormatError: the block is missing or damaged.
+        """
+        found = self._blocks.get(b)
+        if found is None:
+            if self._env is None:
+                raise IndexFormatError(f"{self._where}: the index was closed")
+            if not 0 <= b * self.block_samples < self._n:
+                raise IndexError(f"record block {b} out of range")
+            where = f"{self._where}: record block {b}"
+            key = numbered(BLOCK_PREFIX, b)
+            view = unseal(self._env.get(key, Path(self._where)), key, where)
+            expected = min(self.block_samples, self._n - b * self.block_samples)
+            found = parse(view, self._n_exts, expected, where)
+            if len(self._blocks) >= 4096:
+                self._blocks.clear()
+            self._blocks[b] = found
+        return found
+
+    def payload(self, b: int) -> memoryview:
+        """Block ``b``'s checked bytes, a view of the map (for the C reader)."""
+        return self.block(b).view
+
+    def record(self, i: int) -> tuple[int, int, int, list[tuple[int, int, int]], bytes]:
+        """Sample ``i``: ``(shard, offset, size, [(extension number, data offset, size)...], key bytes)``.
+
+        Raises:
+            IndexFormatError: its record is damaged.
+        """
+        b, j = divmod(i, self.block_samples)
+        return self.block(b).record(j, f"{self._where}: the record of sample {i}")
+
+    def release(self) -> None:
+        env, self._env = self._env, None
+        self._blocks = {}
+        if env is not None:
+            env.release()
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+class ShardList(Sequence[ShardInfo]):
+    """The shard records, read in blocks of ``SHARD_BLOCK`` on first use."""
+
+    def __init__(self, reader: IndexReader) -> None:
+        self._reader = weakref.ref(reader)  # not a cycle: a reader that goes closes its environment at once
+        self._own: IndexReader | None = None
+        self._path, self._build = reader.path, reader.build_id
+        self._n: int = reader.meta["n_shards"]
+        self._per: int = reader.meta["shard_block"]
+        self._blocks: dict[int, list[ShardInfo]] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, s: int) -> ShardInfo: ...
+    @overload
+    def __getitem__(self, s: slice) -> list[ShardInfo]: ...
+    def __getitem__(self, s: int | slice) -> ShardInfo | list[ShardInfo]:
+        if isinstance(s, slice):
+            return [self[k] for k in range(*s.indices(self._n))]
+        if s < 0:
+            s += self._n
+        if not 0 <= s < self._n:
+            raise IndexError(f"shard {s} out of range for {self._n} shards")
+        b, j = divmod(s, self._per)
+        block = self._blocks.get(b)
+        if block is None:
+            block = self._blocks[b] = self._source()._shard_block(b, min(self._per, self._n - b * self._per))
+        return block[j]
+
+    def __iter__(self) -> Iterator[ShardInfo]:
+        for s in range(self._n):
+            yield self[s]
+
+    def _source(self) -> IndexReader:
+        reader = self._reader() or self._own
+        if reader is None:  # the reader this list came from is gone: the same file, opened again
+            reader = self._own = IndexReader(self._path)
+            if reader.build_id != self._build:
+                raise IndexChangedError(self._path, f"build {self._build} -> {reader.build_id}")
+        return reader
 
 
 class IndexReader:
     """A read-only view of one index file.
 
     The LMDB environment opens lazily in each process (after ``fork`` a child
-    opens its own) and keeps one read transaction, so columns are memoryviews
-    over LMDB's memory map: opening costs the same for any number of samples.
-    Pickles by path.
+    opens its own, and refuses a different file: :class:`~tarindex.errors.IndexChangedError`).
+    Opening reads the meta only; records, keys and shard records are read a block at
+    a time as they are asked for. Pickles by path.
 
     Raises:
         IndexNotFoundError: the file does not exist.
-        IndexFormatError: the file is not a tarindex index or has another format version.
+        IndexFormatError: the file is not a tarindex index, has another format version, or is damaged.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._pid = -1
         self._handle: _Env | None = None
-        self._txn: Any = None
-        self._cols: dict[str, memoryview] = {}
+        self._source: BlockSource | None = None
         self._open()
 
     # -- process-local state -------------------------------------------------
@@ -127,41 +332,53 @@ class IndexReader:
         if not self.path.is_file():
             raise IndexNotFoundError(f"{self.path}: no index here (build one with 'tarindex build')")
         handle = _acquire(self.path)
-        meta = handle.meta
-        self._handle, self._txn, self._pid = handle, handle.txn, os.getpid()
-        self._cols = {}
-        self.__dict__.setdefault("meta", meta)
+        first = self.__dict__.get("meta")
+        if first is not None and first["build_id"] != handle.meta["build_id"]:
+            handle.release()
+            raise IndexChangedError(self.path, f"build {first['build_id']} -> {handle.meta['build_id']}")
+        self._handle, self._pid = handle, os.getpid()
+        self.__dict__.setdefault("meta", handle.meta)
 
     def _release(self) -> None:
-        handle = self.__dict__.get("_handle")
-        self._handle = None
-        self._cols = {}
-        self._txn = None
+        handle, source = self.__dict__.get("_handle"), self.__dict__.get("_source")
+        self._handle, self._source = None, None
+        if source is not None and self._pid == os.getpid():
+            source.release()
         if handle is not None and self._pid == os.getpid():
             handle.release()
 
-    def _txn_here(self) -> Any:
-        if self._pid != os.getpid():
+    def _env(self) -> _Env:
+        handle = self._handle
+        if self._pid != os.getpid() or handle is None:
             self._open()
-        return self._txn
+            handle = self._handle
+        if handle is None:
+            raise IndexFormatError(f"{self.path}: the index could not be opened")
+        return handle
 
-    def column(self, name: str) -> memoryview:
-        """One column as a typed memoryview over the LMDB map (no copy)."""
-        txn = self._txn_here()
-        col = self._cols.get(name)
-        if col is None:
-            raw = txn.get(COL_PREFIX + name.encode())
-            if raw is None:
-                raise IndexFormatError(f"{self.path}: index has no column {name!r}")
-            col = self._cols[name] = raw.cast(_MV_FORMAT[COLUMNS[name]])
-        return col
+    def _get(self, key: bytes) -> Any:
+        return self._env().get(key, self.path)
 
-    def array(self, name: str) -> np.ndarray:
-        """One column as a read-only numpy array (no copy)."""
-        return np.frombuffer(self.column(name), COLUMNS[name])
+    def blocks(self) -> BlockSource:
+        """A new :class:`BlockSource` for this process (it keeps the index open while it lives).
+
+        Raises:
+            IndexChangedError: the file at this path is no longer the index first opened.
+        """
+        self._env()
+        return BlockSource(self)
+
+    def _blocks(self) -> BlockSource:
+        if self._source is None or self._pid != os.getpid():
+            self._env()
+            self._source = BlockSource(self)
+        return self._source
 
     def close(self) -> None:
-        """Release the LMDB environment of this process (reopened on next use)."""
+        """Release this reader's hold on the LMDB environment (reopened on next use).
+
+        Views handed out by :meth:`blocks` stay valid: they hold the environment themselves.
+        """
         self._release()
         self._pid = -1
 
@@ -180,10 +397,39 @@ class IndexReader:
     # -- metadata ------------------------------------------------------------
     meta: dict[str, Any]
 
+    @property
+    def build_id(self) -> str:
+        """A random id made by each build: an index rewritten in place has another."""
+        return str(self.meta["build_id"])
+
+    @property
+    def part(self) -> tuple[int, int] | None:
+        """``(K, N)`` for an index built with ``part=(K, N)``, else ``None``."""
+        part = self.meta["part"]
+        return None if part is None else (part[0], part[1])
+
     @cached_property
-    def shards(self) -> list[ShardInfo]:
-        """Shard records, in index order."""
-        return [ShardInfo.from_json(s) for s in self.meta["shards"]]
+    def shards(self) -> ShardList:
+        """Shard records, in index order (read a block at a time)."""
+        return ShardList(self)
+
+    def _shard_block(self, b: int, expected: int) -> list[ShardInfo]:
+        where = f"{self.path}: shard records block {b}"
+        key = numbered(SHARDS_PREFIX, b)
+        payload = unseal(self._get(key), key, where)
+        try:
+            raw = json.loads(bytes(payload))
+            if not isinstance(raw, list) or len(raw) != expected:
+                raise IndexFormatError(f"expected {expected} records")
+            infos = [ShardInfo.from_json(obj) for obj in raw]
+        except (ValueError, IndexFormatError) as exc:
+            raise IndexFormatError(f"{where} is damaged ({exc}); rebuild the index") from exc
+        starts = self.shard_starts()
+        first = b * self.meta["shard_block"]
+        for k, info in enumerate(infos):
+            if info.n_samples != int(starts[first + k + 1] - starts[first + k]):
+                raise IndexFormatError(f"{where} is damaged (shard {first + k} has {info.n_samples} samples, the start table says otherwise)")
+        return infos
 
     @cached_property
     def exts(self) -> list[str]:
@@ -210,27 +456,40 @@ class IndexReader:
         """Absolute path of a shard."""
         return self.path.parent / self.shards[shard].path
 
+    def shard_starts(self) -> np.ndarray:
+        """uint64 ``[n_shards + 1]``: each shard's first sample number, then the sample count (cached).
+
+        Raises:
+            IndexFormatError: the table is damaged.
+        """
+        found = self.__dict__.get("_starts")
+        if found is None:
+            where = f"{self.path}: the shard start table"
+            starts = np.frombuffer(unseal(self._get(START_KEY), START_KEY, where), "<u8")
+            n = self.meta["n_shards"]
+            if len(starts) != n + 1 or int(starts[0]) != 0 or int(starts[-1]) != self.n_samples or bool((np.diff(starts.astype(np.int64)) < 0).any()):
+                raise IndexFormatError(f"{where} is damaged (expected {n + 1} ascending starts from 0 to {self.n_samples}); rebuild the index")
+            found = self.__dict__["_starts"] = starts.copy()
+        return found
+
     # -- samples -------------------------------------------------------------
     def record(self, i: int) -> tuple[int, int, int, list[tuple[str, int, int]], str]:
         """Sample ``i``'s record: ``(shard, offset, size, members, key)``.
 
         ``members`` is ``(extension, data offset relative to the sample, size)`` per member.
+
+        Raises:
+            IndexError: ``i`` is out of range.
+            IndexFormatError: the record is damaged.
         """
-        offset, size, shard, spans, key = unpack(self.column("records"), self.record_start(i), i)
-        nm = len(spans) // 3
+        n = self.n_samples
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} out of range for {n} samples")
+        shard, offset, size, members, key = self._blocks().record(i % n)
+        if shard >= len(self.shards):
+            raise IndexFormatError(f"{self.path}: the record of sample {i % n} names shard {shard} of {len(self.shards)}; rebuild the index")
         exts = self.exts
-        members = [(exts[spans[2 * nm + j]], spans[2 * j], spans[2 * j + 1]) for j in range(nm)]
-        return shard, offset, size, members, key
-
-    @property
-    def record_stride(self) -> int:
-        """Bytes from one sample record to the next, or 0 when ``col/record_offset`` says where each starts."""
-        return int(self.meta["record_stride"])
-
-    def record_start(self, i: int) -> int:
-        """Byte offset of sample ``i``'s record in ``col/records``."""
-        stride = self.record_stride
-        return i * stride if stride else int(self.column("record_offset")[i])
+        return shard, offset, size, [(exts[e], o, s) for e, o, s in members], key.decode("utf-8", "surrogateescape")
 
     def key(self, i: int) -> str:
         """Key of sample ``i``."""
@@ -239,13 +498,34 @@ class IndexReader:
     def lookup(self, key: str) -> int:
         """Sample number of ``key``; with duplicate keys, the first sample that has it.
 
+        Reads one bucket of the key table and the records of the samples its entries
+        point at, and returns a sample only if its key is ``key``.
+
         Raises:
             SampleNotFoundError: no sample has this key.
+            IndexFormatError: the key table is damaged.
         """
-        raw = self._txn_here().get(KEY_PREFIX + key.encode("utf-8", "surrogateescape"))
-        if raw is None:
-            raise SampleNotFoundError(f"{self.path}: no sample with key {key!r}")
-        return int.from_bytes(raw, "little")
+        raw_key = key.encode("utf-8", "surrogateescape")
+        n, h = self.n_samples, key_hash(raw_key)
+        if n:
+            bucket = bucket_of(h, self.meta["n_buckets"])
+            bucket_key = numbered(KEYS_PREFIX, bucket)
+            found = self._get(bucket_key)
+            if found is not None:
+                width = 2 + self.meta["sample_bytes"]
+                entries = unseal(found, bucket_key, f"{self.path}: key table bucket {bucket}")
+                if len(entries) % width:
+                    raise IndexFormatError(f"{self.path}: key table bucket {bucket} is damaged ({len(entries)} bytes); rebuild the index")
+                rows = np.frombuffer(entries, np.uint8).reshape(-1, width)
+                fp = rows[:, 0].astype(np.uint32) | (rows[:, 1].astype(np.uint32) << 8)
+                source = self._blocks()
+                for r in np.flatnonzero(fp == (h & 0xFFFF)).tolist():
+                    sample = int.from_bytes(rows[r, 2:].tobytes(), "little")
+                    if sample >= n:
+                        raise IndexFormatError(f"{self.path}: key table bucket {bucket} names sample {sample} of {n}; rebuild the index")
+                    if source.record(sample)[4] == raw_key:
+                        return sample
+        raise SampleNotFoundError(f"{self.path}: no sample with key {key[:200]!r}")
 
     def shard_of(self, i: int) -> int:
         """Shard number of sample ``i``."""
@@ -255,42 +535,76 @@ class IndexReader:
         """``(extension, offset relative to the sample, size)`` of each member of sample ``i``."""
         return self.record(i)[3]
 
-    def decode(self, lo: int = 0, hi: int | None = None) -> Decoded:
-        """Samples ``lo..hi`` (default: all) as arrays: shard, offset, size, members (copies).
+    def decode(self, lo: int = 0, hi: int | None = None) -> Columns:
+        """Samples ``lo..hi`` (default: all) as arrays (copies), every record checked.
 
         Raises:
             IndexFormatError: the records are damaged.
         """
-        try:
-            records, starts, stride = self.array("records"), self.array("record_offset"), self.record_stride
-            return decode(records, starts, stride, lo, self.n_samples if hi is None else hi)
-        except IndexFormatError as exc:
-            raise IndexFormatError(f"{self.path}: {exc}") from exc
+        n = self.n_samples
+        hi = n if hi is None else min(hi, n)
+        if lo >= hi:
+            return Columns.join([])
+        source, per = self._blocks(), self.meta["block_samples"]
+        parts = []
+        for b in range(lo // per, (hi - 1) // per + 1):
+            cols = source.block(b).columns(f"{self.path}: record block {b}")
+            a = max(lo - b * per, 0)
+            parts.append(cols.cut(a, min(hi - b * per, len(cols))))
+        cols = Columns.join(parts)
+        if len(cols) and int(cols.shard.max()) >= len(self.shards):
+            raise IndexFormatError(f"{self.path}: a record names shard {int(cols.shard.max())} of {len(self.shards)}; rebuild the index")
+        return cols
+
+    def shard_columns(self, shard: int) -> Columns:
+        """One shard's records as arrays (extension numbers into :attr:`exts`, keys as bytes), checked.
+
+        Raises:
+            IndexFormatError: the records of the shard are damaged or name another shard.
+        """
+        starts = self.shard_starts()
+        cols = self.decode(int(starts[shard]), int(starts[shard + 1]))
+        if len(cols) and bool((cols.shard != shard).any()):
+            raise IndexFormatError(f"{self.path}: a record of shard {shard} names another shard; rebuild the index")
+        return cols
 
     def shard_table(self, shard: int) -> ShardTable:
-        """Cut one shard's tables out of the index (for incremental builds and merges)."""
-        starts = self.array("shard_start")
-        dec = self.decode(int(starts[shard]), int(starts[shard + 1]))
-        exts_used, local = np.unique(dec.member_ext, return_inverse=True)
+        """Cut one shard's tables out of the index (for incremental builds and merges).
+
+        Raises:
+            IndexFormatError: the records of the shard are damaged or name another shard.
+        """
+        cols = self.shard_columns(shard)
+        exts_used, local = np.unique(cols.member_ext, return_inverse=True)
         return ShardTable(
-            dec.offset,
-            dec.size,
-            dec.nmembers,
+            cols.offset,
+            cols.size,
+            cols.nmembers.astype(np.uint32),
             local.astype(np.uint16).reshape(-1),
-            dec.member_offset,
-            dec.member_size,
-            dec.keys(self.array("records")),
+            cols.member_offset,
+            cols.member_size,
+            [k.decode("utf-8", "surrogateescape") for k in cols.keys],
             [self.exts[e] for e in exts_used.tolist()],
             self.frame_table(shard),
         )
 
     def frame_table(self, shard: int) -> np.ndarray | None:
-        """A zstd shard's ``(n_frames, 4)`` frame table (a copy); ``None`` for a plain tar."""
-        raw = self._txn_here().get(FRAMES_PREFIX + str(shard).encode())
+        """A zstd shard's ``(n_frames, 4)`` frame table (a copy); ``None`` for a plain tar.
+
+        Raises:
+            IndexFormatError: the table is damaged.
+        """
+        key = numbered(FRAMES_PREFIX, shard)
+        raw = self._get(key)
         if raw is None:
             return None
-        return np.frombuffer(raw, "<u8").reshape(-1, 4).copy()
+        where = f"{self.path}: the frame table of shard {shard}"
+        table = unseal(raw, key, where)
+        if len(table) % 32:
+            raise IndexFormatError(f"{where} is damaged ({len(table)} bytes, not rows of 32); rebuild the index")
+        return np.frombuffer(table, "<u8").reshape(-1, 4).copy()
 
     def file_size(self) -> int:
         """Size of the index file in bytes."""
         return self.path.stat().st_size
+

@@ -1,145 +1,414 @@
-"""Write an index: every column at once into a temporary LMDB file, then rename."""
+"""Write an index: shards streamed into record blocks, keys spilled and bucketed, then one atomic rename.
+
+Memory is bounded whatever the number of samples: records are encoded a block at a
+time as shards arrive, key hashes and frame tables go to spill files beside the
+index, and the key table is built one hash range at a time from them.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import re
+import shutil
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any, BinaryIO
 
 import lmdb
 import numpy as np
 
 from .._atomic import clean_stale, commit, temp_name, write_error
+from ..errors import TarIndexError
 from .format import (
-    COL_PREFIX,
+    BLOCK_PREFIX,
+    BLOCK_SAMPLES,
+    BUCKET_KEYS,
     FORMAT_VERSION,
     FRAMES_PREFIX,
-    KEY_PREFIX,
+    KEYS_PREFIX,
     MAGIC,
     META_KEY,
+    SHARD_BLOCK,
+    SHARDS_PREFIX,
+    START_KEY,
     ShardInfo,
     ShardTable,
+    bucket_of,
+    key_hash,
+    numbered,
+    seal,
 )
-from .records import encode
+from .records import Columns, encode_block, parse
 
-__all__ = ["IndexWriter"]
+__all__ = ["IndexWriter", "remove_stale_temporaries"]
+
+_PARTITIONS = 256  # key hashes spilled by their top 8 bits: one partition in memory at a time
+_SPILL_ROWS = 1 << 22  # key entries (16 bytes each) held in memory before they go to the spill files
+_SPILL_FRAMES = 64 << 20  # bytes of frame tables held in memory before they go to a spill file
+_COMMIT_BYTES = 64 << 20  # a write transaction's dirty pages live in memory: commit every this many bytes
+_MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove what writers of ``path`` killed before they finished left beside it (their process is gone):
+    temporary files (:func:`tarindex._atomic.clean_stale`) and spill directories. Returns the paths removed.
+    """
+    removed = clean_stale(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.tmp-(\d+)\.spill")
+    with contextlib.suppress(OSError):
+        for entry in path.parent.iterdir():
+            found = pattern.fullmatch(entry.name)
+            if found is not None and entry.is_dir() and not entry.is_symlink() and not _alive(int(found.group(1))):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 class IndexWriter:
-    """Collect shard tables and write them as one index file.
+    """Stream shard tables into one index file.
 
     A context manager: the index is written to a temporary name beside
-    ``path`` and renamed over ``path`` only on a clean exit, so an interrupted
-    or failed write leaves any previous index untouched.
+    ``path`` and renamed over ``path`` (after ``fsync`` of the file and its
+    directory) only on a clean exit, so an interrupted or failed write leaves any
+    previous index untouched. Shards are encoded as they are added.
+
+    Args:
+        path: the index file.
+        part: ``(K, N)`` when this index holds the K-th of N slices of a shard list
+            (recorded, so merges order the parts by it).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, part: tuple[int, int] | None = None) -> None:
         self.path = Path(path)
-        self._shards: list[tuple[ShardInfo, ShardTable]] = []
+        self.part = part
+        self._infos: list[ShardInfo] = []
+        self._starts: list[int] = [0]
+        self._exts: dict[str, int] = {}
+        self._n_members = 0
+        self._pending: list[Columns] = []
+        self._pending_n = 0
+        self._n_blocks = 0
+        self._env: Any = None
+        self._txn: Any = None
+        self._txn_bytes = 0
+        self._tmp = temp_name(self.path)
+        self._spill = self._tmp.with_name(self._tmp.name + ".spill")
+        self._parts: list[BinaryIO] = []  # spill files of key entries by partition, once memory holds too many
+        self._rows: list[np.ndarray] = []  # key entries (hash, sample) held in memory
+        self._n_rows = 0
+        self._frames: BinaryIO | None = None  # spill file of frame tables, once memory holds too many
+        self._frame_list: list[tuple[int, bytes]] = []  # shard, frame table bytes held in memory
+        self._frame_bytes = 0
+        self._frame_at: list[tuple[int, int, int]] = []  # shard, offset in the spill file, bytes
 
-    def add(self, info: ShardInfo, table: ShardTable) -> None:
-        """Append one shard (in index order)."""
-        self._shards.append((info, table))
-
+    # -- life cycle ------------------------------------------------------------
     def __enter__(self) -> IndexWriter:
+        self._start()
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if exc_type is None:
             self.write()
+        else:
+            self._discard()
 
-    def _columns(self) -> tuple[dict[str, np.ndarray], list[str], list[bytes], int, int]:
-        """The columns, the extension table, every sample's encoded key, the member count and the record stride."""
-        exts: dict[str, int] = {}
-        tables = [table for _, table in self._shards]
-        counts = np.zeros(len(tables) + 1, np.uint64)
-        np.cumsum([t.n_samples for t in tables], out=counts[1:])
+    def _start(self) -> None:
+        if self._env is not None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(self.path)
+            self._env = lmdb.open(str(self._tmp), subdir=False, lock=False, map_size=_MAP_SIZE, max_dbs=0, sync=False, metasync=False)
+            self._txn = self._env.begin(write=True)
+        except (OSError, lmdb.Error) as exc:
+            self._discard()
+            raise write_error(self.path, exc) from exc
 
-        def joined(name: str, dtype: str) -> np.ndarray:
-            parts = [getattr(t, name) for t in tables]
-            return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+    def _discard(self) -> None:
+        """Drop everything written so far (the previous index, if any, stays)."""
+        for f in [*self._parts, *([self._frames] if self._frames else [])]:
+            f.close()
+        self._parts, self._frames = [], None
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = None
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+        if self._spill.exists():
+            shutil.rmtree(self._spill, ignore_errors=True)
+        for leftover in (self._tmp, Path(str(self._tmp) + "-lock")):
+            with contextlib.suppress(OSError):  # absent, or a read-only directory that holds none
+                leftover.unlink()
 
-        remapped = [
-            np.array([exts.setdefault(e, len(exts)) for e in t.exts] or [0], np.uint16)[t.member_ext] for t in tables
-        ]
-        encoded = [key.encode("utf-8", "surrogateescape") for t in tables for key in t.keys]
-        record_offset, records, stride = encode(
-            np.repeat(np.arange(len(tables), dtype=np.uint32), [t.n_samples for t in tables]),
-            joined("sample_offset", "<u8"),
-            joined("sample_size", "<u8"),
-            joined("sample_nmembers", "<u4"),
-            np.concatenate(remapped) if remapped else np.zeros(0, np.uint16),
-            joined("member_offset", "<u8"),
-            joined("member_size", "<u8"),
-            encoded,
+    # -- adding shards ---------------------------------------------------------
+    def add(self, info: ShardInfo, table: ShardTable) -> None:
+        """Append one shard (in index order); its records are encoded as blocks fill.
+
+        Raises:
+            IndexFormatError: a sample has too many members or too long a key.
+            WriteError: the index cannot be written (full disk, permissions).
+        """
+        cols = Columns(
+            np.zeros(0, np.uint64),  # the shard number is set by add_columns
+            np.asarray(table.sample_offset, np.uint64),
+            np.asarray(table.sample_size, np.uint64),
+            np.asarray(table.sample_nmembers, np.int64),
+            np.asarray(table.member_ext, np.uint16),
+            np.asarray(table.member_offset, np.uint64),
+            np.asarray(table.member_size, np.uint64),
+            [k.encode("utf-8", "surrogateescape") for k in table.keys],
         )
-        cols = {"shard_start": counts, "record_offset": record_offset, "records": records}
-        return cols, list(exts), encoded, sum(t.n_members for t in tables), stride
+        self.add_columns(info, cols, table.exts, table.frames)
 
-    def _meta(self, exts: list[str], n_samples: int, n_members: int, duplicates: int, stride: int) -> bytes:
+    def add_columns(self, info: ShardInfo, cols: Columns, exts: list[str], frames: np.ndarray | None = None) -> None:
+        """Append one shard given as columns (``cols.member_ext`` numbers into ``exts``; ``cols.shard`` is ignored).
+
+        What :meth:`add` does after encoding the keys; merges hand over decoded records this way.
+
+        Raises:
+            IndexFormatError: a sample has too many members or too long a key.
+            WriteError: the index cannot be written (full disk, permissions).
+        """
+        self._start()
+        shard, n, first = len(self._infos), len(cols), self._starts[-1]
+        self._infos.append(info)
+        self._starts.append(first + n)
+        self._n_members += len(cols.member_ext)
+        remap = np.array([self._exts.setdefault(e, len(self._exts)) for e in exts] or [0], np.uint16)
+        self._spill_keys(cols.keys, first)
+        if frames is not None:
+            self._add_frames(shard, np.ascontiguousarray(frames, "<u8").tobytes())
+        member_ext = remap[cols.member_ext.astype(np.int64)] if len(cols.member_ext) else np.zeros(0, np.uint16)
+        self._pending.append(dataclasses.replace(cols, shard=np.full(n, shard, np.uint64), member_ext=member_ext))
+        self._pending_n += n
+        if self._pending_n >= BLOCK_SAMPLES:
+            self._flush(final=False)
+
+    def _add_frames(self, shard: int, raw: bytes) -> None:
+        self._frame_list.append((shard, raw))
+        self._frame_bytes += len(raw)
+        if self._frame_bytes < _SPILL_FRAMES:
+            return
+        if self._frames is None:
+            self._spill.mkdir(exist_ok=True)
+            self._frames = open(self._spill / "frames", "w+b")  # noqa: SIM115 - closed in _discard
+        for s, data in self._frame_list:
+            self._frame_at.append((s, self._frames.seek(0, os.SEEK_END), len(data)))
+            self._frames.write(data)
+        self._frame_list, self._frame_bytes = [], 0
+
+    def _frame_tables(self) -> Iterator[tuple[int, bytes]]:
+        """Every shard's frame table, in shard order (spilled ones first: they were added first)."""
+        for shard, at, size in self._frame_at:
+            if self._frames is not None:
+                self._frames.seek(at)
+                yield shard, self._frames.read(size)
+        yield from self._frame_list
+
+    def _spill_keys(self, keys: list[bytes], first: int) -> None:
+        if not keys:
+            return
+        rows = np.empty((len(keys), 2), "<u8")
+        rows[:, 0] = np.fromiter(map(key_hash, keys), np.uint64, count=len(keys))
+        rows[:, 1] = np.arange(first, first + len(keys), dtype=np.uint64)
+        self._rows.append(rows)
+        self._n_rows += len(rows)
+        if self._n_rows < _SPILL_ROWS:
+            return
+        if not self._parts:
+            self._spill.mkdir(exist_ok=True)
+            self._parts = [open(self._spill / f"keys-{p:03d}", "w+b") for p in range(_PARTITIONS)]  # noqa: SIM115 - closed in _discard
+        for p, part in enumerate(self._partitioned()):
+            self._parts[p].write(part.tobytes())
+        self._rows, self._n_rows = [], 0
+
+    def _partitioned(self) -> list[np.ndarray]:
+        """The key entries held in memory, split by partition (the top 8 bits of the hash)."""
+        rows = np.concatenate(self._rows) if self._rows else np.zeros((0, 2), "<u8")
+        part = (rows[:, 0] >> np.uint64(56)).astype(np.int64)
+        order = np.argsort(part, kind="stable")
+        rows, part = rows[order], part[order]
+        bounds = np.searchsorted(part, np.arange(_PARTITIONS + 1)).tolist()
+        return [rows[bounds[p] : bounds[p + 1]] for p in range(_PARTITIONS)]
+
+    def _flush(self, final: bool) -> None:
+        cols = Columns.join(self._pending)
+        done = 0
+        while len(cols) - done >= BLOCK_SAMPLES or (final and done < len(cols)):
+            block = cols.cut(done, min(done + BLOCK_SAMPLES, len(cols)))
+            self._put_sealed(numbered(BLOCK_PREFIX, self._n_blocks), encode_block(block))
+            self._n_blocks += 1
+            done += len(block)
+        rest = cols.cut(done, len(cols)) if done < len(cols) else None
+        self._pending = [rest] if rest is not None else []
+        self._pending_n = len(rest) if rest is not None else 0
+
+    def _put_sealed(self, key: bytes, payload: bytes) -> None:
+        self._put(key, seal(key, payload))
+
+    def _put(self, key: bytes, value: bytes) -> None:
+        try:
+            if not self._txn.put(key, value, append=True):
+                raise TarIndexError(f"{self.path}: key {key[:20]!r} written twice")
+            self._txn_bytes += len(value) + len(key)
+            if self._txn_bytes >= _COMMIT_BYTES:
+                self._txn.commit()
+                self._txn = self._env.begin(write=True)
+                self._txn_bytes = 0
+        except (OSError, lmdb.Error) as exc:  # a full disk, a read-only directory: one line naming the index
+            raise write_error(self.path, exc) from exc
+
+    # -- finishing ---------------------------------------------------------------
+    def write(self) -> Path:
+        """Finish the index and rename it over ``path``; returns the path.
+
+        Raises:
+            WriteError: the index cannot be written (full disk, permissions); the previous one stays.
+        """
+        self._start()
+        try:
+            self._finish()
+            self._env.sync(True)
+            self._env.close()
+            self._env = None
+            _fsync(self._tmp)
+            commit(self._tmp, self.path)
+        except (OSError, lmdb.Error) as exc:  # a full disk, a read-only directory: one line naming the index
+            raise write_error(self.path, exc) from exc
+        finally:
+            self._discard()
+        return self.path
+
+    def _finish(self) -> None:
+        if self._pending_n:
+            self._flush(final=True)
+        n = self._starts[-1]
+        self._put_sealed(START_KEY, np.array(self._starts, "<u8").tobytes())
+        for shard, raw in self._frame_tables():
+            self._put_sealed(numbered(FRAMES_PREFIX, shard), raw)
+        n_buckets = -(-n // BUCKET_KEYS)
+        sample_bytes = max(1, (max(n - 1, 0).bit_length() + 7) // 8)
+        self._txn.commit()  # the records are readable from here on (duplicate keys are compared by their bytes)
+        self._txn, self._txn_bytes = self._env.begin(write=True), 0
+        duplicates = self._key_table(n, n_buckets, sample_bytes)
         meta = {
             "magic": MAGIC,
             "format_version": FORMAT_VERSION,
+            "build_id": uuid.uuid4().hex,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "exts": exts,
-            "n_samples": n_samples,
-            "n_members": n_members,
+            "part": list(self.part) if self.part else None,
+            "exts": list(self._exts),
+            "n_samples": n,
+            "n_members": self._n_members,
+            "n_shards": len(self._infos),
             "duplicate_keys": duplicates,
-            "record_stride": stride,
-            "shards": [info.to_json() for info, _ in self._shards],
+            "block_samples": BLOCK_SAMPLES,
+            "n_blocks": self._n_blocks,
+            "n_buckets": n_buckets,
+            "sample_bytes": sample_bytes,
+            "shard_block": SHARD_BLOCK,
         }
-        return json.dumps(meta, separators=(",", ":")).encode()
+        self._put_sealed(META_KEY, json.dumps(meta, separators=(",", ":")).encode())
+        for b in range(0, len(self._infos), SHARD_BLOCK):
+            infos = [info.to_json() for info in self._infos[b : b + SHARD_BLOCK]]
+            self._put_sealed(numbered(SHARDS_PREFIX, b // SHARD_BLOCK), json.dumps(infos, separators=(",", ":")).encode())
+        self._txn.commit()
+        self._txn = None
 
-    def write(self) -> Path:
-        """Write the index atomically and return its path."""
-        cols, exts, encoded, n_members, stride = self._columns()
-        n_samples = len(encoded)
-        keys = self._key_entries(encoded)
-        data_bytes = sum(c.nbytes for c in cols.values()) + sum(len(k) + 16 for k, _ in keys)
-        data_bytes += sum(t.frames.nbytes + 64 for _, t in self._shards if t.frames is not None)
-        tmp = temp_name(self.path)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            clean_stale(self.path)
-            env = lmdb.open(
-                str(tmp),
-                subdir=False,
-                lock=False,
-                map_size=max(2 * data_bytes + (64 << 20), 1 << 26),
-                max_dbs=0,
-                sync=True,
-            )
-            try:
-                with env.begin(write=True) as txn:
-                    for name, arr in cols.items():
-                        txn.put(COL_PREFIX + name.encode(), arr.tobytes())
-                    for shard, (_, table) in enumerate(self._shards):  # "frames/..." sorts before "key/..."
-                        if table.frames is not None:
-                            txn.put(FRAMES_PREFIX + str(shard).encode(), table.frames.astype("<u8").tobytes())
-                    with txn.cursor() as cur:  # "key/..." sorts after every "col/..." key
-                        _, added = cur.putmulti(keys, dupdata=False, overwrite=False, append=True)
-                    if added != len(keys):
-                        raise RuntimeError(f"{self.path}: wrote {added} of {len(keys)} key entries")
-                    duplicates = n_samples - len(keys)
-                    txn.put(META_KEY, self._meta(exts, n_samples, n_members, duplicates, stride))
-            finally:
-                env.close()
-            commit(tmp, self.path)  # LMDB synced the file at commit (sync=True): rename, then sync the directory
-        except (lmdb.Error, OSError) as exc:  # a full disk, a read-only directory: one line naming the index
-            raise write_error(self.path, exc) from exc
-        finally:
-            for leftover in (tmp, Path(str(tmp) + "-lock")):
-                with contextlib.suppress(OSError):  # absent, or a read-only directory that holds none
-                    leftover.unlink()
-        return self.path
+    def _key_table(self, n: int, n_buckets: int, sample_bytes: int) -> int:
+        """Write the key buckets from the spilled hashes, partition by partition; returns the duplicate count.
 
-    @staticmethod
-    def _key_entries(encoded: list[bytes]) -> list[tuple[bytes, bytes]]:
-        """Sorted, de-duplicated ``key/<key> -> sample`` entries; the first sample wins."""
-        first = dict(zip(reversed(encoded), range(len(encoded) - 1, -1, -1)))  # earlier samples assigned last
-        return [(KEY_PREFIX + k, v.to_bytes(8, "little")) for k, v in sorted(first.items())]
+        Within a bucket entries are ``(u16 hash bits, sample)`` in sample order, so a
+        lookup meets the first sample with a key first; a later sample with the same key
+        gets no entry.
+        """
+        keys = _KeyBytes(self._env, n)
+        duplicates = 0
+        carry = np.zeros((0, 2), "<u8")
+        for rows, limit in self._key_runs(n_buckets):
+            rows = np.concatenate([carry, rows])
+            h, sample = rows[:, 0], rows[:, 1]
+            bucket = ((h >> np.uint64(32)) * np.uint64(n_buckets)) >> np.uint64(32)
+            order = np.lexsort((sample, h, bucket))
+            rows, bucket = rows[order], bucket[order]
+            done = int(np.searchsorted(bucket, limit))
+            carry = rows[done:]
+            keep = np.ones(done, bool)
+            same = np.flatnonzero(rows[1:done, 0] == rows[: done - 1, 0]) + 1 if done > 1 else np.zeros(0, np.int64)
+            for r in same.tolist():  # equal hashes: equal keys, or (rarely) a collision kept apart
+                earlier = r - 1
+                while earlier >= 0 and rows[earlier, 0] == rows[r, 0]:
+                    if keep[earlier] and keys.of(int(rows[earlier, 1])) == keys.of(int(rows[r, 1])):
+                        keep[r] = False
+                        duplicates += 1
+                        break
+                    earlier -= 1
+            rows, bucket = rows[:done][keep], bucket[:done][keep]
+            order = np.lexsort((rows[:, 1], bucket))
+            rows, bucket = rows[order], bucket[order]
+            entries = np.empty((len(rows), 2 + sample_bytes), np.uint8)
+            entries[:, :2] = (rows[:, 0] & np.uint64(0xFFFF)).astype("<u2").view(np.uint8).reshape(-1, 2)
+            entries[:, 2:] = rows[:, 1].astype("<u8").view(np.uint8).reshape(-1, 8)[:, :sample_bytes]
+            starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]]) if len(bucket) else np.zeros(0, np.int64)
+            ends = np.r_[starts[1:], len(bucket)]
+            for a, b in zip(starts.tolist(), ends.tolist()):
+                self._put_sealed(numbered(KEYS_PREFIX, int(bucket[a])), entries[a:b].tobytes())
+        return duplicates
+
+
+    def _key_runs(self, n_buckets: int) -> Iterator[tuple[np.ndarray, int]]:
+        """Key entries in runs of ascending hash ranges, with the first bucket past each run."""
+        if not self._parts:  # nothing spilled: one run
+            yield (np.concatenate(self._rows) if self._rows else np.zeros((0, 2), "<u8")), n_buckets
+            return
+        in_memory = self._partitioned()
+        self._rows = []
+        for p in range(_PARTITIONS):
+            self._parts[p].seek(0)
+            spilled = np.frombuffer(self._parts[p].read(), "<u8").reshape(-1, 2)
+            limit = bucket_of((p + 1) << 56, n_buckets) if p + 1 < _PARTITIONS else n_buckets
+            yield np.concatenate([spilled, in_memory[p]]), limit
+
+
+class _KeyBytes:
+    """Keys of samples already written, read back from the committed record blocks."""
+
+    def __init__(self, env: Any, n: int) -> None:
+        self._env, self._n = env, n
+        self._block: tuple[int, Any] | None = None
+
+    def of(self, sample: int) -> bytes:
+        b, j = divmod(sample, BLOCK_SAMPLES)
+        if self._block is None or self._block[0] != b:
+            with self._env.begin() as txn:
+                raw = bytes(txn.get(numbered(BLOCK_PREFIX, b)))
+            n_exts = 1 << 16
+            self._block = (b, parse(memoryview(raw)[4:], n_exts, min(BLOCK_SAMPLES, self._n - b * BLOCK_SAMPLES), "new block"))
+        return bytes(self._block[1].record(j, "new block")[4])
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,166 @@
+/* The tar header step (see _tarcore.h). Plain C: no Python here; _tarscan.c drives it over a buffer,
+ * a file read with pread and a socket or pipe, and packs what it finds. */
+#include "_tarcore.h"
+
+#include <string.h>
+
+int tar_octal(const unsigned char *f, int len, uint64_t *out) {
+    int i = 0;
+    uint64_t v = 0;
+    while (i < len && f[i] == ' ') i++;
+    int start = i;
+    while (i < len && f[i] >= '0' && f[i] <= '7') {
+        if (v >> 60) return -1;
+        v = v * 8 + (uint64_t)(f[i] - '0');
+        i++;
+    }
+    if (i == start) return -1;
+    for (; i < len; i++)
+        if (f[i] != 0 && f[i] != ' ') return -1;
+    *out = v;
+    return 0;
+}
+
+/* Eight bytes at a time in 16-bit lanes (64 words x 2 x 255 fits in a lane). */
+uint64_t tar_header_sum(const unsigned char *h) {
+    const uint64_t lanes = 0x00FF00FF00FF00FFULL;
+    uint64_t acc = 0, w;
+    for (int i = 0; i < TAR_BLOCK; i += 8) {
+        memcpy(&w, h + i, 8);
+        acc += (w & lanes) + ((w >> 8) & lanes);
+    }
+    uint64_t sum = (acc & 0xFFFF) + ((acc >> 16) & 0xFFFF) + ((acc >> 32) & 0xFFFF) + (acc >> 48);
+    for (int i = 148; i < 156; i++) sum -= h[i];
+    return sum + 8 * 32;
+}
+
+/* The checksum first, then the size field (plain octal, at most TAR_MAX_SIZE); 0 when the C walk does not
+ * vouch for the header (a zero block has no checksum digits). */
+static int verified(const unsigned char *h, uint64_t *size) {
+    uint64_t stored;
+    if (tar_octal(h + 148, 8, &stored) < 0 || tar_header_sum(h) != stored) return 0;
+    return !(h[124] & 0x80) && tar_octal(h + 124, 12, size) == 0 && *size <= TAR_MAX_SIZE;
+}
+
+/* A PAX size value: decimal digits only, at most TAR_MAX_SIZE; 0 otherwise (the Python walker judges). */
+static int pax_size(const unsigned char *v, size_t n, uint64_t *out) {
+    uint64_t s = 0;
+    if (n == 0) return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] < '0' || v[i] > '9') return 0;
+        s = s * 10 + (uint64_t)(v[i] - '0');
+        if (s > TAR_MAX_SIZE) return 0;
+    }
+    *out = s;
+    return 1;
+}
+
+typedef struct {
+    const unsigned char *path;
+    size_t path_len;
+    uint64_t size;
+    int has_path, has_size;
+} Pax;
+
+/* The records "<len> <key>=<value>\n" of one PAX header (NUL padding ends them), the last of a key
+ * winning; 0 on anything the Python walker must judge: a malformed record, a bad size, a sparse member. */
+static int pax_records(const unsigned char *d, size_t n, Pax *x) {
+    size_t pos = 0;
+    while (pos < n && d[pos]) {
+        size_t i = pos;
+        uint64_t len = 0;
+        while (i < n && d[i] >= '0' && d[i] <= '9') {
+            len = len * 10 + (uint64_t)(d[i] - '0');
+            if (len > n) return 0;
+            i++;
+        }
+        if (i == pos || i >= n || d[i] != ' ' || len > n - pos) return 0;
+        size_t key = i + 1, stop = pos + (size_t)len;
+        if (stop <= key) return 0;
+        const unsigned char *eq = memchr(d + key, '=', stop - key);
+        if (!eq || eq == d + key || d[stop - 1] != '\n') return 0;
+        size_t klen = (size_t)(eq - (d + key));
+        const unsigned char *value = eq + 1;
+        size_t vlen = (size_t)(d + stop - 1 - value);
+        if (klen == 4 && memcmp(d + key, "path", 4) == 0) {
+            x->path = value;
+            x->path_len = vlen;
+            x->has_path = 1;
+        } else if (klen == 4 && memcmp(d + key, "size", 4) == 0) {
+            if (!pax_size(value, vlen, &x->size)) return 0;
+            x->has_size = 1;
+        } else if (klen >= 11 && memcmp(d + key, "GNU.sparse.", 11) == 0) {
+            return 0; /* not stored contiguously: the Python walker skips it with a warning */
+        }
+        pos = stop;
+    }
+    return 1;
+}
+
+int tar_step(const unsigned char *p, size_t avail, tar_member *m, size_t *need) {
+    size_t at = 0;
+    Pax chain = {NULL, 0, 0, 0, 0}; /* what the extension headers so far set: the first to set a field wins */
+    for (;;) {
+        if (avail - at < TAR_BLOCK) {
+            *need = at + TAR_BLOCK;
+            return TAR_SHORT;
+        }
+        const unsigned char *h = p + at;
+        uint64_t size;
+        if (!verified(h, &size)) return TAR_DEFER;
+        unsigned char typ = h[156];
+        if (typ == 'x' || typ == 'L' || typ == 'K') {
+            uint64_t padded = (size + TAR_BLOCK - 1) & ~(uint64_t)(TAR_BLOCK - 1);
+            if (padded + TAR_BLOCK > (uint64_t)(avail - at - TAR_BLOCK)) { /* the payload and the next header */
+                *need = at + TAR_BLOCK + (size_t)padded + TAR_BLOCK;
+                return TAR_SHORT;
+            }
+            const unsigned char *d = h + TAR_BLOCK;
+            if (typ == 'x') {
+                Pax x = {NULL, 0, 0, 0, 0};
+                if (!pax_records(d, (size_t)size, &x)) return TAR_DEFER;
+                if (x.has_path && !chain.has_path) {
+                    chain.path = x.path;
+                    chain.path_len = x.path_len;
+                    chain.has_path = 1;
+                }
+                if (x.has_size && !chain.has_size) {
+                    chain.size = x.size;
+                    chain.has_size = 1;
+                }
+            } else if (typ == 'L' && !chain.has_path) {
+                const unsigned char *nul = memchr(d, 0, (size_t)size);
+                chain.path = d;
+                chain.path_len = nul ? (size_t)(nul - d) : (size_t)size;
+                chain.has_path = 1;
+            }
+            at += TAR_BLOCK + (size_t)padded;
+            continue;
+        }
+        int regular = typ == '0' || typ == 0 || typ == '7';
+        if (!regular && !(typ >= '1' && typ <= '6')) return TAR_DEFER; /* 'g', sparse, unknown types */
+        size_t n = 0;
+        while (n < 100 && h[n]) n++;
+        if (typ == 0 && n > 0 && h[n - 1] == '/') regular = 0; /* an old-style directory */
+        m->regular = regular;
+        m->header = at;
+        m->data = at + TAR_BLOCK;
+        m->size = chain.has_size ? chain.size : size;
+        if (chain.has_path) {
+            m->name = chain.path;
+            m->name_len = chain.path_len;
+        } else if (h[345] && memcmp(h + 257, "ustar\0", 6) == 0) { /* the ustar prefix, '/', the name */
+            size_t k = 0;
+            while (k < 155 && h[345 + k]) k++;
+            memcpy(m->scratch, h + 345, k);
+            m->scratch[k] = '/';
+            memcpy(m->scratch + k + 1, h, n);
+            m->name = m->scratch;
+            m->name_len = k + 1 + n;
+        } else {
+            m->name = h;
+            m->name_len = n;
+        }
+        return TAR_MEMBER;
+    }
+}

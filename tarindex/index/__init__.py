@@ -1,0 +1,1 @@
+"""The on-disk index: layout (format), record encoding (records), reader and writer."""

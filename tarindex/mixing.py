@@ -1,0 +1,267 @@
+"""Weighted mixing of several :class:`~tarindex.TarStream` sources: :func:`mix` and :class:`Mix`.
+
+(The module is ``mixing``, not ``mix``: importing a submodule ``mix`` would make ``tarindex.mix`` the
+module instead of the function.)
+
+Each sample comes from source ``k`` with probability ``weights[k]`` (among the sources still
+running), drawn from a counter-based random stream of ``(seed, epoch, rank, worker)``: the same
+sequence on every run, and a resumed run continues at its draw without replaying the ones before.
+Every source splits over ranks and DataLoader workers as it does alone, so a mix does too. The
+state (``state_dict()``) is the mix's draws and yields plus each source's own state. Importing this
+module imports torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import torch.utils.data
+
+from ._split import Draws, Slot, stream_key
+from ._state import SharedEpoch, check_header, header, stream_states
+from .errors import StateError, TarIndexError
+from .stream import TarStream
+
+__all__: list[str] = []  # internal: tarindex.mix and tarindex.Mix are the public names
+
+StopRule = Literal["first", "all", "never"]
+_STOPS = ("first", "all", "never")
+
+
+def mix(
+    sources: Sequence[TarStream],
+    weights: Sequence[float] | None = None,
+    *,
+    seed: int = 0,
+    stop: StopRule = "first",
+    epoch_size: int | None = None,
+) -> Mix:
+    """Mix ``sources``: each sample from source ``k`` with probability ``weights[k]`` (default: equal).
+
+    Args:
+        sources: the streams to mix (each with its own shards, shuffle, decoding, stages).
+        weights: relative weights, one per source, non-negative, not all zero.
+        seed: fixes the draws (with the epoch, rank and worker).
+        stop: ``"first"``: the epoch ends when any source runs out; ``"all"``: a source that runs
+            out leaves the draw (the others' weights renormalised) until all have; ``"never"``: a
+            source that runs out starts its epoch again (small sources repeat), so the mix never
+            ends unless ``epoch_size`` is set.
+        epoch_size: samples per rank per epoch (split over its DataLoader workers, as
+            :class:`~tarindex.TarStream`'s), ``None``: as ``stop`` says.
+
+    Raises:
+        ValueError: no sources, a weight count that differs from the sources', a negative weight,
+            weights that are all zero, a bad ``stop``.
+    """
+    return Mix(sources, weights, seed=seed, stop=stop, epoch_size=epoch_size)
+
+
+class Mix(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """The iterable :func:`mix` returns (see there); ``set_epoch``, ``state_dict``, ``load_state_dict``."""
+
+    def __init__(
+        self,
+        sources: Sequence[TarStream],
+        weights: Sequence[float] | None = None,
+        *,
+        seed: int = 0,
+        stop: StopRule = "first",
+        epoch_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        if not sources:
+            raise ValueError("mix needs at least one source")
+        w = [1.0] * len(sources) if weights is None else [float(x) for x in weights]
+        if len(w) != len(sources):
+            raise ValueError(f"{len(w)} weights for {len(sources)} sources")
+        if any(not x >= 0 for x in w) or sum(w) <= 0:
+            raise ValueError(f"weights must be >= 0 and not all 0, got {w}")
+        if stop not in _STOPS:
+            raise ValueError(f"stop must be one of {_STOPS}, not {stop!r}")
+        if epoch_size is not None and epoch_size < 0:
+            raise ValueError(f"epoch_size must be >= 0, not {epoch_size}")
+        self.sources = list(sources)
+        self.weights = w
+        self.seed = seed
+        self.stop: StopRule = stop
+        self.epoch_size = epoch_size
+        self._epoch = SharedEpoch(0)
+        self._pending: list[dict[str, Any]] | None = None
+        self._run: _MixRun | None = None
+        self._run_key: tuple[Slot, int] | None = None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch (shared with DataLoader workers, persistent ones too)."""
+        return self._epoch.value
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch of the mix and of every source."""
+        self._epoch.value = epoch
+        for source in self.sources:
+            source.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        if self.epoch_size is None:
+            raise TypeError("a mix has no length without epoch_size")
+        return self.epoch_size
+
+    def slot(self) -> Slot:
+        """This process's reader slot (the first source's)."""
+        return self.sources[0].slot()
+
+    def _config(self) -> dict[str, Any]:
+        return {"seed": self.seed, "weights": self.weights, "stop": self.stop, "sources": len(self.sources)}
+
+    def _new_run(self, slot: Slot, epoch: int, *, resumed: bool = False) -> _MixRun:
+        quota = None
+        if self.epoch_size is not None:
+            base, extra = divmod(self.epoch_size, slot.num_workers)
+            quota = base + (slot.worker < extra)
+        key = stream_key("tarindex-mix", self.seed, epoch, slot.rank, slot.worker, *(("resumed",) if resumed else ()))
+        return _MixRun(key, len(self.sources), quota)
+
+    def _run_for(self, slot: Slot, epoch: int) -> _MixRun:
+        states = [st for st in self._pending or () if st["epoch"] == epoch]
+        if not states:
+            return self._new_run(slot, epoch)
+        same = [st for st in states if tuple(st["slot"]) == (slot.rank, slot.world_size, slot.worker, slot.num_workers)]
+        if len(same) == 1:
+            run = self._new_run(slot, epoch)
+            run.restore(same[0])
+            return run
+        # another layout: the sources deal what they had left; the draws start afresh, the quota left is split
+        run = self._new_run(slot, epoch, resumed=True)
+        if self.epoch_size is not None:
+            left = sum(max(0, int(st["quota"]) - int(st["yielded"])) for st in states if st["quota"] is not None)
+            base, extra = divmod(left, slot.count)
+            run.quota = base + (slot.index < extra)
+        return run
+
+    def state_dict(self) -> dict[str, Any]:
+        """This reader's position: the mix's draws and yields, and each source's state (see
+        :meth:`tarindex.TarStream.state_dict`)."""
+        slot = self.slot()
+        run = self._run if self._run is not None and self._run_key == (slot, self.epoch) else None
+        if run is None:
+            mine = [st for st in self._pending or () if st["epoch"] == self.epoch and tuple(st["slot"]) == (
+                slot.rank, slot.world_size, slot.worker, slot.num_workers)]
+            if mine:
+                return dict(mine[0])
+            run = self._new_run(slot, self.epoch)
+        return {
+            **header("Mix", self._config()),
+            "epoch": self.epoch,
+            "slot": [slot.rank, slot.world_size, slot.worker, slot.num_workers],
+            **run.state(),
+            "sources": [s.state_dict() for s in self.sources],
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+        """Continue from saved states on the next iteration of their epoch: one reader's (what
+        ``StatefulDataLoader`` hands each worker) or every reader's (another layout: each source
+        deals what it had left, each remaining sample once).
+
+        Raises:
+            StateError: a malformed state, or one of another mix (seed, weights, stop, sources).
+        """
+        states = stream_states(state_dict, "Mix")
+        if not states:
+            raise StateError("no Mix state in the given state_dict")
+        for st in states:
+            check_header(st, "Mix", self._config())
+            if not isinstance(st.get("sources"), list) or len(st["sources"]) != len(self.sources):
+                raise StateError(f"malformed Mix state: {len(st.get('sources') or [])} source states for {len(self.sources)} sources")
+        epochs = {int(st["epoch"]) for st in states}
+        if len(epochs) != 1:
+            raise StateError(f"Mix states of several epochs: {sorted(epochs)}")
+        for k, source in enumerate(self.sources):
+            source.load_state_dict([st["sources"][k] for st in states])
+        self._pending = states
+        self._run = None
+        self._epoch.value = epochs.pop()
+
+    def __iter__(self) -> Iterator[Any]:
+        slot, epoch = self.slot(), self.epoch
+        run = self._run_for(slot, epoch)
+        self._pending = None
+        self._run, self._run_key = run, (slot, epoch)
+        yield from run.iterate(self.sources, self.weights, self.stop)
+
+    def __repr__(self) -> str:
+        return f"Mix({len(self.sources)} sources, weights={self.weights}, stop={self.stop!r}, epoch={self.epoch})"
+
+
+class _MixRun:
+    """One reader's mix of an epoch: which source each draw picks, as plain data."""
+
+    def __init__(self, key: int, n: int, quota: int | None) -> None:
+        self.key = key
+        self.quota = quota
+        self.step = 0
+        self.yielded = 0
+        self.active = [True] * n
+        self.rounds = [0] * n
+        self.done = False
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "yielded": self.yielded,
+            "quota": self.quota,
+            "active": list(self.active),
+            "rounds": list(self.rounds),
+            "done": self.done,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        try:
+            self.step, self.yielded = int(state["step"]), int(state["yielded"])
+            self.quota = None if state["quota"] is None else int(state["quota"])
+            active, rounds = [bool(x) for x in state["active"]], [int(x) for x in state["rounds"]]
+            self.done = bool(state["done"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"malformed Mix state: {exc!r}") from exc
+        if len(active) != len(self.active) or len(rounds) != len(self.rounds):
+            raise StateError(f"malformed Mix state: {len(active)} sources, expected {len(self.active)}")
+        self.active, self.rounds = active, rounds
+
+    def iterate(self, sources: list[TarStream], weights: list[float], stop: StopRule) -> Iterator[Any]:
+        iterators: list[Iterator[Any] | None] = [None] * len(sources)
+        draws = Draws(self.key)
+        quota = self.quota
+        while not self.done:
+            cumulative = list(itertools.accumulate(w if a else 0.0 for w, a in zip(weights, self.active)))
+            left = 4096 if quota is None else min(4096, quota - self.yielded)
+            if cumulative[-1] <= 0 or left <= 0:
+                break
+            changed = False
+            for k in draws.picks(self.step, left, cumulative):  # choices of the next steps, while the sources stay
+                self.step += 1
+                it = iterators[k]
+                if it is None:
+                    it = iterators[k] = iter(sources[k])
+                sample = next(it, _END)
+                if sample is _END:
+                    if stop == "first":
+                        self.done = True
+                        return
+                    if stop == "all":
+                        self.active[k] = False
+                        changed = True
+                        break
+                    self.rounds[k] += 1  # "never": the source's epoch again
+                    it = iterators[k] = iter(sources[k])
+                    sample = next(it, _END)
+                    if sample is _END:
+                        raise TarIndexError(f"mix: source {k} ({sources[k]!r}) has no samples to repeat")
+                self.yielded += 1
+                yield sample
+            if not changed and quota is not None and self.yielded >= quota:
+                break
+        self.done = True
+
+
+_END: Any = object()

@@ -1,0 +1,131 @@
+"""The typed C boundary: _speedups.pyi against the compiled module (every name, every arity), and init()."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zstandard
+
+from conftest import require_c_extension
+from tarindex.errors import CorruptFrameError, IndexFormatError
+
+STUB = Path(__file__).resolve().parent.parent / "tarindex" / "_speedups.pyi"
+
+
+@pytest.fixture(scope="module")
+def speedups() -> Any:
+    require_c_extension()
+    from tarindex._native import SPEEDUPS
+
+    return SPEEDUPS
+
+
+def _stub() -> dict[str, ast.FunctionDef | ast.ClassDef]:
+    return {n.name: n for n in ast.parse(STUB.read_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def _members(cls: ast.ClassDef) -> dict[str, ast.FunctionDef | ast.AnnAssign]:
+    out: dict[str, ast.FunctionDef | ast.AnnAssign] = {}
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef):
+            out[node.name] = node
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out[node.target.id] = node
+    return out
+
+
+def _public(names: list[str]) -> set[str]:
+    return {n for n in names if not n.startswith("__")}
+
+
+def test_every_name_is_declared_and_exists(speedups: Any) -> None:
+    stub = _stub()
+    assert set(stub) == _public(dir(speedups)), "the .pyi and the module name different functions and types"
+    for name, node in stub.items():
+        if isinstance(node, ast.ClassDef):
+            declared = _public(list(_members(node)))
+            assert declared == _public(list(vars(getattr(speedups, name)))), name
+
+
+def _arity(fn: ast.FunctionDef, method: bool) -> tuple[int, int]:
+    positional = [*fn.args.posonlyargs, *fn.args.args][1 if method else 0 :]
+    return len(positional) - len(fn.args.defaults), len(positional)
+
+
+def _check_arity(label: str, call: Any, fn: ast.FunctionDef, method: bool) -> None:
+    """Calls with one positional argument too many, and one too few, fail on the count, not later."""
+    low, high = _arity(fn, method)
+    with pytest.raises(TypeError, match="argument"):
+        call(*[None] * (high + 1))
+    if low:
+        with pytest.raises(TypeError, match="argument"):
+            call(*[None] * (low - 1))
+    assert label
+
+
+def _instances(speedups: Any, tmp_path: Path) -> dict[str, Any]:
+    shard = tmp_path / "empty.zst"
+    shard.write_bytes(b"")
+    fd = os.open(shard, os.O_RDONLY)
+    frames = np.zeros((0, 4), np.uint64)
+    zreader = speedups.ZstdReader(
+        str(shard), fd, frames, zstandard.ZstdDecompressor, CorruptFrameError, zstandard.ZstdError, speedups.FrameCache(1 << 20)
+    )
+    return {
+        "Reader": speedups.Reader.__new__(speedups.Reader),
+        "Packer": speedups.Packer(lambda name: None, lambda *a: ValueError(a), "s.tar", 0),
+        "FrameCache": speedups.FrameCache(1 << 20),
+        "ZstdReader": zreader,
+    }
+
+
+def test_every_arity_matches(speedups: Any, tmp_path: Path) -> None:
+    instances = _instances(speedups, tmp_path)
+    for name, node in _stub().items():
+        if isinstance(node, ast.FunctionDef):
+            _check_arity(name, getattr(speedups, name), node, method=False)
+            continue
+        for member, decl in _members(node).items():
+            if not isinstance(decl, ast.FunctionDef) or any(isinstance(d, ast.Name) and d.id == "property" for d in decl.decorator_list):
+                continue
+            if member == "__init__":
+                _check_arity(name, getattr(speedups, name), decl, method=True)
+            elif not member.startswith("__"):
+                _check_arity(f"{name}.{member}", getattr(instances[name], member), decl, method=True)
+    instances["ZstdReader"].close()
+
+
+def test_properties_are_properties(speedups: Any) -> None:
+    for name, node in _stub().items():
+        if isinstance(node, ast.ClassDef):
+            for member, decl in _members(node).items():
+                attribute = isinstance(decl, ast.AnnAssign) or any(
+                    isinstance(d, ast.Name) and d.id == "property" for d in decl.decorator_list
+                )
+                if attribute:
+                    assert hasattr(vars(getattr(speedups, name))[member], "__get__"), f"{name}.{member}"
+                    assert not callable(vars(getattr(speedups, name))[member]), f"{name}.{member}"
+
+
+def test_error_classes_are_handed_in(speedups: Any) -> None:
+    """The extension imports no Python module: its error classes come from init(), and a Reader needs them."""
+    with pytest.raises(TypeError, match="exception class"):
+        speedups.init(index_format_error=int)
+    speedups.init(index_format_error=IndexFormatError)
+    code = (
+        "import sys\n"
+        "from tarindex import _speedups\n"
+        "try:\n"
+        "    _speedups.Reader(*[None] * 10)\n"
+        "except RuntimeError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert "init() was not called" in out.stdout

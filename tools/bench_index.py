@@ -1,0 +1,233 @@
+"""Index scale benchmark: indexes of 1M, 10M (and 100M) samples written directly from synthetic shard tables.
+
+Run: python tools/bench_index.py [--dir bench-data] [--sizes 1e6,1e7,1e8] [--parts 10]
+(also ``tools/bench.py --only scale``). Every shard of a size is a hard link to one real tar of
+1,000 one-member samples, so samples can be read; keys are unique (``SSSSSSiiii``). Per size:
+index bytes per sample; writing the parts and merging them (seconds, peak RSS of the process);
+cold open + first ``ds[i]`` (index pages read, by ``mincore`` after ``POSIX_FADV_DONTNEED``);
+warm ``ds[i]`` against a 1,000-sample index over the same byte ranges; cold and warm ``get(key)``;
+``ShardSampler`` start of epoch. Each measurement runs in a fresh process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import mmap
+import multiprocessing as mp
+import os
+import random
+import resource
+import sys
+import tarfile
+import time
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import tarindex
+from tarindex.index.format import ShardInfo, ShardTable
+from tarindex.index.writer import IndexWriter
+from tarindex.scan import scan_shard
+
+PER_SHARD = 1_000
+Row = tuple[str, float, str]
+
+
+def _base_shard(root: Path) -> Path:
+    path = root / "base.tar"
+    if not path.exists():
+        rng = random.Random(0)
+        with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
+            for i in range(PER_SHARD):
+                data = bytes(rng.randrange(256) for _ in range(rng.randint(800, 1200)))
+                info = tarfile.TarInfo(f"{i:06d}.bin")
+                info.size = len(data)
+                tf.addfile(info, BytesIO(data))
+    return path
+
+
+def _links(root: Path, base: Path, n_shards: int) -> None:
+    for s in range(n_shards):
+        link = root / f"s{s:06d}.tar"
+        if not link.exists():
+            os.link(base, link)
+
+
+def _hwm_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+
+
+def _write_part(root: Path, out: Path, first: int, n_shards: int, part: tuple[int, int] | None, conn: Any) -> None:
+    info, table = scan_shard(str(_base_shard(root)))
+    t0 = time.perf_counter()
+    with IndexWriter(out, part=part) as w:
+        for s in range(first, first + n_shards):
+            keys = [f"{s:06d}{i:04d}" for i in range(table.n_samples)]
+            shard = ShardInfo(f"s{s:06d}.tar", info.size, info.mtime_ns, info.fingerprint, info.n_samples, info.n_members)
+            cols = (table.sample_offset, table.sample_size, table.sample_nmembers, table.member_ext, table.member_offset)
+            w.add(shard, ShardTable(*cols, table.member_size, keys, table.exts))
+    conn.send((time.perf_counter() - t0, _hwm_mb()))
+
+
+def _merge(parts: list[Path], out: Path, conn: Any) -> None:
+    t0 = time.perf_counter()
+    tarindex.merge_indexes(parts, out)
+    conn.send((time.perf_counter() - t0, _hwm_mb()))
+
+
+def _resident(path: Path) -> int:
+    size = path.stat().st_size
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        buf = (ctypes.c_char * size).from_buffer(m)
+        vec = ctypes.create_string_buffer(-(-size // mmap.PAGESIZE))
+        libc.mincore(ctypes.c_void_p(ctypes.addressof(buf)), size, vec)
+        del buf
+        m.close()
+    return sum(b & 1 for b in vec.raw)
+
+
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+
+
+def _cold(index: Path, n: int, conn: Any) -> None:
+    """Cold open + first sample, cold get, warm reads and gets, sampler start; in a fresh process."""
+    i, key = n * 2 // 3 + 17, f"{(n // 3) // PER_SHARD:06d}{(n // 3) % PER_SHARD:04d}"
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # every shard open at once: reads measure the index
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    _evict(index)
+    before = _resident(index)
+    t0 = time.perf_counter()
+    ds = tarindex.TarDataset(index, max_open_files=min(hard - 64, n // PER_SHARD + 1))
+    ds[i]
+    t_open = time.perf_counter() - t0
+    pages_open = _resident(index) - before
+    _evict(index)
+    before = _resident(index)
+    t0 = time.perf_counter()
+    ds.index.lookup(key)
+    t_get_cold = time.perf_counter() - t0
+    pages_get = _resident(index) - before
+    shards = np.random.default_rng(1).integers(0, n // PER_SHARD, 20_000).tolist()
+    keys = [f"{s:06d}{k:04d}" for s, k in zip(shards, np.random.default_rng(2).integers(0, PER_SHARD, 20_000).tolist())]
+    t0 = time.perf_counter()
+    for k in keys:
+        ds.index.lookup(k)
+    t_get = (time.perf_counter() - t0) / len(keys)
+    order = np.random.default_rng(0).integers(0, n, 200_000).tolist()
+    read = ds.read
+    for j in order:  # warm: every block of the order read once
+        read(j)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for j in order:
+            read(j)
+        best = min(best, (time.perf_counter() - t0) / len(order))
+    t0 = time.perf_counter()
+    sampler = tarindex.ShardSampler(ds, 8, 7, seed=1)
+    sampler.set_epoch(3)
+    next(iter(sampler))
+    t_sampler = time.perf_counter() - t0
+    conn.send(
+        {"open_ms": t_open * 1e3, "open_kb": pages_open * mmap.PAGESIZE / 1024, "get_cold_ms": t_get_cold * 1e3,
+         "get_cold_pages": pages_get, "get_us": t_get * 1e6, "read_us": best * 1e6, "sampler_s": t_sampler, "soft": soft}
+    )  # fmt: skip
+
+
+def _child(fn: Any, *args: Any) -> Any:
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=fn, args=(*args, send))
+    proc.start()
+    result = recv.recv()
+    proc.join()
+    return result
+
+
+def _small_read_us(root: Path) -> float:
+    """Warm ds[i] on a 1,000-sample index of the same shard (the reference the large ones are compared with)."""
+    index = root / "one.tarindex"
+    if not index.exists():
+        tarindex.build_index([str(root / "s000000.tar")], index=index, workers=1)
+    ds = tarindex.TarDataset(index)
+    order = np.random.default_rng(0).integers(0, len(ds), 200_000).tolist()
+    read = ds.read
+    best = float("inf")
+    for _ in range(4):
+        t0 = time.perf_counter()
+        for j in order:
+            read(j)
+        best = min(best, (time.perf_counter() - t0) / len(order))
+    return best * 1e6
+
+
+def bench_index_scale(work: Path, sizes: list[int], n_parts: int) -> list[Row]:
+    root = work / "index-scale"
+    root.mkdir(parents=True, exist_ok=True)
+    base = _base_shard(root)
+    rows: list[Row] = []
+    _links(root, base, 1)
+    ref = _small_read_us(root)
+    rows.append(("warm ds[i], 1,000-sample index (us)", ref, "reference"))
+    for n in sizes:
+        n_shards = n // PER_SHARD
+        _links(root, base, n_shards)
+        per_part = -(-n_shards // n_parts)
+        parts, t_write, rss_write = [], 0.0, 0.0
+        for k in range(n_parts):
+            part = root / f"scale-{n}.part-{k + 1:03d}-of-{n_parts}.tarindex"
+            first = k * per_part
+            t, rss = _child(_write_part, root, part, first, min(per_part, n_shards - first), (k + 1, n_parts))
+            t_write, rss_write = t_write + t, max(rss_write, rss)
+            parts.append(part)
+        index = root / f"scale-{n}.tarindex"
+        t_merge, rss_merge = _child(_merge, parts, index)
+        for part in parts:
+            part.unlink()
+        label = f"{n / 1e6:g}M samples, {n_shards:,} shards"
+        size = index.stat().st_size
+        rows += [
+            (f"{label}: index bytes per sample", size / n, f"{size / 2**20:,.1f} MiB; 5e9 samples: {size / n * 5e9 / 2**30:,.0f} GiB"),
+            (f"{label}: write {n_parts} parts (s, total)", t_write, f"peak RSS {rss_write:,.0f} MB per part"),
+            (f"{label}: merge {n_parts} parts (s)", t_merge, f"peak RSS {rss_merge:,.0f} MB; target < 1 GB"),
+        ]
+        cold = _child(_cold, index, n)
+        rows += [
+            (f"{label}: cold open + first ds[i] (ms)", cold["open_ms"], f"{cold['open_kb']:,.0f} KiB of the index read; target <= 1 MB, < 20 ms"),
+            (f"{label}: cold get(key) (ms)", cold["get_cold_ms"], f"{cold['get_cold_pages']} pages of the index read"),
+            (f"{label}: warm get(key) (us)", cold["get_us"], ""),
+            (f"{label}: warm ds[i] (us)", cold["read_us"], f"{cold['read_us'] / ref:.2f}x the 1,000-sample index; target <= 1.5x"),
+            (f"{label}: ShardSampler start of epoch (s)", cold["sampler_s"], "rank 7 of 8"),
+        ]
+        index.unlink()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dir", default="bench-data", type=Path)
+    ap.add_argument("--sizes", default="1e6,1e7")
+    ap.add_argument("--parts", type=int, default=10)
+    args = ap.parse_args()
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    print("| measurement | value | note |\n|---|---|---|")
+    for label, value, note in bench_index_scale(args.dir / "work", sizes, args.parts):
+        print(f"| {label} | {value:,.2f} | {note} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
