@@ -6,6 +6,8 @@ import logging
 import multiprocessing
 import operator
 import os
+import signal
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -80,6 +82,17 @@ def part_slice(shards: list[str], part: tuple[int, int]) -> list[str]:
     return shards[(k - 1) * len(shards) // n : k * len(shards) // n]
 
 
+def _die_with_parent() -> None:
+    """In a scan worker: end with the build that started it (``kill -9`` of a build leaves no worker behind)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() == 1:  # the parent died before the line above
+            os._exit(1)
+
+
 def _scanned(shards: list[str], workers: int, executor: Executor | None, progress: Progress | None) -> Iterator[tuple[ShardInfo, ShardTable]]:
     """Scan results in shard order, as they complete (scanned on ``executor``, or in ``workers`` local processes)."""
     with ExitStack() as stack:
@@ -90,7 +103,7 @@ def _scanned(shards: list[str], workers: int, executor: Executor | None, progres
             if any(is_object_url(s) for s in shards):  # network-bound; and obstore's runtime does not survive fork
                 pool = ThreadPoolExecutor(max_workers=min(workers, len(shards)), thread_name_prefix="tarindex-scan")
             else:
-                pool = ProcessPoolExecutor(max_workers=min(workers, len(shards)), mp_context=ctx)
+                pool = ProcessPoolExecutor(max_workers=min(workers, len(shards)), mp_context=ctx, initializer=_die_with_parent)
             executor = stack.enter_context(pool)
         results = executor.map(scan_shard, shards) if executor is not None else map(scan_shard, shards)
         for result in results:

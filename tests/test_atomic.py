@@ -147,6 +147,14 @@ def test_read_only_directory(tmp_path: Path) -> None:
                 w.write({"__key__": "a", "txt": "x"})
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_kill_9_during_build_keeps_the_previous_index(tmp_path: Path) -> None:
     """``kill -9`` of ``tarindex build --workers 2`` at 10 seeded random moments: the index is always the previous
     one or the complete new one, never damaged; the next build removes what the killed ones left."""
@@ -174,6 +182,10 @@ def test_kill_9_during_build_keeps_the_previous_index(tmp_path: Path) -> None:
             time.sleep(rng.uniform(0.02, full))
             proc.kill()
             proc.wait()
+            deadline = time.monotonic() + 10  # the build's pool workers end with it (no orphan keeps running)
+            while _group_alive(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _group_alive(proc.pid), "scan workers outlived the killed build"
         ds = tarindex.TarDataset(index)  # valid: opens, and its first and last samples read back
         assert len(ds) in (1200, 2400)
         assert ds[0]["__key__"] == "s00i000" and ds[len(ds) - 1]["__key__"] == f"s0{len(ds) // 300 - 1}i299"

@@ -349,16 +349,28 @@ def test_a_process_pool_executor_builds_the_same_index(tmp_path: Path) -> None:
 
 
 def test_a_dask_local_cluster_builds_the_same_index(tmp_path: Path) -> None:
-    distributed = pytest.importorskip("distributed")  # the test extra installs dask[distributed]
+    pytest.importorskip("distributed")  # the test extra installs dask[distributed]
 
     paths = [str(p) for p in make_shard_set(tmp_path / "d", n_shards=6, per=4)]
     local = tarindex.build_index(paths, index=tmp_path / "local.tarindex", workers=1).path
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
-    with cluster, distributed.Client(cluster) as client:
-        assert len(client.scheduler_info()["workers"]) == 2
-        report = tarindex.build_index(paths, index=tmp_path / "dask.tarindex", executor=client.get_executor())
-    assert report.scanned == paths
-    _same_index(local, report.path)
+    # a fresh process: the cluster's workers and the client start from a clean interpreter, as in a user's job
+    code = (
+        "import sys, distributed, tarindex\n"
+        "if __name__ == '__main__':\n"
+        "    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)\n"
+        "    with cluster, distributed.Client(cluster) as client:\n"
+        "        assert len(client.scheduler_info()['workers']) == 2\n"
+        "        report = tarindex.build_index(sys.argv[2:], index=sys.argv[1], executor=client.get_executor())\n"
+        "    assert report.scanned == sys.argv[2:], report\n"
+    )
+    script = tmp_path / "dask_build.py"
+    script.write_text(code)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "dask.tarindex"), *paths], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _same_index(local, tmp_path / "dask.tarindex")
 
 
 # -- cold start --------------------------------------------------------------------------------------
