@@ -15,7 +15,6 @@ from pathlib import Path
 
 from .errors import IndexFormatError, IndexNotFoundError, ShardNotFoundError, TarIndexError
 from .identity import current_info
-from .index.format import ShardInfo, ShardTable
 from .index.merge import merge, placed, relative_path
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
@@ -24,6 +23,7 @@ from .opener import shard_name
 from .scan import scan_shard
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, shard_kind
 from .sources import is_url
+from .tables import ShardInfo, ShardTable
 
 __all__ = ["BuildReport", "build_index", "merge_indexes"]
 

@@ -122,7 +122,7 @@ def group_members(entries: Iterable[Entry], path: str) -> Iterator[SampleRecord]
 Columns = tuple[Any, Any, Any, Any, Any, Any, list[str], list[str]]
 """``(sample_offset, sample_size, sample_nmembers, member_ext, member_offset, member_size, keys, exts)``:
 the first six as sequences of ints or little-endian buffers of u64/u64/u32/u16/u64/u64 (see
-:class:`tarindex.index.format.ShardTable`)."""
+:class:`tarindex.tables.ShardTable`)."""
 
 
 class Packer(Protocol):

@@ -18,8 +18,8 @@ import os
 from typing import Literal
 
 from .errors import StaleIndexError
-from .index.format import ShardInfo
 from .shards import fingerprint
+from .tables import ShardInfo
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 

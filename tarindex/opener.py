@@ -24,10 +24,10 @@ import numpy as np
 from ._cache import FileCache
 from .errors import CommandNotAllowedError, CorruptFrameError, IndexFormatError, RandomAccessError
 from .gzip import random_access_refused
-from .index.format import ShardInfo
 from .objstore import open_reader
 from .options import SourceOptions
 from .shards import as_path, is_fingerprint, shard_kind
+from .tables import ShardInfo
 from .zstd import MAP_SLICE, decompress_frames
 from .zstd_random import ReadAt, zstd_reader
 

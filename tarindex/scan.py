@@ -1,4 +1,4 @@
-"""Scanning: a shard (file, stream, zstd) -> its offset tables (:class:`~tarindex.index.format.ShardTable`).
+"""Scanning: a shard (file, stream, zstd) -> its offset tables (:class:`~tarindex.tables.ShardTable`).
 
 The one place that walks shards for the index: the parser (:mod:`tarindex.tar`) and the grouping
 (:mod:`tarindex.grouping`) feed a packer, the codecs (:mod:`tarindex.zstd`) decompress, the sources
@@ -25,9 +25,9 @@ from .errors import (
 )
 from .grouping import Packer, SampleRecord, new_packer, pack_samples
 from .gzip import decompress_gzip
-from .index.format import ShardInfo, ShardTable
 from .shards import FINGERPRINT_SPAN, fingerprint, fingerprint_stream
 from .sources import is_url, open_source
+from .tables import ShardInfo, ShardTable
 from .tar import Buffer, Entry, index_tar, index_tar_file
 from .zstd import (
     MAP_SLICE,

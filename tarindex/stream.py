@@ -39,13 +39,13 @@ from .decode import DecodeMode, Decoder
 from .errors import CorruptArchiveError, DecodeError, StateError, StreamWarning, TarIndexError, shown
 from .grouping import fused, iter_samples
 from .identity import check_shard, check_source
-from .index.format import ShardInfo
 from .index.reader import IndexReader
 from .opener import check_commands, shard_name
 from .options import SourceOptions
 from .scan import archive
 from .shards import INDEX_SUFFIX, expand_shards
 from .sources import DEFAULT_BLOCK_SIZE, FileSource, RangeReader, is_url, open_source
+from .tables import ShardInfo
 from .tar import Stream
 
 __all__ = ["Handler", "TarStream"]  # public (tarindex.TarStream); the rest serves the package

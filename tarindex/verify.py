@@ -10,10 +10,10 @@ import numpy as np
 
 from .errors import ShardNotFoundError, StaleIndexError
 from .identity import check_shard
-from .index.format import ShardInfo, ShardTable
 from .index.reader import IndexReader
 from .opener import check_commands, shard_name
 from .scan import scan_shard
+from .tables import ShardInfo, ShardTable
 
 __all__ = ["VerifyReport", "verify_index"]
 

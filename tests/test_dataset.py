@@ -17,7 +17,7 @@ import pytest
 import tarindex
 from conftest import make_shard_set, open_files, py_tar, tarfile_members
 from tarindex import TarDataset, build_index, merge_indexes
-from tarindex.index.format import ShardInfo, ShardTable
+from tarindex.tables import ShardInfo, ShardTable
 
 
 def _pattern(paths: list[Path]) -> str:

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 import tarindex
-from tarindex.index.format import ShardInfo, ShardTable
 from tarindex.index.writer import IndexWriter
+from tarindex.tables import ShardInfo, ShardTable
 
 Row = tuple[str, float, str]
 ZSTD_SHARDS: list[int | None] = [None]  # --zstd-shards

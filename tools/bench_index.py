@@ -30,9 +30,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tarindex
-from tarindex.index.format import ShardInfo, ShardTable
 from tarindex.index.writer import IndexWriter
 from tarindex.scan import scan_shard
+from tarindex.tables import ShardInfo, ShardTable
 
 PER_SHARD = 1_000
 Row = tuple[str, float, str]

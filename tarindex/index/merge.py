@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import TarIndexError
 from ..shards import ShardKind, shard_kind
-from .format import ShardInfo
+from ..tables import ShardInfo
 from .reader import IndexReader
 from .writer import IndexWriter
 
