@@ -176,12 +176,11 @@ class Draws:
             self.block, self.start, i = self.array(step, 4096).tolist(), step, 0
         return self.block[i]
 
-    def picks(self, step: int, count: int, cumulative: list[float]) -> list[int]:
+    def picks(self, step: int, count: int, cumulative: list[float]) -> npt.NDArray[np.intp]:
         """:func:`pick` for steps ``step .. step + count - 1`` at once (the same choices)."""
         u = (self.array(step, count) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)) * cumulative[-1]
         k = np.searchsorted(np.asarray(cumulative, dtype=np.float64), u, side="right")
-        out: list[int] = np.minimum(k, len(cumulative) - 1).tolist()
-        return out
+        return np.minimum(k, len(cumulative) - 1)
 
 
 def pick(draws: Draws, step: int, cumulative: list[float]) -> int:

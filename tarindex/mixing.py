@@ -14,9 +14,11 @@ module imports torch.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+import operator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
+import numpy as np
 import torch.utils.data
 
 from ._split import Draws, Slot, stream_key
@@ -188,28 +190,42 @@ class Mix(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         run = self._run_for(slot, epoch)
         self._pending = None
         self._run, self._run_key = run, (slot, epoch)
-        yield from run.iterate(self.sources, self.weights, self.stop)
+        return run.iterate(self.sources, self.weights, self.stop)  # no generator of ours between the sources and the caller
 
     def __repr__(self) -> str:
         return f"Mix({len(self.sources)} sources, weights={self.weights}, stop={self.stop!r}, epoch={self.epoch})"
 
 
 class _MixRun:
-    """One reader's mix of an epoch: which source each draw picks, as plain data."""
+    """One reader's mix of an epoch: which source each draw picks, as plain data.
+
+    The draws come 4,096 at a time; the samples of a block of draws are pulled in C (``map(next, ...)``
+    over the chosen sources' iterators, chained), so the mix adds no Python per sample. The position
+    inside a block is the block's iterator's: :meth:`state` reads it.
+    """
 
     def __init__(self, key: int, n: int, quota: int | None) -> None:
         self.key = key
         self.quota = quota
-        self.step = 0
-        self.yielded = 0
+        self.step = 0  # draws made before the current block
+        self.yielded = 0  # samples yielded before the current block
         self.active = [True] * n
         self.rounds = [0] * n
         self.done = False
+        self._block: Iterator[Any] | None = None  # the current block's iterators (one per draw, then one empty)
+        self._size = 0  # draws in the current block
+
+    def _pulled(self) -> int:
+        """Draws of the current block whose samples were pulled."""
+        if self._block is None:
+            return 0
+        return min(self._size, self._size + 1 - operator.length_hint(self._block))
 
     def state(self) -> dict[str, Any]:
+        pulled = self._pulled()
         return {
-            "step": self.step,
-            "yielded": self.yielded,
+            "step": self.step + pulled,
+            "yielded": self.yielded + pulled,
             "quota": self.quota,
             "active": list(self.active),
             "rounds": list(self.rounds),
@@ -229,39 +245,56 @@ class _MixRun:
         self.active, self.rounds = active, rounds
 
     def iterate(self, sources: list[TarStream], weights: list[float], stop: StopRule) -> Iterator[Any]:
-        iterators: list[Iterator[Any] | None] = [None] * len(sources)
+        """The samples: draw ``k`` yields the next sample of source ``k`` (one draw at a time, as
+        :func:`tarindex._split.pick` defines them; a source that runs out as ``stop`` says)."""
+        return itertools.chain.from_iterable(self._blocks(sources, weights, stop))
+
+    def _blocks(self, sources: list[TarStream], weights: list[float], stop: StopRule) -> Iterator[Iterable[Any]]:
+        """Iterables of samples, chained by :meth:`iterate`: a block of draws pulled in C until a
+        source runs out; a source's first sample of its next round (``"never"``) on its own."""
+        iterators = np.empty(len(sources), dtype=object)  # generators: nothing runs before a draw picks one
+        for k, source in enumerate(sources):
+            iterators[k] = iter(source)
         draws = Draws(self.key)
         quota = self.quota
         while not self.done:
             cumulative = list(itertools.accumulate(w if a else 0.0 for w, a in zip(weights, self.active)))
-            left = 4096 if quota is None else min(4096, quota - self.yielded)
+            left = _BLOCK if quota is None else min(_BLOCK, quota - self.yielded)
             if cumulative[-1] <= 0 or left <= 0:
                 break
-            changed = False
-            for k in draws.picks(self.step, left, cumulative):  # choices of the next steps, while the sources stay
-                self.step += 1
-                it = iterators[k]
-                if it is None:
-                    it = iterators[k] = iter(sources[k])
-                sample = next(it, _END)
+            picks = draws.picks(self.step, left, cumulative)
+            while len(picks):  # the block's draws, while the sources stay
+                chosen = iterators[picks].tolist()
+                chosen.append(_EMPTY)  # reached only when every draw got its sample
+                self._block, self._size = iter(chosen), len(picks)
+                yield map(next, self._block)  # a source that runs out ends the map early
+                pulled = len(picks) + 1 - operator.length_hint(self._block)
+                self._block = None
+                if pulled > len(picks):
+                    self.step += len(picks)
+                    self.yielded += len(picks)
+                    break
+                k = int(picks[pulled - 1])  # this draw's source ran out
+                self.step += pulled
+                self.yielded += pulled - 1
+                if stop == "first":
+                    self.done = True
+                    return
+                if stop == "all":
+                    self.active[k] = False
+                    break  # new draws from the next step, among the sources left
+                self.rounds[k] += 1  # "never": the source's epoch again
+                iterators[k] = iter(sources[k])
+                sample = next(iterators[k], _END)
                 if sample is _END:
-                    if stop == "first":
-                        self.done = True
-                        return
-                    if stop == "all":
-                        self.active[k] = False
-                        changed = True
-                        break
-                    self.rounds[k] += 1  # "never": the source's epoch again
-                    it = iterators[k] = iter(sources[k])
-                    sample = next(it, _END)
-                    if sample is _END:
-                        raise TarIndexError(f"mix: source {k} ({sources[k]!r}) has no samples to repeat")
+                    raise TarIndexError(f"mix: source {k} ({sources[k]!r}) has no samples to repeat")
                 self.yielded += 1
-                yield sample
-            if not changed and quota is not None and self.yielded >= quota:
-                break
+                yield (sample,)
+                picks = picks[pulled:]
         self.done = True
 
 
+_BLOCK = 4096
+"""Draws made at once."""
+_EMPTY: Iterator[Any] = iter(())
 _END: Any = object()

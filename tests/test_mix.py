@@ -14,6 +14,7 @@ import torch.utils.data
 import tarindex
 from conftest import make_shard_set
 from tarindex import StateError, TarStream
+from tarindex._split import Draws, pick, stream_key
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +83,58 @@ def test_resume_exactly(sets: list[list[str]], stop: str) -> None:
         resumed = _mix(sets, **kw)
         resumed.load_state_dict(state)
         assert head + [_source(s) for s in resumed] == full, k
+
+
+def _one_draw_at_a_time(sets: list[list[str]], seed: int, stop: str, epoch_size: int | None) -> tuple[list[str], list[int]]:
+    """The definition of the mix, one draw and one sample at a time: the samples, and the draws made
+    after each of them."""
+    weights = (0.5, 0.3, 0.2)
+    sources = [TarStream(urls, shuffle=8, seed=1) for urls in sets]
+    draws = Draws(stream_key("tarindex-mix", seed, 0, 0, 0))
+    iterators = [iter(s) for s in sources]
+    active = [True] * len(sources)
+    step, out, steps = 0, [], []
+    while epoch_size is None or len(out) < epoch_size:
+        cumulative = list(itertools.accumulate(w if a else 0.0 for w, a in zip(weights, active)))
+        if cumulative[-1] <= 0:
+            break
+        k = pick(draws, step, cumulative)
+        step += 1
+        sample = next(iterators[k], None)
+        if sample is None:
+            if stop == "first":
+                break
+            if stop == "all":
+                active[k] = False
+                continue
+            iterators[k] = iter(sources[k])
+            sample = next(iterators[k])
+        out.append(_source(sample))
+        steps.append(step)
+    return out, steps
+
+
+@pytest.mark.parametrize(("stop", "epoch_size"), [("first", None), ("all", None), ("never", 300), ("all", 100)])
+def test_blocks_of_draws_give_the_one_at_a_time_sequence(sets: list[list[str]], stop: str, epoch_size: int | None) -> None:
+    """Draws in blocks, samples pulled in C: the same samples, and at every sample the same state,
+    as one draw at a time; a state taken where a source ran out resumes exactly."""
+    expected, steps = _one_draw_at_a_time(sets, 9, stop, epoch_size)
+    mixed = _mix(sets, seed=9, stop=stop, epoch_size=epoch_size)
+    got, states = [], []
+    for sample in mixed:
+        got.append(_source(sample))
+        state = mixed.state_dict()
+        states.append(state)
+        assert (state["step"], state["yielded"]) == (steps[len(got) - 1], len(got))
+    assert got == expected
+    assert states[-1]["done"] is False and mixed.state_dict()["done"] is True
+    ran_out = [i for i in range(1, len(steps)) if steps[i] - steps[i - 1] > 1 or expected[i] in expected[:i]]
+    if stop != "first":
+        assert ran_out  # a source ran out inside a block of draws
+    for i in [*ran_out[:3], len(got) - 1]:
+        resumed = _mix(sets, seed=9, stop=stop, epoch_size=epoch_size)
+        resumed.load_state_dict(json.loads(json.dumps(states[i])))
+        assert [_source(s) for s in resumed] == expected[i + 1 :], i
 
 
 def test_resume_through_stateful_dataloader(sets: list[list[str]]) -> None:
