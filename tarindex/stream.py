@@ -9,6 +9,7 @@ local plain tar is read with ``pread``), the same grouping
 
 from __future__ import annotations
 
+import bisect
 import copy
 import os
 import warnings
@@ -47,6 +48,8 @@ from .shards import INDEX_SUFFIX, expand_shards
 from .sources import DEFAULT_BLOCK_SIZE, FileSource, RangeReader, is_url, open_source
 from .tables import ShardInfo
 from .tar import Stream
+from .zstd import iter_decompressed, random_access, seek_table_frames
+from .zstd_random import zstd_reader
 
 __all__ = ["Handler", "TarStream"]  # public (tarindex.TarStream); the rest serves the package
 
@@ -55,9 +58,9 @@ Handler = Literal["raise", "warn", "skip_shard"] | Callable[[Exception], bool]
 _HANDLERS = ("raise", "warn", "skip_shard")
 
 
-def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] | None, list[ShardInfo] | None]:
+def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] | None, list[ShardInfo] | None, str | None]:
     """Shard names, and when ``urls`` is an index (checked by its recorded kinds: a command only when
-    ``allow_commands``), each shard's first global sample number and index entry."""
+    ``allow_commands``), each shard's first global sample number and index entry, and the index's path."""
     reader: IndexReader | None = None
     if isinstance(urls, IndexReader):
         reader = urls
@@ -66,7 +69,7 @@ def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] |
         if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
             reader = IndexReader(p)
     if reader is None:
-        return expand_shards(urls), None, None
+        return expand_shards(urls), None, None, None
     try:
         check_commands(reader.path, reader.shards, allow_commands)
         names = [shard_name(reader.path, info) for info in reader.shards]
@@ -75,7 +78,7 @@ def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] |
     finally:
         if reader is not urls:
             reader.close()
-    return names, starts, infos
+    return names, starts, infos, str(reader.path)
 
 
 def read_ahead_for(url: str, read_ahead: int | None) -> int | None:
@@ -100,6 +103,44 @@ class _FileReader:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+class _Decompressed:
+    """A zstd shard's tar bytes through its frame table: ``read_at(offset, size)`` decompresses the
+    frames that hold the range (one sample), :meth:`chunks` streams from the frame that holds an
+    offset (the rest of the shard); ``size``, ``close()``. Takes ``raw`` (the compressed shard's reader).
+    """
+
+    def __init__(self, url: str, raw: Any, frames: Any) -> None:
+        self.url, self.raw = url, raw
+        self.reader = zstd_reader(url, raw, frames)  # owns raw
+        self.read_at = self.reader.read_at
+        self.size = int(frames[-1, 2] + frames[-1, 3])
+        self._c_off, self._d_off = frames[:, 0].tolist(), frames[:, 2].tolist()
+
+    def chunks(self, offset: int, block_size: int) -> Iterator[bytes]:
+        """The tar bytes from ``offset`` to the end: the compressed shard read from the start of the
+        frame that holds ``offset`` and decompressed as a stream.
+
+        Raises:
+            CorruptFrameError: a damaged frame, named by its offset in the shard.
+        """
+        k = max(0, bisect.bisect_right(self._d_off, offset) - 1)
+        start, skip = self._c_off[k], offset - self._d_off[k]
+        try:
+            for data in iter_decompressed(_chunks_at(self.raw, start, block_size), self.url):
+                if skip >= len(data):
+                    skip -= len(data)
+                    continue
+                yield data[skip:] if skip else data
+                skip = 0
+        except CorruptArchiveError as exc:  # offsets from the stream's start: the shard's are ``start`` more
+            if exc.offset < 0:
+                raise
+            raise type(exc)(self.url, start + exc.offset, exc.what) from exc
+
+    def close(self) -> None:
+        self.reader.close()
 
 
 def _chunks_at(reader: Any, offset: int, block_size: int) -> Iterator[bytes]:
@@ -250,7 +291,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             raise ValueError(f"shuffle must be >= 0, not {shuffle}")
         if epoch_size is not None and epoch_size < 0:
             raise ValueError(f"epoch_size must be >= 0, not {epoch_size}")
-        self.urls, self._starts, self._infos = _shard_list(urls, allow_commands)
+        self.urls, self._starts, self._infos, self._index = _shard_list(urls, allow_commands)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
         self.shuffle_size = shuffle
@@ -434,9 +475,10 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 
     # -- positions: reading from a sample on, reading one sample again ------------------------
     def _random(self, shard: int) -> Any:
-        """A reader with ``read_at`` and ``size`` for a plain tar shard that has one (a local file,
-        an HTTP server answering ``Range``), else ``None`` (zstd, pipes, standard input, fsspec:
-        read from the start). Kept per process while the epoch runs."""
+        """A reader with ``read_at`` and ``size`` of a shard's tar bytes, for a shard that has one (a
+        local file, an HTTP server answering ``Range``; plain, or zstd with a frame table: the index's,
+        or the shard's own seek table), else ``None`` (pipes, standard input, fsspec, gzip, zstd
+        without frames: read from the start). Kept per process while the epoch runs."""
         if self._readers_fork != FORK[0]:
             self._readers, self._readers_fork = {}, FORK[0]
         if shard in self._readers:
@@ -451,7 +493,10 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 )
             elif not is_url(url) and url != "-" and not url.startswith("pipe:") and os.path.isfile(url):
                 reader = _FileReader(url)
-            if reader is not None and (reader.size < 0 or detect(reader.read_at(0, 6)) != "tar"):
+            codec = detect(reader.read_at(0, 6)) if reader is not None and reader.size >= 0 else None
+            if codec == "zstd":
+                reader = self._frames(shard, reader)
+            elif reader is not None and codec != "tar":
                 reader.close()
                 reader = None
         except (TarIndexError, OSError):  # no Range support, unreachable: read from the start (errors come there)
@@ -464,6 +509,37 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 old.close()
         self._readers[shard] = reader
         return reader
+
+    def _frames(self, shard: int, raw: Any) -> Any:
+        """A reader of the tar bytes of the zstd shard ``raw`` reads (which it takes), through the
+        shard's frame table: the index's (the shard checked against its entry), else the shard's seek
+        table; ``None`` without one of several frames small enough to decompress for one sample.
+
+        Raises:
+            StaleIndexError: the shard differs from its index entry.
+        """
+        url = self.urls[shard]
+        info = self._infos[shard] if self._infos is not None else None
+        try:
+            if info is not None and info.compression == "zstd":
+                if isinstance(raw, _FileReader):
+                    check_shard(url, raw.fd, info)
+                else:
+                    check_source(url, info, raw.size, raw.mtime_ns)
+                index = IndexReader(str(self._index))  # infos come with the index's path
+                try:
+                    frames = index.frame_table(shard)
+                finally:
+                    index.close()
+            else:
+                frames = seek_table_frames(raw.read_at, raw.size, url)
+        except BaseException:
+            raw.close()
+            raise
+        if frames is None or len(frames) < 2 or not random_access(frames):
+            raw.close()
+            return None
+        return _Decompressed(url, raw, frames)
 
     def _close_readers(self) -> None:
         readers, self._readers = self._readers, {}
@@ -486,7 +562,9 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         numbered: Iterator[tuple[int, tuple[int, Sample]]]
         if reader is not None:
             index = None if first_index is None else first_index + ordinal
-            walk = iter_samples(_chunks_at(reader, offset, self._source_options["block_size"]), url, index=index)
+            block = self._source_options["block_size"]
+            chunks = reader.chunks(offset, block) if isinstance(reader, _Decompressed) else _chunks_at(reader, offset, block)
+            walk = iter_samples(chunks, url, index=index)
             numbered = enumerate(((offset + off, sample) for off, sample in walk), ordinal)
         else:
             numbered = ((k, pair) for k, pair in enumerate(self._raw(shard)) if k >= ordinal)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import mmap
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -504,6 +504,36 @@ def check_seek_table(table: np.ndarray, seek: np.ndarray, path: str, *, prefix: 
         raise CorruptFrameError(
             path, 0, f"seek table lists {len(seek)} frames, the file has {len(table)} data frames"
         )
+
+
+def seek_table_frames(read_at: Callable[[int, int], bytes], size: int, path: str) -> np.ndarray | None:
+    """The frame table of a seekable zstd file of ``size`` bytes, from its trailing seek table (two
+    reads at its end through ``read_at``), or ``None`` when there is none or it does not describe the
+    file exactly: data frames back to back from offset 0, then the table (what ``tarindex compress``
+    writes; ``pzstd`` headers between frames do not qualify).
+
+    The table is not trusted further: a reader through it checks every frame it decompresses
+    against its row (:mod:`tarindex.zstd_random`).
+    """
+    if size < _FOOTER + 8:
+        return None
+    footer = bytes(read_at(size - _FOOTER, _FOOTER))
+    if len(footer) != _FOOTER or int.from_bytes(footer[5:9], "little") != SEEKABLE_MAGIC:
+        return None
+    n_frames = int.from_bytes(footer[0:4], "little")
+    tail = n_frames * (12 if footer[4] & 0x80 else 8) + _FOOTER + 8
+    if tail > size:
+        return None
+    try:
+        seek = read_seek_table(bytes(read_at(size - tail, tail)), path)
+    except CorruptFrameError:
+        return None
+    if seek is None or int(seek[:, 0].sum()) + tail != size:
+        return None
+    rows = np.zeros((len(seek), 4), np.uint64)
+    rows[:, 1], rows[:, 3] = seek[:, 0], seek[:, 1]
+    rows[1:, 0], rows[1:, 2] = np.cumsum(seek[:-1, 0]), np.cumsum(seek[:-1, 1])
+    return rows
 
 
 def frame_array(rows: list[tuple[int, int, int, int]]) -> np.ndarray:

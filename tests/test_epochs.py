@@ -102,4 +102,4 @@ def test_vectorised_picks_match_the_scalar_ones() -> None:
 
     cumulative = [0.5, 0.5, 0.8, 1.7]  # a zero weight in the middle
     draws = Draws(12345)
-    assert Draws(12345).picks(100, 5000, cumulative) == [pick(draws, s, cumulative) for s in range(100, 5100)]
+    assert Draws(12345).picks(100, 5000, cumulative).tolist() == [pick(draws, s, cumulative) for s in range(100, 5100)]

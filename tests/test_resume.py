@@ -6,20 +6,24 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
 import shutil
 import subprocess
 import sys
+import tarfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch.utils.data
-from _servers import HTTPServer
+from _servers import FaultProxy, HTTPServer
 from resume_run import run_case
 
 import tarindex
-from conftest import make_shard_set
-from tarindex import StateError, TarDataset, TarStream, build_index, compress_shard
+from conftest import make_shard_set, py_tar
+from tarindex import CorruptFrameError, StateError, TarDataset, TarStream, build_index, compress_shard
+from tarindex.zstd import seek_table_frames
 
 TESTS = Path(__file__).parent
 
@@ -187,6 +191,88 @@ def test_a_changed_shard_is_an_error_not_other_samples(plain: list[str], tmp_pat
     resumed.load_state_dict(state)
     with pytest.raises(StateError, match=r"train-000000.tar: .*sample 4 .*offset \d+.*the shard changed since the state was saved"):
         list(resumed)
+
+
+@pytest.fixture(scope="module")
+def big_zstd(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """One zstd shard of 286 frames (2,000 samples of 4,000 incompressible bytes, ``tarindex compress``
+    with 32 KB frames), and its sample keys in order."""
+    root = tmp_path_factory.mktemp("resume-frames")
+    rng = random.Random(7)
+    keys = [f"k{i:05d}" for i in range(2000)]
+    plain = py_tar(root / "big.tar", [(f"{k}.bin", rng.randbytes(4000)) for k in keys], tarfile.GNU_FORMAT, dirs=False)
+    compress_shard(plain, root / "big.tar.zst", frame_size=32_000)
+    plain.unlink()
+    return root / "big.tar.zst", keys
+
+
+def _read_bytes() -> int:
+    """Bytes this process has read through system calls so far (Linux's per-process I/O counter)."""
+    return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
+
+
+def _requested(ranges: list[str | None], size: int) -> int:
+    """Bytes asked for by HTTP requests with these ``Range`` headers (none: the whole file)."""
+    total = 0
+    for r in ranges:
+        first, _, last = (r or "bytes=0-").removeprefix("bytes=").partition("-")
+        total += (int(last) + 1 if last else size) - int(first)
+    return total
+
+
+@pytest.mark.parametrize("where", ["local", "index", "http"])
+def test_a_zstd_shard_resumes_at_the_frame_that_holds_the_position(
+    big_zstd: tuple[Path, list[str]], where: str, http_server: HTTPServer, fault_proxy: Callable[..., FaultProxy], tmp_path: Path
+) -> None:
+    """Resuming at 10%, 50% and 90% of a zstd shard reads a few of its frames (through the seek table
+    or the index's frame table), not the shard up to the position: under 5% of the shard's bytes."""
+    shard, keys = big_zstd
+    size = shard.stat().st_size
+    proxy = None
+    if where == "index":
+        url: str = build_index([shard], index=tmp_path / "z.tarindex").path
+    elif where == "http":
+        proxy = fault_proxy(http_server.port)
+        url = proxy.url(_http(http_server, [str(shard)], "resume-frames")[0].split("/", 3)[3])
+    else:
+        url = str(shard)
+    for frac in (0.1, 0.5, 0.9, 0.5):  # the first 50% warms the process up (imports, first opens); checked too
+        k = int(len(keys) * frac)
+        stream = TarStream(url)
+        it = iter(stream)
+        for _ in range(k):
+            next(it)
+        state = json.loads(json.dumps(stream.state_dict()))
+        del it
+        resumed = TarStream(url)
+        resumed.load_state_dict(state)
+        rest = iter(resumed)
+        before, asked = _read_bytes(), len(proxy.ranges) if proxy else 0
+        first = next(rest)
+        read = _requested(proxy.ranges[asked:], size) if proxy else _read_bytes() - before
+        assert first["__key__"] == keys[k]
+        assert read < 0.05 * size, (frac, read, size)
+        assert [s["__key__"] for s in rest] == keys[k + 1 :]
+
+
+def test_a_damaged_frame_after_a_zstd_resume_is_named_by_its_offset(big_zstd: tuple[Path, list[str]], tmp_path: Path) -> None:
+    shard, keys = big_zstd
+    data = bytearray(shard.read_bytes())
+    frames = seek_table_frames(lambda off, n: bytes(data[off : off + n]), len(data), str(shard))
+    assert frames is not None and len(frames) == 286
+    c_off, c_size = int(frames[250, 0]), int(frames[250, 1])
+    data[c_off + c_size // 2 : c_off + c_size // 2 + 64] = bytes(64)  # inside frame 250's blocks (samples 1750-1756)
+    damaged = tmp_path / "damaged.tar.zst"
+    damaged.write_bytes(bytes(data))
+    stream = TarStream(str(damaged))
+    it = iter(stream)
+    for _ in range(1000):
+        next(it)
+    resumed = TarStream(str(damaged))
+    resumed.load_state_dict(stream.state_dict())
+    with pytest.raises(CorruptFrameError, match=rf"damaged.tar.zst: corrupt zstd frame .*at offset {c_off}$") as caught:
+        list(resumed)
+    assert caught.value.offset == c_off
 
 
 def test_state_is_a_few_kb_per_worker(plain: list[str]) -> None:
