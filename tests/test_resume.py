@@ -270,9 +270,11 @@ def test_a_damaged_frame_after_a_zstd_resume_is_named_by_its_offset(big_zstd: tu
         next(it)
     resumed = TarStream(str(damaged))
     resumed.load_state_dict(stream.state_dict())
+    got = []
     with pytest.raises(CorruptFrameError, match=rf"damaged.tar.zst: corrupt zstd frame .*at offset {c_off}$") as caught:
-        list(resumed)
+        got.extend(s["__key__"] for s in resumed)
     assert caught.value.offset == c_off
+    assert got == keys[1000:1749]  # before the damaged frame (1749 ends where 1750 starts: in it), none from it
 
 
 def test_state_is_a_few_kb_per_worker(plain: list[str]) -> None:

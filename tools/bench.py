@@ -1,6 +1,6 @@
 """Benchmarks, side by side with the peers and the physical limit, as ratios in one run.
 
-Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,resume,zstd,sampler,sampler_zstd,scale]
+Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,resume,mix,zstd,sampler,sampler_zstd,scale]
 ``--sets jpeg-ustar,jpeg-wds,jpeg-posix,jpeg-gnu``: the first shards of a set as they are and rewritten by
 webdataset's TarWriter, GNU tar --format=posix and GNU tar with long names (``WRITERS``).
 Every part but ``remote`` runs by default; ``--only`` picks some (``walk``: the tar walk alone, TarStream and
@@ -449,34 +449,41 @@ def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None
 
 
 def bench_resume(paths: list[str], name: str, work: Path) -> list[Row]:
-    """TarStream resumed at 10/50/90% of an epoch (shuffle=1000): time to the first resumed sample, state size."""
+    """TarStream resumed at 10/50/90% of an epoch (shuffle=1000): time to the first resumed sample and
+    the state's size, for the set's shards locally and over loopback nginx, plain and as zstd (``tarindex
+    compress``: frames and a seek table; and one frame per shard, as the zstd CLI writes: no frame table)."""
     import sys
     import tempfile
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from _servers import start_nginx, stop  # the test suite's nginx launcher
 
+    single, framed = _zstd_copies(paths, work / f"zstd-{name}")
     n = _stream_pass(paths)
     kw = {"shuffle": 1000, "seed": 0}
     rows: list[Row] = []
 
     def first_sample(stream: tarindex.TarStream) -> float:
+        """Milliseconds from ``iter()`` to the first sample."""
         t0 = time.perf_counter()
         next(iter(stream))
-        return time.perf_counter() - t0
+        return (time.perf_counter() - t0) * 1000
 
-    started = start_nginx(Path(paths[0]).parent.resolve(), Path(tempfile.mkdtemp(dir=work)))
-    sources = {"local": paths}
+    local = {"local": paths, "local zstd (tarindex compress)": framed, "local zstd (one frame per shard)": single}
+    root = Path(os.path.commonpath([Path(p).resolve() for p in paths + framed]))
+    started = start_nginx(root, Path(tempfile.mkdtemp(dir=work)))
+    sources = dict(local)
     if started is not None:
-        sources["HTTP, loopback nginx"] = [f"http://127.0.0.1:{started[1]}/{Path(p).name}" for p in paths]
+        for where, files in (("HTTP, loopback nginx", paths), ("HTTP zstd (tarindex compress)", framed)):
+            sources[where] = [f"http://127.0.0.1:{started[1]}/{Path(p).resolve().relative_to(root)}" for p in files]
     try:
         for where, urls in sources.items():
-            rows.append((f"{name}: TarStream(shuffle=1000) {where}, epoch start: first sample (s)",
+            rows.append((f"{name}: TarStream(shuffle=1000) {where}, epoch start: first sample (ms)",
                          min(first_sample(tarindex.TarStream(urls, **kw)) for _ in range(3)), "fills the buffer: 1,000 samples"))
-            for frac in (0.1, 0.5, 0.9):
+            for frac in (0.1, 0.5, 0.9):  # as far into the epoch, and as far into the shard being read
                 stream = tarindex.TarStream(urls, **kw)
                 it = iter(stream)
-                for _ in range(int(n * frac)):
+                for _ in range(int(n * frac + n / len(paths) * frac)):
                     next(it)
                 state = json.dumps(stream.state_dict())
                 del it
@@ -485,12 +492,40 @@ def bench_resume(paths: list[str], name: str, work: Path) -> list[Row]:
                     resumed = tarindex.TarStream(urls, **kw)
                     resumed.load_state_dict(json.loads(state))
                     best = min(best, first_sample(resumed))
-                rows.append((f"{name}: {where}, resumed at {frac:.0%}: first sample (s)", best,
-                             f"state {len(state):,} bytes (JSON), target <= 0.2 s, independent of the position"))
+                rows.append((f"{name}: {where}, resumed at {frac:.0%} (and {frac:.0%} into a shard): first sample (ms)", best,
+                             f"state {len(state):,} bytes (JSON), target <= 200 ms, independent of the position"))
     finally:
         if started is not None:
             stop(started[0])
     return rows
+
+
+# -- mix -----------------------------------------------------------------------------------
+
+
+def bench_mix(paths: list[str], name: str, repeat: int = 7) -> list[Row]:
+    """``mix()`` of two TarStreams (half the shards each) beside the same two streams read one after the
+    other (the sources' own rate), one stream of all the shards, and the two streams alternated by
+    ``map(next, cycle(...))`` (interleaving with no mixing code); samples per second, best of
+    ``repeat``, the cases alternating in one process."""
+    import itertools
+
+    half = len(paths) // 2
+    a, b = paths[:half], paths[half:]
+    cases: dict[str, Callable[[], Iterator[object]]] = {
+        "the two sources one after the other": lambda: itertools.chain(tarindex.TarStream(a), tarindex.TarStream(b)),
+        "mix() of the two, equal weights, stop='all'": lambda: iter(tarindex.mix([tarindex.TarStream(a), tarindex.TarStream(b)], stop="all")),
+        "one TarStream of all the shards": lambda: iter(tarindex.TarStream(a + b)),
+        "the two alternated, map(next, cycle(...))": lambda: map(next, itertools.cycle([iter(tarindex.TarStream(a)), iter(tarindex.TarStream(b))])),
+    }
+    best = dict.fromkeys(cases, 0.0)
+    for _ in range(repeat):
+        for label, make in cases.items():
+            t0 = time.perf_counter()
+            count = sum(1 for _ in make())
+            best[label] = max(best[label], count / (time.perf_counter() - t0))
+    own = best["the two sources one after the other"]
+    return [(f"{name}: {label} (samples/s)", rate, f"{rate / own:.3f}x the sources' own rate") for label, rate in best.items()]
 
 
 def bench_walk(paths: list[str], name: str, repeat: int = 3) -> list[Row]:
@@ -651,6 +686,8 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_stream(paths, name, work, 4 if "quick" in only else None)
     if "resume" in only and name == "jpeg":
         yield from bench_resume(paths, name, work)
+    if "mix" in only:
+        yield from bench_mix(paths, name)
     if "zstd" in only:
         yield from bench_zstd(paths[: ZSTD_SHARDS[0]], name, work, frame_table=name == "small")
     if "remote" in only:  # not by default: it starts nginx and a delaying relay
@@ -816,7 +853,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default="bench-data", type=Path)
     ap.add_argument("--sets", default="jpeg,small")
-    ap.add_argument("--only", default="build,access,loader,open,walk,stream,resume,zstd,sampler,sampler_zstd,scale")
+    ap.add_argument("--only", default="build,access,loader,open,walk,stream,resume,mix,zstd,sampler,sampler_zstd,scale")
     ap.add_argument("--zstd-shards", type=int, default=None, help="zstd benchmark on the first N shards (quick check)")
     args = ap.parse_args()
     ZSTD_SHARDS[0] = args.zstd_shards
