@@ -84,7 +84,9 @@ def _hide_escaped_braces(pattern: str) -> str:
         c = pattern[i]
         if c == "\\" and i + 1 < len(pattern):
             nxt = pattern[i + 1]
-            out.append(_ESCAPED.get(nxt, c + nxt))
+            # the backslash stays: braceexpand unescapes a piece again after a list alternative
+            # (braceexpand gives a backslash-brace for `{a,BS BS}BS}`), so the stand-in is escaped the same way
+            out.append(c + _ESCAPED[nxt] if nxt in _ESCAPED else c + nxt)
             i += 2
         else:
             out.append(c)
