@@ -23,6 +23,7 @@ before one member are applied as :mod:`tarfile` applies them. Anything else is a
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -51,6 +52,7 @@ _WINDOW = 64 << 10
 _SMALL_WINDOW = 8 << 10  # a sample's small members with a PAX header each fit
 _SIZE_MAX = (1 << 63) - 1
 _CHAIN = 8 << 10  # a member's extension headers the C walk is helped to see in one window
+_ASSEMBLE = 1 << 20  # bytes from several chunks, from this many on: assembled in one buffer (_Assembly), not joined
 
 MAX_MEMBER_SIZE = 8 << 30
 """The largest member (or extension header) accepted from a source whose length is not known
@@ -294,28 +296,43 @@ class _Cursor:
         return None
 
     def fill(self, pos: int, need: int) -> int:
-        """Make ``buf[pos:pos + need]`` available; return the new ``pos`` (-1 if the input ends first)."""
+        """Make ``buf[pos:pos + need]`` available; return the new ``pos`` (-1 if the input ends first).
+
+        Bytes from several chunks are joined; ``need`` of :data:`_ASSEMBLE` or more (a large member)
+        is assembled in one buffer as its pieces arrive, never more than arrived, and handed out
+        as ``bytes`` without another copy (:class:`_Assembly`).
+        """
         parts: list[Buffer] = [self.buf[pos:]] if pos < len(self.buf) else []
         have = len(parts[0]) if parts else 0
         self.base += pos
+        whole: _Assembly | None = None
         while have < need:
             nxt = self._next()
             if nxt is None:
                 break
             chunk, at = nxt
-            if not parts and len(chunk) - at >= need:  # nothing carried over: the chunk itself
+            if not parts and whole is None and len(chunk) - at >= need:  # nothing carried over: the chunk itself
                 self.buf = chunk
                 self.base -= at
                 return at
             take = need - have
             if len(chunk) - at > take:
-                parts.append(chunk[at : at + take])
+                piece = chunk[at : at + take]
                 self.spill, self.spill_at = chunk, at + take
-                have = need
             else:
-                parts.append(chunk[at:] if at else chunk)
-                have += len(chunk) - at
-        self.buf = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[arg-type]  # bytes-like parts
+                piece = chunk[at:] if at else chunk
+            have += len(piece)
+            if whole is None and need >= _ASSEMBLE and parts:  # a second piece of a large member
+                whole = _Assembly(parts)
+                parts = []
+            if whole is not None:
+                whole.add(piece)
+            else:
+                parts.append(piece)
+        if whole is not None:
+            self.buf = whole.take()
+        else:
+            self.buf = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[arg-type]  # bytes-like parts
         return 0 if have >= need else -1
 
     def room(self, pos: int) -> int | None:
@@ -341,6 +358,29 @@ class _Cursor:
             self.base -= at
             pos += at
         return pos
+
+
+class _Assembly:
+    """A large member's bytes, assembled as its pieces arrive: one buffer that grows with what came
+    (``io.BytesIO``: realloc, which moves pages rather than copying them for large buffers), handed out
+    by :meth:`take` as the buffer itself (``getvalue()`` returns its bytes object without a copy when
+    nothing else holds a view of it). Peak memory: the member, not the member twice (pieces plus a
+    joined copy), and never more than the input delivered, whatever size a header claims."""
+
+    __slots__ = ("out",)
+
+    def __init__(self, parts: Iterable[Buffer]) -> None:
+        self.out = io.BytesIO()
+        for part in parts:
+            self.out.write(part)  # type: ignore[arg-type]  # bytes-like parts
+
+    def add(self, piece: Buffer) -> None:
+        self.out.write(piece)  # type: ignore[arg-type]  # bytes-like piece
+
+    def take(self) -> bytes:
+        data = self.out.getvalue()
+        self.out = io.BytesIO()
+        return data
 
 
 class _FileCursor:
