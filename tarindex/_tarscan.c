@@ -94,8 +94,8 @@ fail:
  *
  * Packer(sample_key, duplicate, url, index): sample dicts instead (TarStream), members with data:
  *   {"__key__": key, "__url__": url, "__index__": index (when not None, counting up), ext: bytes}.
- *   scan(buf, pos, base, limit), add(name, header_offset, data_offset, size, data) as above, and
- *   scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size): the walk over
+ *   scan(buf, pos, base, limit[, max_member]), add(name, header_offset, data_offset, size, data) as above, and
+ *   scan_file(fd, offset, size, limit, buf, pos[, max_member]) -> (offset, last_header, last_size): the walk over
  *       a file of `size` bytes from `offset` (whose header the caller has at buf[pos]: nothing is read when the
  *       Python walker must take it), read with pread: headers through a small window, each large
  *       member's data straight into its own bytes object (one copy, as cat makes).
@@ -110,7 +110,8 @@ fail:
  *       says which. Between members, once samples are complete, it returns rather than wait for the
  *       stream (a socket answered EAGAIN, or poll() says a pipe has nothing yet): the consumer gets
  *       them at once.
- *   All three stop once `limit` data bytes are done, or at a repeated extension.
+ *   All three stop once `limit` data bytes are done, or at a repeated extension, and leave a member over
+ *   `max_member` bytes (default TAR_MAX_SIZE; the caller's max_member_size) to the Python walker, which names it.
  *   take() -> ([sample_offset, ...], [dict, ...]) completed so far (no tuple per sample: the cyclic GC
  *       tracks tuples of dicts, and 16 MiB of small samples lived long enough to cost full collections); raises the recorded duplicate once
  *       the samples before it are taken. finish() completes the last sample (take() it after).
@@ -475,7 +476,8 @@ static PyObject *Packer_scan(Packer *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos;
     long long base, limit = -1;
-    if (!ready(self) || !PyArg_ParseTuple(args, "y*nL|L", &view, &pos, &base, &limit)) return NULL;
+    unsigned long long max_member = TAR_MAX_SIZE;
+    if (!ready(self) || !PyArg_ParseTuple(args, "y*nL|LK", &view, &pos, &base, &limit, &max_member)) return NULL;
     const unsigned char *buf = view.buf;
     Py_ssize_t end = view.len, last_at = pos;
     uint64_t last_size = 0;
@@ -485,7 +487,7 @@ static PyObject *Packer_scan(Packer *self, PyObject *args) {
         if (tar_step(buf + pos, (size_t)(end - pos), &m, &need) != TAR_MEMBER) break;
         uint64_t size = m.size, padded = (size + 511) & ~(uint64_t)511;
         Py_ssize_t data = pos + (Py_ssize_t)m.data;
-        if (padded > (uint64_t)PY_SSIZE_T_MAX - (uint64_t)data) break;
+        if (padded > (uint64_t)PY_SSIZE_T_MAX - (uint64_t)data || size > max_member) break; /* over: the Python walker names it */
         if (m.regular) {
             PyObject *bytes = NULL;
             if (self->url && !(bytes = member_data(buf, end, data, size))) {
@@ -539,7 +541,8 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
     long long limit;
     Py_buffer view;
     Py_ssize_t pos;
-    if (!ready(self) || !PyArg_ParseTuple(args, "iKKLy*n", &fd, &offset, &file_size, &limit, &view, &pos)) return NULL;
+    unsigned long long max_member = TAR_MAX_SIZE;
+    if (!ready(self) || !PyArg_ParseTuple(args, "iKKLy*n|K", &fd, &offset, &file_size, &limit, &view, &pos, &max_member)) return NULL;
     tar_member first;
     size_t need;
     int plain = pos >= 0 && pos + 512 <= view.len && tar_step((const unsigned char *)view.buf + pos, (size_t)(view.len - pos), &first, &need) != TAR_DEFER;
@@ -570,7 +573,8 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
         headers = 512;
         if (k != TAR_MEMBER) break;
         uint64_t size = m.size, padded = (size + 511) & ~(uint64_t)511, data = offset + m.data;
-        if (size > (uint64_t)PY_SSIZE_T_MAX || padded > file_size || data > file_size - padded) break; /* truncated: Python says so */
+        if (size > (uint64_t)PY_SSIZE_T_MAX || padded > file_size || data > file_size - padded || size > max_member)
+            break; /* truncated or over max_member: Python says so */
         Py_ssize_t in_window = (Py_ssize_t)(wbase + (unsigned long long)wlen - data); /* >= 0: the headers fit */
         want = (Py_ssize_t)next_window((uint64_t)in_window, padded);
         if (m.regular) {
@@ -731,7 +735,7 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
         size_t here = avail - m.data; /* data bytes after the headers in hand */
         uint64_t fetched = 0;      /* data bytes read past them, straight into the member */
         if (size > (uint64_t)PY_SSIZE_T_MAX || (s.remaining >= 0 && size > (uint64_t)here + (uint64_t)s.remaining) ||
-            (s.remaining < 0 && size > max_member))
+            size > max_member)
             break; /* more than the stream holds or may hold: the Python walker says what is wrong */
         if (m.regular) {
             /* a stream of unknown length: the member's bytes grow as its data arrives, never more than came */
@@ -839,8 +843,9 @@ static PyObject *Packer_finish(Packer *self, PyObject *unused) {
 }
 
 static PyMethodDef Packer_methods[] = {
-    {"scan", (PyCFunction)Packer_scan, METH_VARARGS, "scan(buf, pos, base[, limit]) -> (pos, last_header, last_size)"},
-    {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS, "scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size)"},
+    {"scan", (PyCFunction)Packer_scan, METH_VARARGS, "scan(buf, pos, base[, limit[, max_member]]) -> (pos, last_header, last_size)"},
+    {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS,
+     "scan_file(fd, offset, size, limit, buf, pos[, max_member]) -> (offset, last_header, last_size)"},
     {"scan_stream", (PyCFunction)Packer_scan_stream, METH_VARARGS,
      "scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base[, max_member]) -> (tail_offset, tail, next_header, last_header, last_size, received, timed_out)"},
     {"add", (PyCFunction)Packer_add, METH_VARARGS, "add(name, header_offset, data_offset, size[, data])"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import operator
@@ -13,7 +14,9 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
-from .errors import IndexFormatError, IndexNotFoundError, ShardNotFoundError, TarIndexError
+import numpy as np
+
+from .errors import CorruptArchiveError, IndexFormatError, IndexNotFoundError, ShardNotFoundError, TarIndexError, shown
 from .identity import current_info
 from .index.merge import merge, placed, relative_path
 from .index.reader import IndexReader
@@ -93,8 +96,11 @@ def _die_with_parent() -> None:
             os._exit(1)
 
 
-def _scanned(shards: list[str], workers: int, executor: Executor | None, progress: Progress | None) -> Iterator[tuple[ShardInfo, ShardTable]]:
+def _scanned(
+    shards: list[str], workers: int, executor: Executor | None, progress: Progress | None, max_member_size: int | None = None
+) -> Iterator[tuple[ShardInfo, ShardTable]]:
     """Scan results in shard order, as they complete (scanned on ``executor``, or in ``workers`` local processes)."""
+    scan = functools.partial(scan_shard, max_member_size=max_member_size)  # picklable: a module function and an int
     with ExitStack() as stack:
         if executor is None and workers > 1 and len(shards) > 1:
             methods = multiprocessing.get_all_start_methods()
@@ -105,7 +111,7 @@ def _scanned(shards: list[str], workers: int, executor: Executor | None, progres
             else:
                 pool = ProcessPoolExecutor(max_workers=min(workers, len(shards)), mp_context=ctx, initializer=_die_with_parent)
             executor = stack.enter_context(pool)
-        results = executor.map(scan_shard, shards) if executor is not None else map(scan_shard, shards)
+        results = executor.map(scan, shards) if executor is not None else map(scan, shards)
         for result in results:
             if progress:  # before handing it out: the last shard's count must not wait for a next() that never comes
                 progress(1)
@@ -120,6 +126,7 @@ def build_index(
     part: Part | None = None,
     progress: Progress | None = None,
     executor: Executor | None = None,
+    max_member_size: int | None = None,
 ) -> BuildReport:
     """Index tar shards into one LMDB index file.
 
@@ -141,6 +148,11 @@ def build_index(
             local processes: a ``ProcessPoolExecutor``, ``dask.distributed.Client(...).get_executor()``,
             Ray's ``ray.util.multiprocessing.Pool`` wrapped in an executor (docs/building.md).
             Results come back in shard order and are written as they arrive.
+        max_member_size: refuse a shard with a member larger than this many bytes
+            (:class:`~tarindex.errors.CorruptArchiveError` naming the shard, the member and its
+            offset). ``None`` (default): 8 GiB for shards of unknown length (URLs, zstd and gzip
+            shards), a plain local tar's own size. Shards reused from the existing index are
+            checked against it too, from their tables.
 
     Shards of the existing index that are no longer in the list are dropped
     from it, each with a logged warning naming it. When nothing changed (the
@@ -150,8 +162,10 @@ def build_index(
     Raises:
         ValueError: ``part`` is not K/N with 1 <= K <= N.
         ShardNotFoundError: a shard does not exist.
-        CorruptArchiveError: a shard is not a valid tar archive.
+        CorruptArchiveError: a shard is not a valid tar archive, or has a member over ``max_member_size``.
     """
+    if max_member_size is not None and max_member_size < 0:
+        raise ValueError(f"max_member_size must be >= 0, not {max_member_size}")
     part = parse_part(part) if part is not None else None
     paths = expand_shards(shards)
     if not paths:
@@ -178,8 +192,11 @@ def build_index(
         if progress and len(todo) < len(paths):
             progress(len(paths) - len(todo))
         if not todo and list(previous) == rel and all(kept[s] == previous[r][0].shards[previous[r][1]] for s, r in zip(paths, rel)):
+            if max_member_size is not None:  # the index stands if every shard's members are within the bound
+                for s, r in zip(paths, rel):
+                    _check_members(s, previous[r][0].shard_table(previous[r][1]), max_member_size)
             return BuildReport(out, [], list(paths))  # nothing changed (same shards, order and mtimes): the index stands
-        scans = _scanned(todo, workers or os.cpu_count() or 1, executor, progress)
+        scans = _scanned(todo, workers or os.cpu_count() or 1, executor, progress, max_member_size)
         todo_set = set(todo)
         with IndexWriter(out, part=part) as writer:
             for s, r in zip(paths, rel):
@@ -188,12 +205,33 @@ def build_index(
                     writer.add(placed(info, r, shard_kind(s)), table)
                 else:
                     reader, i = previous[r]
-                    writer.add(kept[s] or reader.shards[i], reader.shard_table(i))
+                    table = reader.shard_table(i)
+                    if max_member_size is not None:
+                        _check_members(s, table, max_member_size)
+                    writer.add(kept[s] or reader.shards[i], table)
         _warn_dropped(out, previous, rel)  # once the new index has replaced the old one
     finally:
         for reader in {id(r): r for r, _ in previous.values()}.values():
             reader.close()
     return BuildReport(out, todo, [s for s in paths if s not in todo_set])
+
+
+def _check_members(shard: str, table: ShardTable, max_member_size: int) -> None:
+    """Refuse a reused shard (its table from the index) with a member over ``max_member_size``, as its scan would.
+
+    Raises:
+        CorruptArchiveError: naming the shard, the member and its data's offset.
+    """
+    if not table.n_members or int(table.member_size.max()) <= max_member_size:
+        return
+    k = int(table.member_size.argmax())
+    sample = int(np.searchsorted(np.cumsum(table.sample_nmembers, dtype=np.uint64), k, side="right"))
+    name = f"{table.keys[sample]}.{table.exts[int(table.member_ext[k])]}"
+    offset = int(table.sample_offset[sample]) + int(table.member_offset[k])
+    raise CorruptArchiveError(
+        shard, offset, f"member {shown(name)} of {int(table.member_size[k])} bytes (data) is over max_member_size "
+        f"({max_member_size} bytes); to accept it, raise max_member_size= (--max-member-size)"
+    )
 
 
 def _warn_dropped(out: Path, previous: dict[str, tuple[IndexReader, int]], rel: list[str]) -> None:

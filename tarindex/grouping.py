@@ -200,7 +200,7 @@ def fused() -> bool:
 
 
 def iter_samples(
-    source: Iterable[Buffer] | int | tar.Stream, url: str, *, index: int | None = None, max_member_size: int = tar.MAX_MEMBER_SIZE
+    source: Iterable[Buffer] | int | tar.Stream, url: str, *, index: int | None = None, max_member_size: int | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(sample offset, sample)`` for each sample of an archive: chunks, an open file's descriptor,
     or a :class:`tarindex.tar.Stream` (a socket the C walk reads itself).
@@ -210,7 +210,9 @@ def iter_samples(
     extension the walk and the grouping are one pass in C (a local file is read with
     ``pread``, each large member straight into its own bytes); the reference is
     :func:`tarindex.tar.iter_tar` and :func:`group_members`, with the same samples and errors.
-    A member over ``max_member_size`` from a source of unknown length (chunks, a stream) is an error.
+    A member over ``max_member_size`` is an error before anything is allocated for it (default:
+    :data:`tarindex.tar.MAX_MEMBER_SIZE` for a source of unknown length, chunks or a stream; none but
+    the file's size for a file).
 
     Raises:
         CorruptArchiveError: see :func:`tarindex.tar.iter_tar`.
@@ -223,7 +225,7 @@ def iter_samples(
     if isinstance(source, tar.Stream):
         source = tar.stream_chunks(source)
     if isinstance(source, int):
-        entries = tar.iter_tar_file(source, url, with_data=True)
+        entries = tar.iter_tar_file(source, url, with_data=True, max_member_size=max_member_size)
     else:
         entries = tar.iter_tar(source, url, with_data=True, max_member_size=max_member_size)
     for rec in group_members(entries, url):

@@ -49,26 +49,28 @@ __all__: list[str] = []  # internal module: its names serve the package, the pub
 # -- tables from walks ------------------------------------------------------------
 
 
-def table_from_chunks(chunks: Iterable[Buffer], path: str) -> ShardTable:
+def table_from_chunks(chunks: Iterable[Buffer], path: str, *, max_member_size: int | None = None) -> ShardTable:
     """Index an archive given as consecutive chunks (see :func:`tarindex.tar.index_tar`).
 
     Members go straight from the walk into a packer (:func:`tarindex.grouping.new_packer`):
     with the C extension, runs of plain headers are walked and packed in C, one call per chunk.
+    A member over ``max_member_size`` (default :data:`tarindex.tar.MAX_MEMBER_SIZE`) is an error.
 
     Raises:
         CorruptArchiveError: the archive is not valid (from the walk).
         DuplicateMemberError: two members of one sample have the same extension.
     """
-    return _walked(path, lambda packer: index_tar(chunks, path, packer))
+    return _walked(path, lambda packer: index_tar(chunks, path, packer, max_member_size=max_member_size))
 
-def table_from_file(fd: int, path: str) -> ShardTable:
-    """:func:`table_from_chunks` over an open file, reading headers with ``os.pread`` (see :func:`tarindex.tar.iter_tar_file`).
+def table_from_file(fd: int, path: str, *, max_member_size: int | None = None) -> ShardTable:
+    """:func:`table_from_chunks` over an open file, reading headers with ``os.pread`` (see :func:`tarindex.tar.iter_tar_file`);
+    members must fit in the file, and with ``max_member_size`` be at most that.
 
     Raises:
         CorruptArchiveError: the archive is not valid (from the walk).
         DuplicateMemberError: two members of one sample have the same extension.
     """
-    return _walked(path, lambda packer: index_tar_file(fd, path, packer))
+    return _walked(path, lambda packer: index_tar_file(fd, path, packer, max_member_size=max_member_size))
 
 def _walked(path: str, walk: Callable[[Packer], None]) -> ShardTable:
     packer = new_packer(path)
@@ -150,19 +152,21 @@ def archive(
 # -- shards ------------------------------------------------------------------------
 
 
-def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
+def scan_shard(path: str, *, max_member_size: int | None = None) -> tuple[ShardInfo, ShardTable]:
     """Scan one shard (plain tar, or zstd by content) into its offset tables (``ShardInfo.path`` is ``path``).
 
     A URL (``http(s)://``, ``pipe:``, fsspec) is read once, sequentially
-    (see :func:`scan_stream`).
+    (see :func:`scan_stream`). A member over ``max_member_size`` is an error (default: 8 GiB,
+    :data:`tarindex.tar.MAX_MEMBER_SIZE`, for a stream or a decompressed shard; for a plain
+    local file, only its own size).
 
     Raises:
         ShardNotFoundError: the shard does not exist.
-        CorruptArchiveError: the shard is not a valid tar archive.
+        CorruptArchiveError: the shard is not a valid tar archive, or has a member over ``max_member_size``.
         SourceError: a URL could not be read (after retries).
     """
     if is_url(path):
-        return scan_stream(path)
+        return scan_stream(path, max_member_size=max_member_size)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError as exc:
@@ -174,18 +178,18 @@ def scan_shard(path: str) -> tuple[ShardInfo, ShardTable]:
         codec = codec_of(os.pread(fd, 6, 0), path)
         partial = False
         if codec == "zstd":
-            table, partial = _scan_zstd(fd, path)
+            table, partial = _scan_zstd(fd, path, max_member_size)
         elif codec == "gzip":
-            table = _scan_gzip(fd, path)
+            table = _scan_gzip(fd, path, max_member_size)
         else:
-            table = table_from_file(fd, path)
+            table = table_from_file(fd, path, max_member_size=max_member_size)
         info = shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table, gzip=codec == "gzip")
         return (dataclasses.replace(info, random_access=False) if partial else info), table
     finally:
         os.close(fd)
 
 
-def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
+def scan_stream(url: str, *, max_member_size: int | None = None) -> tuple[ShardInfo, ShardTable]:
     """Index a shard in one sequential pass over its stream (HTTP, ``pipe:``, fsspec, zstd or not).
 
     ``ShardInfo.size`` is the number of bytes read (the whole stream),
@@ -213,7 +217,7 @@ def scan_stream(url: str) -> tuple[ShardInfo, ShardTable]:
     end = ArchiveEnd()
     with open_source(url) as source:
         raw = archive(source, tapped, frames=rows, end=end)
-        table = table_from_chunks(raw, url)
+        table = table_from_chunks(raw, url, max_member_size=max_member_size)
         end.set()
         for _ in raw:  # the rest (end-of-archive padding), read but not decompressed past Limits.padding:
             pass  # the size and fingerprint cover the whole stream
@@ -238,7 +242,7 @@ def shard_info(
     return info
 
 
-def scan_zstd(fd: int, path: str) -> ShardTable:
+def scan_zstd(fd: int, path: str, *, max_member_size: int | None = None) -> ShardTable:
     """Index a zstd shard: one streaming decompression, the tar parser on its output, the frame table.
 
     With a seek table (seekable format) whose frames are at most 4 MiB, the
@@ -256,10 +260,10 @@ def scan_zstd(fd: int, path: str) -> ShardTable:
         CorruptArchiveError: a decompressed stream that is not a valid tar.
         DecompressionLimitError: the output exceeds the expansion ratio.
     """
-    return _scan_zstd(fd, path)[0]
+    return _scan_zstd(fd, path, max_member_size)[0]
 
 
-def _scan_zstd(fd: int, path: str) -> tuple[ShardTable, bool]:
+def _scan_zstd(fd: int, path: str, max_member_size: int | None = None) -> tuple[ShardTable, bool]:
     """:func:`scan_zstd`, and whether the walk stopped inside a frame (whose row is then incomplete)."""
     end = ArchiveEnd()
     buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
@@ -272,13 +276,13 @@ def _scan_zstd(fd: int, path: str) -> tuple[ShardTable, bool]:
         table = None
         if seek is not None and len(seek) and int(seek[:, 1].max()) <= PIECE_LIMIT:
             try:
-                table = _scan_chunks(by_seek_table(mv, seek, rows, path, end), path, end)
+                table = _scan_chunks(by_seek_table(mv, seek, rows, path, end), path, end, max_member_size)
             except SeekTableMismatch:
                 rows.clear()
                 end = ArchiveEnd()
         if table is None:
             pieces = (mv[i : i + MAP_SLICE] for i in range(0, len(mv), MAP_SLICE))
-            table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False, end=end), path, end)
+            table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False, end=end), path, end, max_member_size)
             del pieces
         mv.release()
     finally:
@@ -290,7 +294,7 @@ def _scan_zstd(fd: int, path: str) -> tuple[ShardTable, bool]:
     return table, end.partial
 
 
-def _scan_gzip(fd: int, path: str) -> ShardTable:
+def _scan_gzip(fd: int, path: str, max_member_size: int | None = None) -> ShardTable:
     """Index a gzip shard: one streaming decompression (1 MiB reads), the tar parser on its output.
 
     Raises:
@@ -300,10 +304,10 @@ def _scan_gzip(fd: int, path: str) -> ShardTable:
     """
     end = ArchiveEnd()
     reads = (os.pread(fd, MAP_SLICE // 16, off) for off in range(0, os.fstat(fd).st_size, MAP_SLICE // 16))
-    return _scan_chunks(decompress_gzip(reads, path, end=end), path, end)
+    return _scan_chunks(decompress_gzip(reads, path, end=end), path, end, max_member_size)
 
 
-def _scan_chunks(chunks: Iterator[bytes], path: str, end: ArchiveEnd) -> ShardTable:
+def _scan_chunks(chunks: Iterator[bytes], path: str, end: ArchiveEnd, max_member_size: int | None = None) -> ShardTable:
     """The tar parser over decompressed pieces; the input after the end-of-archive marker is drained
     too (``end`` set: only the padding is decompressed, the rest read).
 
@@ -313,7 +317,7 @@ def _scan_chunks(chunks: Iterator[bytes], path: str, end: ArchiveEnd) -> ShardTa
             message says the offset is in the decompressed tar).
     """
     try:
-        table = table_from_chunks(chunks, path)
+        table = table_from_chunks(chunks, path, max_member_size=max_member_size)
     except (CorruptFrameError, CorruptDeflateError, DecompressionLimitError):  # offsets in the compressed file
         raise
     except CorruptArchiveError as exc:

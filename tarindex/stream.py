@@ -249,6 +249,11 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             walk itself (descriptor to member bytes, no thread) when the extension is built.
         allow_commands: run the ``pipe:`` commands an index names as shards. Off by default: an
             index is data, and opening one runs nothing (names you pass yourself always run).
+        max_member_size: the largest member accepted, in bytes, from any shard: a header that
+            claims more is a :class:`~tarindex.errors.CorruptArchiveError` naming the shard, the
+            member and its offset, raised before anything is allocated for it. ``None`` (default):
+            8 GiB (:data:`tarindex.tar.MAX_MEMBER_SIZE`) for shards of unknown length (pipes,
+            HTTP, zstd and gzip shards), and a local plain tar's own size.
 
     Raises:
         ShardNotFoundError: a local shard or pattern matches nothing.
@@ -283,6 +288,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         allow_commands: bool = False,
         headers: Mapping[str, str] | None = None,
         max_errors: int | None = None,
+        max_member_size: int | None = None,
     ) -> None:
         super().__init__()
         if not callable(handler) and handler not in _HANDLERS:
@@ -303,6 +309,9 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         if max_errors is not None and max_errors < 1:
             raise ValueError(f"max_errors must be >= 1, not {max_errors}")
         self.max_errors = max_errors
+        if max_member_size is not None and max_member_size < 0:
+            raise ValueError(f"max_member_size must be >= 0, not {max_member_size}")
+        self.max_member_size = max_member_size
         self._errors = 0  # errors handled in a row, in this process
         self.rank = rank
         self.world_size = world_size
@@ -392,20 +401,20 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                     check_source(url, self._infos[shard], source.size, source.mtime_ns)
             fd = source.fileno() if isinstance(source, FileSource) and source.size is not None and fused() else -1
             if fd >= 0 and codec_of(os.pread(fd, 6, 0), url) == "tar":  # a local tar: the C walk reads it, one copy, no thread
-                yield from iter_samples(fd, url, index=index)
+                yield from iter_samples(fd, url, index=index, max_member_size=self.max_member_size)
                 return
             first = b""
             if source.walks_direct and fused():  # HTTP, pipes: the C walk reads the socket or pipe itself
                 while len(first) < 6 and (more := source.read(64 << 10)):
                     first += more
                 if codec_of(first[:6], url) == "tar":
-                    yield from iter_samples(Stream(source, first), url, index=index)
+                    yield from iter_samples(Stream(source, first), url, index=index, max_member_size=self.max_member_size)
                     while source.read(source.block_size):  # to the end: the body's length is checked there
                         pass
                     return
             end = ArchiveEnd()
             raw = archive(source, first=first, end=end)
-            yield from iter_samples(raw, url, index=index)
+            yield from iter_samples(raw, url, index=index, max_member_size=self.max_member_size)
             end.set()  # what follows the tar is read, but decompressed only as far as Limits.padding
             for _ in raw:  # to the end: a pipe's exit status and an HTTP body's length are checked there
                 pass
@@ -564,7 +573,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             index = None if first_index is None else first_index + ordinal
             block = self._source_options["block_size"]
             chunks = reader.chunks(offset, block) if isinstance(reader, _Decompressed) else _chunks_at(reader, offset, block)
-            walk = iter_samples(chunks, url, index=index)
+            walk = iter_samples(chunks, url, index=index, max_member_size=self.max_member_size)
             numbered = enumerate(((offset + off, sample) for off, sample in walk), ordinal)
         else:
             numbered = ((k, pair) for k, pair in enumerate(self._raw(shard)) if k >= ordinal)

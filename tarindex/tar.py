@@ -14,8 +14,8 @@ Nothing in a header is trusted before its checksum is verified (extension header
 included), and every size is checked before it is used: numbers are read as GNU tar
 reads them (octal digits after optional blanks, ended by NUL or a blank; GNU base-256;
 PAX sizes in decimal digits only), a size must fit in the file's remaining bytes, or, for
-a source of unknown length, be at most ``max_member_size`` (:data:`MAX_MEMBER_SIZE`);
-member data is then gathered as it arrives. PAX (``x``, ``g``: ``path`` and ``size``
+a source of unknown length, be at most :data:`MAX_MEMBER_SIZE`; a ``max_member_size`` given
+bounds every member of every source. Member data is then gathered as it arrives. PAX (``x``, ``g``: ``path`` and ``size``
 applied, other records accepted and ignored) and GNU (``L``, ``K``) extension headers
 before one member are applied as :mod:`tarfile` applies them. Anything else is a
 :class:`~tarindex.errors.CorruptArchiveError` naming the shard and the header's offset.
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._native import SPEEDUPS
-from .errors import CorruptArchiveError
+from .errors import CorruptArchiveError, shown
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
@@ -56,9 +56,9 @@ _ASSEMBLE = 1 << 20  # bytes from several chunks, from this many on: assembled i
 
 MAX_MEMBER_SIZE = 8 << 30
 """The largest member (or extension header) accepted from a source whose length is not known
-(a pipe, a socket, decompressed chunks): 8 GiB. A header that claims more is a
-:class:`~tarindex.errors.CorruptArchiveError` before anything is allocated for it. A local file
-needs no such bound: a member must fit in the bytes the file has."""
+(a pipe, a socket, decompressed chunks) unless a ``max_member_size`` is given: 8 GiB. A header
+that claims more is a :class:`~tarindex.errors.CorruptArchiveError` before anything is allocated
+for it. A local file needs no such bound by default: a member must fit in the bytes the file has."""
 
 # GNU tar's reading of an octal field (list.c from_header): one leading NUL allowed, then blanks,
 # then octal digits, ended by the field's end, a NUL or a blank; no signs, no underscores
@@ -85,12 +85,13 @@ class Buffer(Protocol):
 class Sink(Protocol):
     """Where :func:`index_tar` puts each regular member (:class:`tarindex.grouping.Packer`).
 
-    A sink may also have ``scan(buf, pos, base[, limit]) -> (pos, last_header, last_size)``
+    A sink may also have ``scan(buf, pos, base[, limit[, max_member]]) -> (pos, last_header, last_size)``
     (the C packer): it then walks runs of plain headers itself, as the C walk
     ``scan_headers`` does, and takes their members without Python objects.
     A sink for :func:`group_tar` takes each member's bytes too (a fifth argument
     to ``add``), has ``take()`` for the samples it completed, ``finish()``,
-    and ``scan_file(fd, offset, size, limit, buf, pos) -> (offset, last_header, last_size)``.
+    and ``scan_file(fd, offset, size, limit, buf, pos[, max_member]) -> (offset, last_header, last_size)``
+    (``max_member``: members larger are left to the Python walker, which names the error).
     """
 
     def add(self, name: str, header_offset: int, offset: int, size: int, /) -> None: ...
@@ -420,11 +421,11 @@ class _FileCursor:
         self.base, self.buf, self.large = offset, b"", False
         return 0
 
-    def walk_direct(self, sink: Any, pos: int) -> tuple[int, bool, int, int]:
-        """Let a sample sink's C walk read the file from the header at ``pos`` (``scan_file``):
-        ``(pos, whether it took members, last header, its size)``."""
+    def walk_direct(self, sink: Any, pos: int, bound: int) -> tuple[int, bool, int, int]:
+        """Let a sample sink's C walk read the file from the header at ``pos`` (``scan_file``, members
+        up to ``bound`` bytes): ``(pos, whether it took members, last header, its size)``."""
         here = self.base + pos
-        after, last_at, last_size = sink.scan_file(self.fd, here, self.size, _BATCH_BYTES, self.buf, pos)
+        after, last_at, last_size = sink.scan_file(self.fd, here, self.size, _BATCH_BYTES, self.buf, pos, bound)
         if after == here:
             return pos, False, 0, 0
         return self.seek(after), True, last_at, last_size
@@ -484,17 +485,16 @@ def stream_chunks(stream: Stream) -> Iterator[bytes]:
 class _StreamCursor(_Cursor):
     """A :class:`_Cursor` over a :class:`Stream` whose descriptor the C walk may read too (:meth:`walk_direct`)."""
 
-    __slots__ = ("max_member_size", "need", "source")
+    __slots__ = ("need", "source")
 
-    def __init__(self, stream: Stream, max_member_size: int = MAX_MEMBER_SIZE) -> None:
+    def __init__(self, stream: Stream) -> None:
         super().__init__(self._reads())
         self.buf = stream.first
         self.source = stream.source
         self.need = 0
-        self.max_member_size = max_member_size
 
     def _reads(self) -> Iterator[bytes]:
-        while chunk := self.source.read(max(self.need, _STREAM_READ)):
+        while chunk := self.source.read(min(max(self.need, _STREAM_READ), _BATCH_BYTES)):  # a read allocates its size first
             self.need -= len(chunk)
             yield chunk
 
@@ -506,8 +506,9 @@ class _StreamCursor(_Cursor):
         finally:
             self.need = 0
 
-    def walk_direct(self, sink: Any, pos: int) -> tuple[int, bool, int, int] | None:
-        """Let a sample sink's C walk read the descriptor from the header at ``pos`` (``scan_stream``),
+    def walk_direct(self, sink: Any, pos: int, bound: int) -> tuple[int, bool, int, int] | None:
+        """Let a sample sink's C walk read the descriptor from the header at ``pos`` (``scan_stream``,
+        members up to ``bound`` bytes),
         once every byte taken from the source is in ``buf`` (``None`` until then, or when the source
         cannot: a chunk's rest waiting in ``spill``, HTTPS...): ``(pos, whether it took members, last
         header, its size)``; what it received and did not walk becomes the window."""
@@ -517,7 +518,7 @@ class _StreamCursor(_Cursor):
         fd, left, timeout_ms = live
         here = self.base + pos
         tail_at, tail, after, last_at, last_size, received, timed_out = sink.scan_stream(
-            fd, timeout_ms, left, _BATCH_BYTES, self.buf, pos, self.base, self.max_member_size
+            fd, timeout_ms, left, _BATCH_BYTES, self.buf, pos, self.base, bound
         )
         if received or timed_out:
             self.source.advance(received, timed_out)
@@ -528,7 +529,7 @@ class _StreamCursor(_Cursor):
 
 
 def iter_tar(
-    chunks: Iterable[Buffer], path: str, *, with_data: bool = False, max_member_size: int = MAX_MEMBER_SIZE
+    chunks: Iterable[Buffer], path: str, *, with_data: bool = False, max_member_size: int | None = None
 ) -> Iterator[Entry]:
     """Yield ``(name, header_offset, data_offset, size, data)`` for each regular member.
 
@@ -537,7 +538,8 @@ def iter_tar(
     ``data`` is the member's bytes with ``with_data``, else ``None``. A member
     is yielded once every header it depends on passed its checksum; the walk ends
     at the end-of-archive marker (input after it is not read). A member or
-    extension header larger than ``max_member_size`` is an error.
+    extension header larger than ``max_member_size`` (default :data:`MAX_MEMBER_SIZE`) is an
+    error, raised before anything is allocated for it.
 
     Raises:
         CorruptArchiveError: on a bad checksum, a malformed header or number, a size
@@ -547,17 +549,18 @@ def iter_tar(
     return _walk(_Cursor(chunks), str(path), with_data, None, max_member_size)
 
 
-def iter_tar_file(fd: int, path: str, *, with_data: bool = False) -> Iterator[Entry]:
+def iter_tar_file(fd: int, path: str, *, with_data: bool = False, max_member_size: int | None = None) -> Iterator[Entry]:
     """Like :func:`iter_tar` over an open file, reading headers with ``os.pread``; member data only
     ``with_data`` (a member larger than the 4 KiB window after a large one is one read of its own).
+    Members must fit in the file; with ``max_member_size``, also under it.
 
     Raises:
         CorruptArchiveError: see :func:`iter_tar`.
     """
-    return _walk(_FileCursor(fd), str(path), with_data)
+    return _walk(_FileCursor(fd), str(path), with_data, None, max_member_size)
 
 
-def index_tar(chunks: Iterable[Buffer], path: str, sink: Sink, *, max_member_size: int = MAX_MEMBER_SIZE) -> None:
+def index_tar(chunks: Iterable[Buffer], path: str, sink: Sink, *, max_member_size: int | None = None) -> None:
     """Walk an archive like :func:`iter_tar` (without data), handing each regular member to ``sink`` in order.
 
     Raises:
@@ -567,24 +570,25 @@ def index_tar(chunks: Iterable[Buffer], path: str, sink: Sink, *, max_member_siz
         pass
 
 
-def index_tar_file(fd: int, path: str, sink: Sink) -> None:
+def index_tar_file(fd: int, path: str, sink: Sink, *, max_member_size: int | None = None) -> None:
     """:func:`index_tar` over an open file, like :func:`iter_tar_file`.
 
     Raises:
         CorruptArchiveError: see :func:`iter_tar`.
     """
-    for _ in _walk(_FileCursor(fd), str(path), False, sink):
+    for _ in _walk(_FileCursor(fd), str(path), False, sink, max_member_size):
         pass
 
 
 def group_tar(
-    source: Iterable[Buffer] | int | Stream, path: str, sink: Any, *, max_member_size: int = MAX_MEMBER_SIZE
+    source: Iterable[Buffer] | int | Stream, path: str, sink: Any, *, max_member_size: int | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Walk an archive (chunks, an open file's descriptor, or a :class:`Stream`) with data, each member to ``sink`` (the C
     packer making sample dicts, see :class:`Sink`); yield the ``(sample offset, sample)`` it completes.
 
     Samples come out in batches, only once every header they depend on passed its checksum.
-    ``max_member_size`` bounds members of a source of unknown length (chunks, a :class:`Stream`).
+    ``max_member_size`` bounds every member (default: :data:`MAX_MEMBER_SIZE` for a source of unknown
+    length, chunks or a :class:`Stream`; a file's own size for a file).
 
     Raises:
         CorruptArchiveError: see :func:`iter_tar`.
@@ -595,7 +599,7 @@ def group_tar(
     if isinstance(source, int):
         cur = _FileCursor(source)
     else:
-        cur = _StreamCursor(source, max_member_size) if isinstance(source, Stream) else _Cursor(source)
+        cur = _StreamCursor(source) if isinstance(source, Stream) else _Cursor(source)
     return _flushed(_walk(cur, str(path), True, sink, max_member_size), sink)
 
 
@@ -617,23 +621,29 @@ def _taken(sink: Any) -> Iterator[tuple[int, dict[str, Any]]]:
         offsets, samples = sink.take()
 
 
-def _check_size(cur: _Cursor | _FileCursor, path: str, here: int, pos: int, size: int, limit: int) -> None:
+def _check_size(
+    cur: _Cursor | _FileCursor, path: str, here: int, pos: int, size: int, limit: int | None, name: str | None = None
+) -> None:
     """Refuse a size before anything is read or allocated for it: past a file's end, or over ``limit``
-    for a source of unknown length.
+    (``None``: :data:`MAX_MEMBER_SIZE` for a source of unknown length, no bound but the file's for a file).
 
     Raises:
-        CorruptArchiveError: naming the header at ``here``.
+        CorruptArchiveError: naming the header at ``here`` (and the member's ``name``, once known).
     """
     room = cur.room(pos)
-    if room is not None:
-        if size > room:
-            raise CorruptArchiveError(path, here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base + pos + room}")
-    elif size > limit:
-        raise CorruptArchiveError(path, here, f"member of {size} bytes is over max_member_size ({limit} bytes)")
+    if room is not None and size > room:
+        raise CorruptArchiveError(path, here, f"truncated archive: member data needs {size} bytes, input ends at {cur.base + pos + room}")
+    if limit is None and room is None:
+        limit = MAX_MEMBER_SIZE
+    if limit is not None and size > limit:
+        what = "extension header" if name is None else f"member {shown(name)}"
+        raise CorruptArchiveError(
+            path, here, f"{what} of {size} bytes is over max_member_size ({limit} bytes); to accept it, raise max_member_size= (--max-member-size)"
+        )
 
 
 def _walk(
-    cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Any = None, limit: int = MAX_MEMBER_SIZE
+    cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Any = None, limit: int | None = None
 ) -> Iterator[Any]:
     """The walk; with a ``sink``, members go to its ``add`` (and its ``scan``, if it has one, takes runs of
     plain headers, see :class:`Sink`). Every header's checksum is verified before any of its fields is used,
@@ -650,6 +660,7 @@ def _walk(
     add = getattr(sink, "add", None)
     added = held = 0  # members and data bytes given to a sample sink since its last take()
     stalled = -1  # where the C walk last stopped short of the window's end
+    bound = MAX_MEMBER_SIZE if limit is None else limit  # the C walks leave larger members to _check_size
 
     while True:
         buf = cur.buf
@@ -664,7 +675,7 @@ def _walk(
                     raise CorruptArchiveError(path, here, "truncated archive: no end-of-archive marker")
                 raise CorruptArchiveError(path, here, f"truncated header ({len(buf)} of {BLOCK} bytes)")
         if ext.start < 0 and not ext.glob and (scan is not None or sink_scan is not None):
-            moved = walk_direct(sink, pos) if walk_direct is not None else None
+            moved = walk_direct(sink, pos, bound) if walk_direct is not None else None
             if moved is not None:  # the sink read the file, socket or pipe itself, member data into its bytes
                 pos, progressed, last_at, last_size = moved
                 buf = cur.buf
@@ -676,9 +687,13 @@ def _walk(
                     continue
                 after = pos  # not one member: the header is the Python walker's
             elif sink_scan is not None:  # the sink packs the members itself
-                after, last_at, last_size = sink_scan(buf, pos, cur.base, _BATCH_BYTES)
+                after, last_at, last_size = sink_scan(buf, pos, cur.base, _BATCH_BYTES, bound)
             else:
                 got, after, last_at, last_size = scan(buf, pos, cur.base, with_data, _BATCH_HEADERS)  # type: ignore[misc]  # scan is set
+                if bound < MAX_MEMBER_SIZE and any(e[3] > bound for e in got):  # from that member on, the Python walker's
+                    over = next(i for i, e in enumerate(got) if e[3] > bound)
+                    after = got[over][1] - cur.base
+                    got = got[:over]
                 if add is None:
                     yield from got
                 else:
@@ -736,9 +751,9 @@ def _walk(
         if ext.local or ext.glob:
             name, size, sparse_pax = ext.apply(name, size)
             sparse = sparse or sparse_pax
-            _check_size(cur, path, start, pos, size, limit)
+            _check_size(cur, path, start, pos, size, limit, name)
         else:
-            _check_size(cur, path, here, pos, size, limit)
+            _check_size(cur, path, here, pos, size, limit, name)
         regular = _is_regular(hdr, typ)
         data_offset = cur.base + pos
         data: bytes | None = None

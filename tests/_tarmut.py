@@ -197,7 +197,7 @@ WAYS = ("members-buffer", "members-chunks", "members-file", "table-buffer", "tab
         "samples-chunks", "samples-file", "samples-pipe")  # fmt: skip
 
 
-def run(way: str, buf: bytes, path: Path, max_member_size: int = tarindex.tar.MAX_MEMBER_SIZE) -> Any:
+def run(way: str, buf: bytes, path: Path, max_member_size: int | None = None) -> Any:
     """One way over ``buf`` (also written at ``path``): its result, or ``("error", type, message, offset)``."""
     url = str(path)
     fd = os.open(path, os.O_RDONLY) if way.endswith("-file") else -1
@@ -208,17 +208,17 @@ def run(way: str, buf: bytes, path: Path, max_member_size: int = tarindex.tar.MA
         if way == "members-chunks":
             return [(e[0], e[4]) for e in iter_tar(_chunks(buf), url, with_data=True, max_member_size=max_member_size)]
         if way == "members-file":
-            return [(e[0], os.pread(fd, e[3], e[2])) for e in iter_tar_file(fd, url)]
+            return [(e[0], os.pread(fd, e[3], e[2])) for e in iter_tar_file(fd, url, max_member_size=max_member_size)]
         if way == "table-buffer":
-            return _table(table_from_chunks((buf,), url))
+            return _table(table_from_chunks((buf,), url, max_member_size=max_member_size))
         if way == "table-chunks":
-            return _table(table_from_chunks(_chunks(buf), url))
+            return _table(table_from_chunks(_chunks(buf), url, max_member_size=max_member_size))
         if way == "table-file":
-            return _table(table_from_file(fd, url))
+            return _table(table_from_file(fd, url, max_member_size=max_member_size))
         if way == "samples-chunks":
             return list(iter_samples(_chunks(buf), url, max_member_size=max_member_size))
         if way == "samples-file":
-            return list(iter_samples(fd, url))
+            return list(iter_samples(fd, url, max_member_size=max_member_size))
         if way == "samples-pipe":
             assert feed is not None
             first = feed.read(BLOCK)

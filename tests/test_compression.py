@@ -7,6 +7,7 @@ Shards are made by the real tools (``bzip2``, ``xz``, ``lz4``, ``zstd``) or by P
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import tarindex
 from conftest import py_tar, tarfile_members
 from tarindex.cli.main import main
 from tarindex.compression import ArchiveEnd, Limits, codec_of, detect, limits, looks_like_shard, set_limits
-from tarindex.errors import DecompressionLimitError, UnsupportedCompressionError
+from tarindex.errors import CorruptArchiveError, DecompressionLimitError, UnsupportedCompressionError
 from tarindex.scan import scan_shard
 from tarindex.zstd import decompress_frames
 
@@ -221,3 +222,134 @@ def tarindex_zstd_frames(body: bytes) -> bytes:
     last = rows[-1]
     return body[: last[0] + last[1]]
 
+
+
+# -- max_member_size, and large members assembled once (issue 19.2) ---------------------------------
+
+_BOUND_WHAT = r"member 'big\.bin' of 2097152 bytes is over max_member_size \(1048576 bytes\); to accept it, raise max_member_size="
+
+
+def _big_member_tar(path: Path, size: int = 2 << 20) -> Path:
+    """Two small samples, then ``big.bin`` of ``size`` bytes (its header at offset 2048, after two members of 1024 bytes)."""
+    return py_tar(path, [("a.txt", b"a"), ("b.txt", b"b"), ("big.bin", bytes(size))], tarfile.GNU_FORMAT, dirs=False)
+
+
+def _compressed(src: Path, suffix: str) -> Path:
+    data = src.read_bytes()
+    out = src.with_name(src.name + suffix)
+    out.write_bytes(zstandard.ZstdCompressor(level=1).compress(data) if suffix == ".zst" else gzip_bytes(data))
+    return out
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(data, compresslevel=1)
+
+
+def test_max_member_size_in_every_walk(tmp_path: Path) -> None:
+    """Buffer, chunks, file and pipe walks, members, tables and samples, C and Python: a member over the bound is
+    refused at its header, naming the shard, the member and the header's offset; at the bound exactly it is read."""
+    from _tarmut import outcomes
+
+    buf = _big_member_tar(tmp_path / "src.tar").read_bytes()
+    path = tmp_path / "big.tar"
+    got = outcomes(buf, path, max_member_size=1 << 20)
+    assert len(got) == 18
+    for (which, way), result in got.items():
+        assert result[:2] == ("error", "CorruptArchiveError"), (which, way, result)
+        assert re.search(re.escape(str(path)) + ": " + _BOUND_WHAT + r".* at offset 2048$", result[2]), (which, way, result)
+        assert result[3] == 2048, (which, way, result)
+    fine = outcomes(buf, path, max_member_size=2 << 20)
+    assert not any(isinstance(result, tuple) and result[0] == "error" for result in fine.values()), fine
+    assert fine["c", "samples-pipe"] == fine["python", "samples-file"]
+
+
+@pytest.mark.parametrize("kind", ["file", "pipe", "zst", "gz"])
+def test_tarstream_max_member_size(kind: str, impl: str, tmp_path: Path) -> None:
+    """TarStream(max_member_size=) over a local tar, a pipe, a .tar.zst and a .tar.gz: the samples before the member,
+    then the named error at its header; with the bound at the member's size, every sample."""
+    src = _big_member_tar(tmp_path / "big.tar")
+    shard = str(src) if kind in ("file", "pipe") else str(_compressed(src, "." + kind))
+    url = f"pipe:cat {shard}" if kind == "pipe" else shard
+    seen = []
+    with pytest.raises(CorruptArchiveError, match=re.escape(url) + ": " + _BOUND_WHAT + r".* at offset 2048$"):
+        for sample in tarindex.TarStream([url], max_member_size=1 << 20):
+            seen.append(sample["__key__"])
+    assert seen == ["a"]  # "b" is complete only once the next member is accepted
+    got = list(tarindex.TarStream([url], max_member_size=2 << 20))
+    assert [s["__key__"] for s in got] == ["a", "b", "big"] and got[2]["bin"] == bytes(2 << 20)
+    with pytest.raises(ValueError, match="max_member_size must be >= 0"):
+        tarindex.TarStream([url], max_member_size=-1)
+
+
+@pytest.mark.parametrize("kind", ["zst", "gz", "pipe"])
+def test_declared_terabyte_member_is_refused_before_allocation(kind: str, impl: str, tmp_path: Path) -> None:
+    """A header claiming 2**40 bytes (no machine allocates that) over a stream of unknown length: the default bound
+    (8 GiB) refuses it at once; with the bound raised past it, the data is gathered as it arrives, and the stream's
+    end is a truncation error, never a MemoryError."""
+    head = tarfile.TarInfo("huge.bin")
+    head.size = 1 << 40
+    src = tmp_path / "huge.tar"
+    src.write_bytes(py_tar(tmp_path / "a.tar", [("a.txt", b"a")], tarfile.GNU_FORMAT, dirs=False).read_bytes()[:1024]
+                    + head.tobuf(tarfile.GNU_FORMAT) + bytes(3 << 20))
+    shard = str(src) if kind == "pipe" else str(_compressed(src, "." + kind))
+    url = f"pipe:cat {shard}" if kind == "pipe" else shard
+    t = time.perf_counter()
+    with pytest.raises(CorruptArchiveError, match=r"member 'huge\.bin' of 1099511627776 bytes is over max_member_size \(8589934592 bytes\)"):
+        list(tarindex.TarStream([url]))
+    with pytest.raises(CorruptArchiveError, match=r"over max_member_size \(1048576 bytes\).* at offset 1024$"):
+        list(tarindex.TarStream([url], max_member_size=1 << 20))
+    with pytest.raises(CorruptArchiveError, match=r"truncated archive: member data needs 1099511627776 bytes"):
+        list(tarindex.TarStream([url], max_member_size=1 << 41))
+    if kind != "pipe":
+        with pytest.raises(CorruptArchiveError, match=r"huge\.bin' of 1099511627776 bytes is over max_member_size \(8589934592"):
+            scan_shard(shard)
+    assert time.perf_counter() - t < 10
+
+
+def test_build_max_member_size(tmp_path: Path) -> None:
+    """build_index(max_member_size=) and `tarindex build --max-member-size`: the named error, one line, exit 1;
+    shards reused from an existing index are checked from their tables; a bad size is a usage error."""
+    src = _big_member_tar(tmp_path / "big.tar")
+    zst = _compressed(src, ".zst")
+    index = tmp_path / "big.tarindex"
+    for shard in (src, zst):
+        with pytest.raises(CorruptArchiveError, match=re.escape(str(shard)) + ": " + _BOUND_WHAT):
+            tarindex.build_index([shard], index=index, workers=1, max_member_size=1 << 20)
+        result = CliRunner().invoke(main, ["build", str(shard), "-o", str(index), "--max-member-size", "1M"])
+        assert result.exit_code == 1, result.output
+        assert result.output.count("\n") == 1 and re.search(_BOUND_WHAT, result.output), result.output
+    assert not index.exists()
+    assert CliRunner().invoke(main, ["build", str(src), "-o", str(index), "--max-member-size", "2MiB", "-q"]).exit_code == 0
+    with pytest.raises(CorruptArchiveError, match=re.escape(str(src)) + r": member 'big\.bin' of 2097152 bytes \(data\) is over max_member_size \(1048576"):
+        tarindex.build_index([src], index=index, max_member_size=1 << 20)  # unchanged: the index's own table is checked
+    with pytest.raises(CorruptArchiveError, match=r"at offset 2560$"):  # its data's offset; reused beside a new shard: checked too
+        tarindex.build_index([src, zst], index=index, workers=1, max_member_size=1 << 20)
+    result = CliRunner().invoke(main, ["build", str(src), "-o", str(index), "--max-member-size", "64X"])
+    assert result.exit_code == 2 and "'64X' is not a size" in result.output
+
+
+def test_parse_size() -> None:
+    from tarindex.cli._common import parse_size
+
+    assert [parse_size(s) for s in ("1048576", "64M", "64MiB", "2G", "2gb", " 3k ", "1T")] == [
+        1 << 20, 64 << 20, 64 << 20, 2 << 30, 2 << 30, 3 << 10, 1 << 40]
+    for bad in ("", "1.5G", "-1", "M", "12 apples"):
+        with pytest.raises(ValueError, match="is not a size"):
+            parse_size(bad)
+
+
+@pytest.mark.parametrize("suffix", [".tar.zst", ".tar.gz"])
+def test_large_member_costs_one_copy(suffix: str, impl: str, tmp_path: Path) -> None:
+    """A 256 MiB member of a zstd or gzip stream is assembled in one buffer as it arrives: peak RSS above the start
+    of streaming stays under 1.25x the member (pieces plus a joined copy made it 2x)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    try:
+        from bench_limits import _measure, _write_shard
+    finally:
+        sys.path.pop(0)
+    size = 256 << 20
+    shard = _write_shard(tmp_path / f"zeros{suffix}", size)
+    rss, _ = _measure(os.getcwd(), shard, size, pure=impl == "python")
+    assert rss < 1.25 * (size >> 20), f"peak RSS {rss} MiB above the start for a {size >> 20} MiB member"

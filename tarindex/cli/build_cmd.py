@@ -22,13 +22,31 @@ def _part(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
         raise click.BadParameter(str(exc)) from None
 
 
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    from ._common import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command("build")
 @click.argument("shards", nargs=-1, required=True)
 @click.option("-o", "--index", "index", type=click.Path(dir_okay=False), help="Index file (default: beside the shards).")
 @click.option("-w", "--workers", type=click.IntRange(1), default=None, help="Scanning processes (default: CPU count).")
 @click.option("--part", callback=_part, metavar="K/N", help="Index only the K-th of N slices of the shards.")
+@click.option(
+    "--max-member-size", callback=_size, metavar="SIZE",
+    help="Refuse a shard with a member larger than SIZE (bytes, or 64M, 2G: powers of 1024). "
+    "Default: 8G for URLs, zstd and gzip shards; a plain tar's own size.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def command(shards: tuple[str, ...], index: str | None, workers: int | None, part: tuple[int, int] | None, quiet: bool) -> None:
+def command(
+    shards: tuple[str, ...], index: str | None, workers: int | None, part: tuple[int, int] | None, max_member_size: int | None, quiet: bool
+) -> None:
     """Index SHARDS (paths, globs, brace patterns) into one LMDB index."""
     from ..build import build_index, part_slice
     from ..shards import expand_shards
@@ -48,7 +66,7 @@ def command(shards: tuple[str, ...], index: str | None, workers: int | None, par
                 bar.label = "writing index"
                 bar.render_progress()
 
-        report = build_index(paths, index=index, workers=workers, part=part, progress=progress)
+        report = build_index(paths, index=index, workers=workers, part=part, progress=progress, max_member_size=max_member_size)
     if not quiet:
         click.echo(f"{report.path}: {len(report.scanned)} shards scanned, {len(report.reused)} unchanged")
     _warn_slow_zstd(str(report.path))
