@@ -317,6 +317,7 @@ class _Cursor:
                 self.base -= at
                 return at
             take = need - have
+            piece: Buffer
             if len(chunk) - at > take:
                 piece = chunk[at : at + take]
                 self.spill, self.spill_at = chunk, at + take

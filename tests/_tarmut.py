@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-import tarindex.tar
 from conftest import use_pure_python
 from tarindex.errors import TarIndexError
 from tarindex.grouping import iter_samples

@@ -5,7 +5,8 @@ Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,
 webdataset's TarWriter, GNU tar --format=posix and GNU tar with long names (``WRITERS``).
 Every part but ``remote`` runs by default; ``--only`` picks some (``walk``: the tar walk alone, TarStream and
 index tables, in one process; ``--only remote``: random access over loopback nginx with 20 ms added per
-request, tools/bench_remote.py). ``--only stream,quick``: the streaming benchmark over
+request, tools/bench_remote.py; ``--only member``: peak memory of one 1 GiB member streamed from a
+.tar.zst and a .tar.gz, tools/bench_limits.py). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
@@ -875,6 +876,11 @@ def main() -> None:
     if "scale" in only:
         for label, value, ratio in bench_sampler_scale():
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
+    if "member" in only:  # not by default: it writes two 1 GiB-member shards once and starts 8 processes
+        from bench_limits import bench_member
+
+        for label, value, ratio in bench_member(work):
+            print(f"| {label} | {value:,.0f} | {ratio} |", flush=True)
 
 
 if __name__ == "__main__":
