@@ -265,13 +265,19 @@ def test_max_member_size_in_every_walk(tmp_path: Path) -> None:
     assert fine["c", "samples-pipe"] == fine["python", "samples-file"]
 
 
-@pytest.mark.parametrize("kind", ["file", "pipe", "zst", "gz"])
-def test_tarstream_max_member_size(kind: str, impl: str, tmp_path: Path) -> None:
-    """TarStream(max_member_size=) over a local tar, a pipe, a .tar.zst and a .tar.gz: the samples before the member,
-    then the named error at its header; with the bound at the member's size, every sample."""
-    src = _big_member_tar(tmp_path / "big.tar")
-    shard = str(src) if kind in ("file", "pipe") else str(_compressed(src, "." + kind))
-    url = f"pipe:cat {shard}" if kind == "pipe" else shard
+@pytest.mark.parametrize("kind", ["file", "pipe", "http", "zst", "gz"])
+def test_tarstream_max_member_size(kind: str, impl: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """TarStream(max_member_size=) over a local tar, a pipe, HTTP (nginx: a stream of known length), a .tar.zst and
+    a .tar.gz: the samples before the member, then the named error at its header; with the bound at the member's
+    size, every sample."""
+    if kind == "http":
+        server = request.getfixturevalue("http_server")
+        (server.root / tmp_path.name).mkdir()
+        src = _big_member_tar(server.root / tmp_path.name / "big.tar")
+    else:
+        src = _big_member_tar(tmp_path / "big.tar")
+    shard = str(src) if kind in ("file", "pipe", "http") else str(_compressed(src, "." + kind))
+    url = {"pipe": f"pipe:cat {shard}", "http": server.url(src) if kind == "http" else ""}.get(kind, shard)
     seen = []
     with pytest.raises(CorruptArchiveError, match=re.escape(url) + ": " + _BOUND_WHAT + r".* at offset 2048$"):
         for sample in tarindex.TarStream([url], max_member_size=1 << 20):
