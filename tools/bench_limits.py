@@ -7,7 +7,9 @@ streamed) and a ``.tar.gz`` (zlib level 1). Each measurement is a fresh process 
 set or not) that imports tarindex and torch, raises the expansion-ratio bound (zeros compress ~1,000x
 with gzip, ~30,000x with zstd), then streams the shard: the peak RSS above the RSS before streaming
 (``ru_maxrss``, MiB) and the seconds. ``--trees``: source trees (each with its extension built) measured
-alternately, for before/after figures from one run.
+alternately, for before/after figures from one run. ``--small``: instead, samples/s of ``TarStream``
+(``read_ahead=0``) over the first 4 shards of the 1 KB set (``--dir``/small), plain and as one zstd frame
+each, per tree: the cost of the bound checks where members are small.
 """
 
 from __future__ import annotations
@@ -37,6 +39,53 @@ seconds = time.perf_counter() - t
 assert got == [size], got
 print(before // 1024, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, f"{seconds:.2f}")
 """
+
+
+_SMALL_CHILD = """
+import glob, os, sys, time
+import tarindex, tarindex.stream
+import zstandard
+paths, zdir = sys.argv[1:5], sys.argv[5]
+zpaths = []
+for p in paths:
+    z = os.path.join(zdir, os.path.basename(p) + ".zst")
+    if not os.path.exists(z):
+        with open(p, "rb") as f, open(z + ".tmp", "wb") as out:
+            out.write(zstandard.ZstdCompressor(level=1).compress(f.read()))
+        os.rename(z + ".tmp", z)
+    zpaths.append(z)
+rates = []
+for ps in (paths, zpaths):
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        n = sum(1 for _ in tarindex.TarStream(ps, read_ahead=0))
+        best = min(best, time.perf_counter() - t)
+    rates.append(n / best)
+print(*rates)
+"""
+
+
+def bench_small(data: Path, work: Path, trees: list[str], repeat: int = 5) -> list[Row]:
+    """Samples/s of TarStream over 4 shards of 1 KB samples, plain and zstd, per tree (best of ``repeat``
+    processes, the trees alternating; each process best of 3 passes)."""
+    paths = [str(p) for p in sorted((data / "small").glob("small-*.tar"))[:4]]
+    zdir = work / "small-zst"
+    zdir.mkdir(parents=True, exist_ok=True)
+    best = {tree: [0.0, 0.0] for tree in trees}
+    for _ in range(repeat):
+        for tree in trees:
+            env = {**os.environ, "PYTHONPATH": tree}
+            out = subprocess.run([sys.executable, "-c", _SMALL_CHILD, *paths, str(zdir)], env=env, cwd=tree,
+                                 capture_output=True, text=True, check=True).stdout.split()
+            best[tree] = [max(b, float(x)) for b, x in zip(best[tree], out)]
+    base = best[trees[0]]
+    rows: list[Row] = []
+    for tree in trees:
+        for k, kind in enumerate(("plain", "zstd")):
+            label = f"TarStream, 4 shards of 1 KB samples, {kind}, {os.path.basename(tree.rstrip('/'))} (samples/s)"
+            rows.append((label, best[tree][k], f"{best[tree][k] / base[k]:.2f}x {os.path.basename(trees[0].rstrip('/'))}"))
+    return rows
 
 
 def _write_shard(path: Path, size: int) -> Path:
@@ -106,11 +155,17 @@ def main() -> None:
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--trees", default=None, help="comma-separated source trees to compare (default: this one)")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--small", action="store_true", help="TarStream over 1 KB samples instead (see above)")
     args = ap.parse_args()
     work = args.dir / "work"
+    trees = args.trees.split(",") if args.trees else None
     print(f"load average {os.getloadavg()[0]:.2f}")
     print("| measurement | value | ratio |\n|---|---|---|")
-    for label, value, ratio in bench_member(work, args.size_mib, args.trees.split(",") if args.trees else None, args.repeat):
+    if args.small:
+        rows = bench_small(args.dir, work, trees or [str(Path(__file__).resolve().parent.parent)], args.repeat)
+    else:
+        rows = bench_member(work, args.size_mib, trees, args.repeat)
+    for label, value, ratio in rows:
         print(f"| {label} | {value:,.0f} | {ratio} |", flush=True)
 
 
