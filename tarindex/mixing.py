@@ -257,7 +257,11 @@ class _MixRun:
             iterators[k] = source._start()
         try:
             yield from self._draw(sources, weights, stop, iterators)
-        finally:
+        finally:  # the end, or the mix's iterator dropped: keep the position, let go of the sources
+            pulled = self._pulled()
+            self.step += pulled
+            self.yielded += pulled
+            self._block = None  # (it holds the sources' iterators: their files close as they go)
             for source in sources:
                 source._close_readers()
 
