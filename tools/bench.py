@@ -530,7 +530,7 @@ def bench_mix(paths: list[str], name: str, repeat: int = 7) -> list[Row]:
 
 
 def bench_batch_bytes(paths: list[str], name: str, work: Path, repeat: int = 5, sizes_mib: tuple[float, ...] = (0.5, 1, 2, 4, 16, 64)) -> list[Row]:
-    """The member data the C walk takes per call (``tarindex.tar._BATCH_BYTES``) against two TarStreams
+    """The member data the C walk takes per call reading a file or socket itself (``tarindex.tar._DIRECT_BATCH_BYTES``) against two TarStreams
     (half the shards each) read one after the other, alternated by ``map(next, cycle(...))``, and
     ``mix()``ed; samples per second, best of ``repeat``, every size and case alternating in one process,
     with the minor page faults of the worst pass (glibc returning heap pages and taking them back).
@@ -548,14 +548,14 @@ def bench_batch_bytes(paths: list[str], name: str, work: Path, repeat: int = 5, 
         "alternated": lambda: map(next, itertools.cycle([iter(tarindex.TarStream(a)), iter(tarindex.TarStream(b))])),
         "mix()": lambda: iter(tarindex.mix([tarindex.TarStream(a), tarindex.TarStream(b)], stop="all")),
     }
-    saved = tarindex.tar._BATCH_BYTES
+    saved = tarindex.tar._DIRECT_BATCH_BYTES
     best: dict[tuple[float, str], float] = {}
     faults: dict[tuple[float, str], int] = {}
     try:
         _stream_pass(paths)  # the page cache, torch's import
         for _ in range(repeat):
             for mib in sizes_mib:
-                tarindex.tar._BATCH_BYTES = int(mib * (1 << 20))
+                tarindex.tar._DIRECT_BATCH_BYTES = int(mib * (1 << 20))
                 for label, make in cases.items():
                     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     t0 = time.perf_counter()
@@ -580,7 +580,7 @@ def bench_batch_bytes(paths: list[str], name: str, work: Path, repeat: int = 5, 
             http: dict[float, float] = {}
             for _ in range(repeat):
                 for mib in (1, 16):
-                    tarindex.tar._BATCH_BYTES = mib << 20
+                    tarindex.tar._DIRECT_BATCH_BYTES = mib << 20
                     t0 = time.perf_counter()
                     count = _stream_pass(urls)
                     http[mib] = max(http.get(mib, 0.0), count / (time.perf_counter() - t0))
@@ -590,7 +590,7 @@ def bench_batch_bytes(paths: list[str], name: str, work: Path, repeat: int = 5, 
             stop(proc)
         return rows
     finally:
-        tarindex.tar._BATCH_BYTES = saved
+        tarindex.tar._DIRECT_BATCH_BYTES = saved
 
 
 def bench_walk(paths: list[str], name: str, repeat: int = 3) -> list[Row]:
@@ -753,7 +753,7 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_resume(paths, name, work)
     if "mix" in only:
         yield from bench_mix(paths, name)
-    if "batches" in only:  # not by default: a sweep of the walk's batch size (tarindex.tar._BATCH_BYTES)
+    if "batches" in only:  # not by default: a sweep of the walk's batch size (tarindex.tar._DIRECT_BATCH_BYTES)
         yield from bench_batch_bytes(paths, name, work)
     if "zstd" in only:
         yield from bench_zstd(paths[: ZSTD_SHARDS[0]], name, work, frame_table=name == "small")
