@@ -294,6 +294,7 @@ class _MixRun:
                     return
                 if stop == "all":
                     self.active[k] = False
+                    sources[k]._close_readers()
                     break  # new draws from the next step, among the sources left
                 self.rounds[k] += 1  # "never": the source's epoch again
                 sources[k]._close_readers()
