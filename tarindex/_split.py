@@ -176,11 +176,24 @@ class Draws:
             self.block, self.start, i = self.array(step, 4096).tolist(), step, 0
         return self.block[i]
 
-    def picks(self, step: int, count: int, cumulative: list[float]) -> npt.NDArray[np.intp]:
-        """:func:`pick` for steps ``step .. step + count - 1`` at once (the same choices)."""
-        u = (self.array(step, count) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)) * cumulative[-1]
-        k = np.searchsorted(np.asarray(cumulative, dtype=np.float64), u, side="right")
-        return np.minimum(k, len(cumulative) - 1)
+    def picks(self, step: int, count: int, cumulative: list[float]) -> npt.NDArray[np.integer[Any]]:
+        """:func:`pick` for steps ``step .. step + count - 1`` at once (the same choices: the same
+        floating-point operations in the same order, in place)."""
+        z = self.array(step, count)
+        z >>= np.uint64(11)
+        u = z.astype(np.float64)
+        u *= 1.0 / (1 << 53)
+        u *= cumulative[-1]
+        n = len(cumulative)
+        if n > 4:
+            k = np.searchsorted(np.asarray(cumulative, dtype=np.float64), u, side="right")
+            return np.minimum(k, n - 1, out=k)
+        # a few sources: how many of the first n - 1 bounds are <= u (the same as bisect_right capped at n - 1,
+        # the bounds being sorted), without a search
+        picked = np.zeros(count, dtype=np.int8)
+        for bound in cumulative[:-1]:
+            picked += (u >= bound).view(np.int8)
+        return picked
 
 
 def pick(draws: Draws, step: int, cumulative: list[float]) -> int:

@@ -252,9 +252,21 @@ class _MixRun:
     def _blocks(self, sources: list[TarStream], weights: list[float], stop: StopRule) -> Iterator[Iterable[Any]]:
         """Iterables of samples, chained by :meth:`iterate`: a block of draws pulled in C until a
         source runs out; a source's first sample of its next round (``"never"``) on its own."""
-        iterators = np.empty(len(sources), dtype=object)  # generators: nothing runs before a draw picks one
+        iterators = np.empty(len(sources), dtype=object)  # each source's epoch iterator (no generator of the source's between)
         for k, source in enumerate(sources):
-            iterators[k] = iter(source)
+            iterators[k] = source._start()
+        try:
+            yield from self._draw(sources, weights, stop, iterators)
+        finally:  # the end, or the mix's iterator dropped: keep the position, let go of the sources
+            pulled = self._pulled()
+            self.step += pulled
+            self.yielded += pulled
+            self._block = None  # (it holds the sources' iterators: their files close as they go)
+            for source in sources:
+                source._close_readers()
+
+    def _draw(self, sources: list[TarStream], weights: list[float], stop: StopRule, iterators: Any) -> Iterator[Iterable[Any]]:
+        """:meth:`_blocks` over the sources' started iterators."""
         draws = Draws(self.key)
         quota = self.quota
         while not self.done:
@@ -282,9 +294,11 @@ class _MixRun:
                     return
                 if stop == "all":
                     self.active[k] = False
+                    sources[k]._close_readers()
                     break  # new draws from the next step, among the sources left
                 self.rounds[k] += 1  # "never": the source's epoch again
-                iterators[k] = iter(sources[k])
+                sources[k]._close_readers()
+                iterators[k] = sources[k]._start()
                 sample = next(iterators[k], _END)
                 if sample is _END:
                     raise TarIndexError(f"mix: source {k} ({sources[k]!r}) has no samples to repeat")

@@ -786,6 +786,16 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         return self.epoch_size
 
     def __iter__(self) -> Iterator[Any]:
+        stream = self._start()
+        try:
+            yield from stream
+        finally:
+            self._close_readers()
+
+    def _start(self) -> Iterator[Any]:
+        """Start this reader's epoch now and return its samples as a plain iterator: what iterating the
+        stream yields, one generator fewer per sample, for a consumer that calls :meth:`_close_readers`
+        itself when it is done (:func:`tarindex.mix` pulls its sources this way)."""
         slot = self.slot()
         epoch = self.epoch
         if len(self.urls) < slot.count and slot.index == 0 and not self._pending:
@@ -794,7 +804,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 f"{len(self.urls)} shards for {slot.world_size} ranks x {slot.num_workers} workers: "
                 f"{slot.count - len(self.urls)} readers have no shard of their own, {policy}",
                 StreamWarning,
-                stacklevel=2,
+                stacklevel=3,  # the caller of next() on __iter__
             )
         run = self._run_for(slot, epoch)
         self._pending = None
@@ -803,10 +813,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         if self.batching is not None:
             size, collation_fn, partial = self.batching
             stream = batched(stream, size, collation_fn, partial=partial)
-        try:
-            yield from stream
-        finally:
-            self._close_readers()
+        return stream
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -47,7 +47,8 @@ _GNU_LONGLINK = ord("K")
 _EXTENSIONS = frozenset((_PAX, _PAX_GLOBAL, _GNU_LONGNAME, _GNU_LONGLINK))
 _POSIX_MAGIC = b"ustar\x00"
 _BATCH_HEADERS = 1024  # headers per call of the C walk
-_BATCH_BYTES = 16 << 20  # member data the C walk takes per call (with_data)
+_BATCH_BYTES = 16 << 20  # member data the C walk takes per call (with_data) from chunks (decompressors, reader threads)
+_DIRECT_BATCH_BYTES = 1 << 20  # the same when it reads a file, socket or pipe itself: what two streams read in turn hold stays in cache (docs/performance.md)
 _WINDOW = 64 << 10
 _SMALL_WINDOW = 8 << 10  # a sample's small members with a PAX header each fit
 _SIZE_MAX = (1 << 63) - 1
@@ -426,7 +427,7 @@ class _FileCursor:
         """Let a sample sink's C walk read the file from the header at ``pos`` (``scan_file``, members
         up to ``bound`` bytes): ``(pos, whether it took members, last header, its size)``."""
         here = self.base + pos
-        after, last_at, last_size = sink.scan_file(self.fd, here, self.size, _BATCH_BYTES, self.buf, pos, bound)
+        after, last_at, last_size = sink.scan_file(self.fd, here, self.size, _DIRECT_BATCH_BYTES, self.buf, pos, bound)
         if after == here:
             return pos, False, 0, 0
         return self.seek(after), True, last_at, last_size
@@ -519,7 +520,7 @@ class _StreamCursor(_Cursor):
         fd, left, timeout_ms = live
         here = self.base + pos
         tail_at, tail, after, last_at, last_size, received, timed_out = sink.scan_stream(
-            fd, timeout_ms, left, _BATCH_BYTES, self.buf, pos, self.base, bound
+            fd, timeout_ms, left, _DIRECT_BATCH_BYTES, self.buf, pos, self.base, bound
         )
         if received or timed_out:
             self.source.advance(received, timed_out)

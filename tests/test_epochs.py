@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch.utils.data
 
@@ -97,9 +98,22 @@ def test_counter_based_draws_match_the_reference() -> None:
         assert draws.at(step) == _bits(0xDEADBEEF12345678, step)
 
 
-def test_vectorised_picks_match_the_scalar_ones() -> None:
+@pytest.mark.parametrize(
+    "cumulative",
+    [
+        [0.5, 0.5, 0.8, 1.7],  # a zero weight in the middle (four sources: the comparisons)
+        [3.0],  # one source
+        [0.0, 2.0],  # a source that left the draw
+        [1.0, 1.0 + 1e-300],  # a weight too small to be drawn next to the other
+        [1.0, 2.0, 2.0],  # a zero weight last
+        [0.1, 0.3, 0.6, 1.0, 1.5, 2.1],  # six sources: the search
+        [1e-300, 2e-300, 3e-300],  # tiny weights
+    ],
+)
+def test_vectorised_picks_match_the_scalar_ones(cumulative: list[float]) -> None:
     from tarindex._split import Draws, pick
 
-    cumulative = [0.5, 0.5, 0.8, 1.7]  # a zero weight in the middle
     draws = Draws(12345)
-    assert Draws(12345).picks(100, 5000, cumulative).tolist() == [pick(draws, s, cumulative) for s in range(100, 5100)]
+    want = [pick(draws, s, cumulative) for s in range(100, 5100)]
+    assert Draws(12345).picks(100, 5000, cumulative).tolist() == want
+    assert set(want) == {k for k, w in enumerate(np.diff([0.0, *cumulative])) if w > 0}  # every source with a weight is drawn

@@ -377,6 +377,7 @@ def _samples_outcome(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> t
             use_pure_python(m)
         if way.endswith("-batches"):
             m.setattr(tarindex.tar, "_BATCH_BYTES", 3000)
+            m.setattr(tarindex.tar, "_DIRECT_BATCH_BYTES", 3000)
             m.setattr(tarindex.tar, "_BATCH_HEADERS", 5)
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import math
@@ -12,7 +13,7 @@ import pytest
 import torch.utils.data
 
 import tarindex
-from conftest import make_shard_set
+from conftest import make_shard_set, open_files
 from tarindex import StateError, TarStream
 from tarindex._split import Draws, pick, stream_key
 
@@ -83,6 +84,26 @@ def test_resume_exactly(sets: list[list[str]], stop: str) -> None:
         resumed = _mix(sets, **kw)
         resumed.load_state_dict(state)
         assert head + [_source(s) for s in resumed] == full, k
+
+
+def test_a_mix_closes_its_sources_files(sets: list[list[str]]) -> None:
+    """The mix pulls its sources' epochs directly: it closes their files itself, at its end and when
+    it is dropped, also those a resumed source opened to read buffered samples again."""
+    paths = [p for urls in sets for p in urls]
+    mixed = _mix(sets, seed=4, stop="all")
+    it = iter(mixed)
+    head = [_source(next(it)) for _ in range(40)]
+    state = json.loads(json.dumps(mixed.state_dict()))
+    assert open_files(paths)
+    del it
+    gc.collect()
+    assert open_files(paths) == {}
+    assert json.loads(json.dumps(mixed.state_dict())) == state  # the position outlives the iterator
+    resumed = _mix(sets, seed=4, stop="all")
+    resumed.load_state_dict(state)
+    rest = [_source(s) for s in resumed]
+    assert open_files(paths) == {}
+    assert sorted(head + rest) == sorted(_source(s) for s in _mix(sets, seed=4, stop="all"))
 
 
 def _one_draw_at_a_time(sets: list[list[str]], seed: int, stop: str, epoch_size: int | None) -> tuple[list[str], list[int]]:

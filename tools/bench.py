@@ -3,10 +3,11 @@
 Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,resume,mix,zstd,sampler,sampler_zstd,scale]
 ``--sets jpeg-ustar,jpeg-wds,jpeg-posix,jpeg-gnu``: the first shards of a set as they are and rewritten by
 webdataset's TarWriter, GNU tar --format=posix and GNU tar with long names (``WRITERS``).
-Every part but ``remote`` runs by default; ``--only`` picks some (``walk``: the tar walk alone, TarStream and
+Every part but ``remote``, ``member`` and ``batches`` runs by default; ``--only`` picks some (``walk``: the tar walk alone, TarStream and
 index tables, in one process; ``--only remote``: random access over loopback nginx with 20 ms added per
 request, tools/bench_remote.py; ``--only member``: peak memory of one 1 GiB member streamed from a
-.tar.zst and a .tar.gz, tools/bench_limits.py). ``--only stream,quick``: the streaming benchmark over
+.tar.zst and a .tar.gz, tools/bench_limits.py; ``--only batches``: the walk's batch size against two streams
+read one after the other, alternated and mixed, and over nginx). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
@@ -529,6 +530,70 @@ def bench_mix(paths: list[str], name: str, repeat: int = 7) -> list[Row]:
     return [(f"{name}: {label} (samples/s)", rate, f"{rate / own:.3f}x the sources' own rate") for label, rate in best.items()]
 
 
+def bench_batch_bytes(paths: list[str], name: str, work: Path, repeat: int = 5, sizes_mib: tuple[float, ...] = (0.5, 1, 2, 4, 16, 64)) -> list[Row]:
+    """The member data the C walk takes per call reading a file or socket itself (``tarindex.tar._DIRECT_BATCH_BYTES``) against two TarStreams
+    (half the shards each) read one after the other, alternated by ``map(next, cycle(...))``, and
+    ``mix()``ed; samples per second, best of ``repeat``, every size and case alternating in one process,
+    with the minor page faults of the worst pass (glibc returning heap pages and taking them back).
+    Then one TarStream over loopback nginx at each size (the socket walk takes the same batches)."""
+    import itertools
+    import sys
+    import tempfile
+
+    import tarindex.tar
+
+    half = len(paths) // 2
+    a, b = paths[:half], paths[half:]
+    cases: dict[str, Callable[[], Iterator[object]]] = {
+        "one after the other": lambda: itertools.chain(tarindex.TarStream(a), tarindex.TarStream(b)),
+        "alternated": lambda: map(next, itertools.cycle([iter(tarindex.TarStream(a)), iter(tarindex.TarStream(b))])),
+        "mix()": lambda: iter(tarindex.mix([tarindex.TarStream(a), tarindex.TarStream(b)], stop="all")),
+    }
+    saved = tarindex.tar._DIRECT_BATCH_BYTES
+    best: dict[tuple[float, str], float] = {}
+    faults: dict[tuple[float, str], int] = {}
+    try:
+        _stream_pass(paths)  # the page cache, torch's import
+        for _ in range(repeat):
+            for mib in sizes_mib:
+                tarindex.tar._DIRECT_BATCH_BYTES = int(mib * (1 << 20))
+                for label, make in cases.items():
+                    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                    t0 = time.perf_counter()
+                    count = sum(1 for _ in make())
+                    rate = count / (time.perf_counter() - t0)
+                    best[mib, label] = max(best.get((mib, label), 0.0), rate)
+                    faults[mib, label] = max(faults.get((mib, label), 0), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+        rows: list[Row] = []
+        for (mib, label), rate in best.items():
+            own = best[mib, "one after the other"]
+            rows.append((f"{name}: walk batches of {mib:g} MiB, two TarStreams {label} (samples/s)", rate,
+                         f"{rate / own:.3f}x one after the other; up to {faults[mib, label]:,} minor page faults a pass"))
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from _servers import start_nginx, stop  # the test suite's nginx launcher (a foreground child process)
+
+        started = start_nginx(Path(paths[0]).parent.resolve(), Path(tempfile.mkdtemp(dir=work)))
+        if started is None:
+            return [*rows, (f"{name}: walk batches over HTTP", float("nan"), "nginx did not start")]
+        proc, port = started
+        try:
+            urls = [f"http://127.0.0.1:{port}/{Path(p).name}" for p in paths]
+            http: dict[float, float] = {}
+            for _ in range(repeat):
+                for mib in (1, 16):
+                    tarindex.tar._DIRECT_BATCH_BYTES = mib << 20
+                    t0 = time.perf_counter()
+                    count = _stream_pass(urls)
+                    http[mib] = max(http.get(mib, 0.0), count / (time.perf_counter() - t0))
+            rows += [(f"{name}: walk batches of {mib} MiB, one TarStream over loopback nginx (samples/s)", rate,
+                      f"{rate / http[16]:.3f}x 16 MiB batches") for mib, rate in http.items()]
+        finally:
+            stop(proc)
+        return rows
+    finally:
+        tarindex.tar._DIRECT_BATCH_BYTES = saved
+
+
 def bench_walk(paths: list[str], name: str, repeat: int = 3) -> list[Row]:
     """The tar walk alone, in one process: ``TarStream`` over local files beside ``cat``, and the index
     tables of every shard (``scan_shard``) beside a ``tarfile`` scan; best of ``repeat``, alternating."""
@@ -689,6 +754,8 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_resume(paths, name, work)
     if "mix" in only:
         yield from bench_mix(paths, name)
+    if "batches" in only:  # not by default: a sweep of the walk's batch size (tarindex.tar._DIRECT_BATCH_BYTES)
+        yield from bench_batch_bytes(paths, name, work)
     if "zstd" in only:
         yield from bench_zstd(paths[: ZSTD_SHARDS[0]], name, work, frame_table=name == "small")
     if "remote" in only:  # not by default: it starts nginx and a delaying relay
