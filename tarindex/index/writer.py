@@ -35,6 +35,7 @@ from .format import (
     MAGIC,
     META_KEY,
     SHARD_BLOCK,
+    SHARD_SUMMARY,
     SHARDS_PREFIX,
     START_KEY,
     ShardInfo,
@@ -103,6 +104,7 @@ class IndexWriter:
         self._starts: list[int] = [0]
         self._exts: dict[str, int] = {}
         self._n_members = 0
+        self._summary = dict.fromkeys(SHARD_SUMMARY, 0)  # what a reader needs at open without the shard records
         self._pending: list[Columns] = []
         self._pending_n = 0
         self._n_blocks = 0
@@ -193,6 +195,11 @@ class IndexWriter:
         self._infos.append(info)
         self._starts.append(first + n)
         self._n_members += len(cols.member_ext)
+        self._summary["url_shards"] += info.kind == "url"
+        self._summary["command_shards"] += info.kind == "command"
+        if info.compression == "zstd" and frames is not None and len(frames):
+            self._summary["zstd_samples"] += n
+            self._summary["zstd_frames"] += len(frames)
         remap = np.array([self._exts.setdefault(e, len(self._exts)) for e in exts] or [0], np.uint16)
         self._spill_keys(cols.keys, first)
         if frames is not None:
@@ -326,6 +333,7 @@ class IndexWriter:
             "n_buckets": n_buckets,
             "sample_bytes": sample_bytes,
             "shard_block": SHARD_BLOCK,
+            **self._summary,
         }
         self._put_sealed(META_KEY, json.dumps(meta, separators=(",", ":")).encode())
         for b in range(0, len(self._infos), SHARD_BLOCK):
