@@ -470,6 +470,9 @@ def test_opening_an_index_of_many_shards_reads_no_shard_table(tmp_path: Path) ->
     assert ds.urls.names.count(None) == 20_000 - 1  # only the shard read from has its record decoded
     with pytest.raises(ShardNotFoundError, match=r"copy-13094\.tar"):
         ds[654_700]
+    records = ds.index.shards  # every record, in blocks of 64, a bounded number of blocks kept decoded
+    assert [info.path for info in records] == [f"copy-{s:05d}.tar" for s in range(20_000)]
+    assert 0 < len(records._blocks) <= 256 and records[-1].path == "copy-19999.tar"
 
 
 def test_no_temp_names_are_left_by_a_failed_write(tmp_path: Path) -> None:

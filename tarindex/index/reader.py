@@ -300,9 +300,10 @@ class ShardList(Sequence[ShardInfo]):
         block = self._blocks.get(b)
         if block is None:
             block = self._source()._shard_block(b, min(self._per, self._n - b * self._per))
-            if len(self._blocks) >= _SHARD_BLOCKS_KEPT:
-                del self._blocks[next(iter(self._blocks))]  # the oldest
-            self._blocks[b] = block
+            blocks = self._blocks
+            if len(blocks) >= _SHARD_BLOCKS_KEPT:  # start again (a new dict: threads reading the old one are unharmed)
+                blocks = self._blocks = {}
+            blocks[b] = block
         return block[j]
 
     def __iter__(self) -> Iterator[ShardInfo]:
