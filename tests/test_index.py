@@ -187,7 +187,7 @@ def _edited(index: Path, out: Path, edit: Any) -> Path:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("n_samples", 2000, "bad n_blocks"),
+        ("n_samples", 5000, "bad n_blocks"),  # two blocks of 4096, the meta says one
         ("n_samples", 22, "shard start table is damaged"),
         ("n_samples", 20, "shard start table is damaged"),
         ("n_samples", -1, "bad n_samples"),

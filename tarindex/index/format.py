@@ -40,8 +40,10 @@ KEYS_PREFIX = b"k/"  # + u64 big-endian bucket number: one bucket of the hashed 
 META_KEY = b"meta"  # JSON
 SHARDS_PREFIX = b"s/"  # + u64 big-endian block number: JSON list of SHARD_BLOCK shard records
 
-BLOCK_SAMPLES = 1024
-"""Samples per record block: sample ``i`` is in block ``i // BLOCK_SAMPLES``."""
+BLOCK_SAMPLES = 4096
+"""Samples per record block: sample ``i`` is in block ``i // BLOCK_SAMPLES``. A block is an LMDB overflow
+value of ~32 KB at 8 bytes a row (9 pages); its last page is partly empty, so larger blocks waste less
+(1M one-member samples: 1,024 -> 17.9 B/sample, 2,048 -> 15.9, 4,096 -> 14.9)."""
 SHARD_BLOCK = 64
 """Shard records per shard block (~16 KB of JSON: the first sample of a shard reads a few pages of them)."""
 SHARD_SUMMARY = ("url_shards", "command_shards", "zstd_samples", "zstd_frames")
