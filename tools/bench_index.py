@@ -150,6 +150,22 @@ def _cold(index: Path, n: int, conn: Any) -> None:
     )  # fmt: skip
 
 
+def _values(index: Path) -> dict[str, tuple[int, int]]:
+    """Values and their bytes by key prefix (``b/`` records, ``k/`` key table, ``s/`` shard records, ...):
+    what the file holds beyond them is LMDB's pages (B-tree, the unused end of overflow pages)."""
+    import lmdb
+
+    found: dict[str, tuple[int, int]] = {}
+    env = lmdb.open(str(index), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        for key, value in txn.cursor():
+            prefix = bytes(key[:2]).decode("latin-1")
+            count, total = found.get(prefix, (0, 0))
+            found[prefix] = (count + 1, total + len(value))
+    env.close()
+    return found
+
+
 def _child(fn: Any, *args: Any) -> Any:
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
@@ -204,6 +220,8 @@ def bench_index_scale(work: Path, sizes: list[int], n_parts: int) -> list[Row]:
         size = index.stat().st_size
         rows += [
             (f"{label}: index bytes per sample", size / n, f"{size / 2**20:,.1f} MiB; 5e9 samples: {size / n * 5e9 / 2**30:,.0f} GiB"),
+            (f"{label}: of which values (B/sample)", sum(b for _, b in _values(index).values()) / n,
+             "; ".join(f"{p}: {b / n:.2f} in {c:,}" for p, (c, b) in sorted(_values(index).items()))),
             (f"{label}: write {n_parts} parts (s, total)", t_write, f"peak RSS {rss_write:,.0f} MB per part"),
             (f"{label}: merge {n_parts} parts (s)", t_merge, f"peak RSS {rss_merge:,.0f} MB; target < 1 GB"),
         ]
