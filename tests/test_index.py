@@ -192,6 +192,7 @@ def _edited(index: Path, out: Path, edit: Any) -> Path:
         ("n_samples", 20, "shard start table is damaged"),
         ("n_samples", -1, "bad n_samples"),
         ("n_shards", 2, "shard start table is damaged \\(expected 3 ascending"),
+        ("format_version", 4, "index format version 4, this tarindex reads version 5; rebuild the index"),
         ("url_shards", 4, "bad url_shards"),
         ("command_shards", -1, "bad command_shards"),
         ("zstd_frames", 3, "bad zstd_samples"),
