@@ -123,6 +123,13 @@ def _cold(index: Path, n: int, conn: Any) -> None:
     ds.index.lookup(key)
     t_get_cold = time.perf_counter() - t0
     pages_get = _resident(index) - before
+    # Another key, its sample's record block read first: the pages its lookup adds are the key table's (the
+    # B-tree path and the bucket). Pages this process has mapped stay cached, so no eviction here: these are unread.
+    other = n // 5 + 3
+    ds.index.record(other)
+    before = _resident(index)
+    ds.index.lookup(f"{other // PER_SHARD:06d}{other % PER_SHARD:04d}")
+    pages_table = _resident(index) - before
     shards = np.random.default_rng(1).integers(0, n // PER_SHARD, 20_000).tolist()
     keys = [f"{s:06d}{k:04d}" for s, k in zip(shards, np.random.default_rng(2).integers(0, PER_SHARD, 20_000).tolist())]
     t0 = time.perf_counter()
@@ -146,7 +153,7 @@ def _cold(index: Path, n: int, conn: Any) -> None:
     t_sampler = time.perf_counter() - t0
     conn.send(
         {"open_ms": t_open * 1e3, "open_kb": pages_open * mmap.PAGESIZE / 1024, "get_cold_ms": t_get_cold * 1e3,
-         "get_cold_pages": pages_get, "get_us": t_get * 1e6, "read_us": best * 1e6, "sampler_s": t_sampler, "soft": soft}
+         "get_cold_pages": pages_get, "get_table_pages": pages_table, "get_us": t_get * 1e6, "read_us": best * 1e6, "sampler_s": t_sampler, "soft": soft}
     )  # fmt: skip
 
 
@@ -228,7 +235,8 @@ def bench_index_scale(work: Path, sizes: list[int], n_parts: int) -> list[Row]:
         cold = _child(_cold, index, n)
         rows += [
             (f"{label}: cold open + first ds[i] (ms)", cold["open_ms"], f"{cold['open_kb']:,.0f} KiB of the index read; target <= 1 MB, < 20 ms"),
-            (f"{label}: cold get(key) (ms)", cold["get_cold_ms"], f"{cold['get_cold_pages']} pages of the index read"),
+            (f"{label}: cold get(key) (ms)", cold["get_cold_ms"], f"{cold['get_cold_pages']} pages of the index read, {cold['get_table_pages']} of them for the key table "
+             "(B-tree path and bucket: another key's lookup, its record block read first); target <= 2"),
             (f"{label}: warm get(key) (us)", cold["get_us"], ""),
             (f"{label}: warm ds[i] (us)", cold["read_us"], f"{cold['read_us'] / ref:.2f}x the 1,000-sample index; target <= 1.5x"),
             (f"{label}: ShardSampler start of epoch (s)", cold["sampler_s"], "rank 7 of 8"),
