@@ -476,6 +476,29 @@ def test_opening_an_index_of_many_shards_reads_no_shard_table(tmp_path: Path) ->
     assert 0 < len(records._blocks) <= 256 and records[-1].path == "copy-19999.tar"
 
 
+def test_key_hashes_spilled_to_files_give_the_same_key_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer past its in-memory bound of key entries spills them by partition; the table is the same."""
+    import lmdb
+
+    import tarindex.index.writer as writer_module
+    from conftest import py_tar
+
+    shard = py_tar(tmp_path / "base.tar", [(f"{i:06d}.bin", bytes([i % 256]) * 3) for i in range(300)], 1, dirs=False)
+    kept, spilled = tmp_path / "kept.tarindex", tmp_path / "spilled.tarindex"
+    _, keys = synthetic_index(kept, shard, 20)
+    monkeypatch.setattr(writer_module, "_SPILL_ROWS", 1000)  # 6,000 samples: spilled six times
+    synthetic_index(spilled, shard, 20)
+    _same_index(kept, spilled)
+    tables = []
+    for index in (kept, spilled):
+        env = lmdb.open(str(index), subdir=False, readonly=True, lock=False)
+        with env.begin() as txn:
+            tables.append([(bytes(k), bytes(v)) for k, v in txn.cursor() if bytes(k).startswith(b"k/")])
+        env.close()
+    assert tables[0] == tables[1] and len(tables[0]) == -(-6000 // 256)
+    assert [IndexReader(spilled).lookup(k) for k in keys] == [s * 300 + 150 for s in range(20)]
+
+
 def test_no_temp_names_are_left_by_a_failed_write(tmp_path: Path) -> None:
     paths = make_shard_set(tmp_path / "d", n_shards=1, per=2)
     info, table = scan_shard(str(paths[0]))

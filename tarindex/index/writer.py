@@ -50,7 +50,7 @@ from .records import Columns, encode_block, parse
 __all__ = ["IndexWriter", "remove_stale_temporaries"]
 
 _PARTITIONS = 256  # key hashes spilled by their top 8 bits: one partition in memory at a time
-_SPILL_ROWS = 1 << 22  # key entries (16 bytes each) held in memory before they go to the spill files
+_SPILL_ROWS = 1 << 20  # key entries (16 bytes each) held in memory before they go to the spill files (16 MB)
 _SPILL_FRAMES = 64 << 20  # bytes of frame tables held in memory before they go to a spill file
 _COMMIT_BYTES = 64 << 20  # a write transaction's dirty pages live in memory: commit every this many bytes
 _MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
