@@ -42,7 +42,7 @@ typedef struct {
     Py_ssize_t per, n_blocks; /* samples per block */
     Py_ssize_t n, n_exts, n_shards;
     PyObject *exts;     /* tuple of str */
-    PyObject *urls;     /* tuple of str */
+    PyObject *urls;     /* list of str, None until a shard's name is resolved (by the fallback); its length never changes */
     PyObject *opener;   /* the ShardOpener: owns the tables below and every handle */
     PyObject *open;     /* opener.open(shard) -> handle (an int fd or an object with read_at) */
     PyObject *reap;     /* opener.reap(): close the handles whose reads have ended */
@@ -178,7 +178,7 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "tarindex._speedups.init() was not called (tarindex._native calls it)");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OnnO!O!OOOO!", &blocks, &per, &n, &PyTuple_Type, &exts, &PyTuple_Type, &urls, &opener,
+    if (!PyArg_ParseTuple(args, "OnnO!O!OOOO!", &blocks, &per, &n, &PyTuple_Type, &exts, &PyList_Type, &urls, &opener,
                           &fallback, &error, &PyList_Type, &fork))
         return -1;
     if (PyList_GET_SIZE(fork) != 1 || !PyLong_Check(PyList_GET_ITEM(fork, 0))) {
@@ -201,7 +201,7 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     self->per = per;
     self->n_blocks = n / per + (n % per != 0);
     self->n_exts = PyTuple_GET_SIZE(self->exts);
-    self->n_shards = PyTuple_GET_SIZE(self->urls);
+    self->n_shards = PyList_GET_SIZE(self->urls);
     self->bobj = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(PyObject *)); /* pages touched as blocks are read */
     self->bptr = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(char *));
     if (!self->bobj || !self->bptr) {
@@ -337,7 +337,7 @@ static PyObject *new_sample(Reader *self, const Record *r, PyObject *index, PyOb
     PyObject *d = _PyDict_NewPresized(3 + r->nm);
     PyObject *key = record_key(r);
     int bad = !d || !key || PyDict_SetItem(d, k_key, key) < 0 ||
-              PyDict_SetItem(d, k_url, PyTuple_GET_ITEM(self->urls, r->shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
+              PyDict_SetItem(d, k_url, PyList_GET_ITEM(self->urls, r->shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
     Py_XDECREF(key);
     for (Py_ssize_t k = 0; k < r->nm; k++) {
         if (!bad && PyDict_SetItem(d, PyTuple_GET_ITEM(self->exts, r->ext[k]), vals[k]) < 0) bad = 1;
@@ -472,7 +472,7 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
             for (Py_ssize_t q = 0; q < r->nm; q++) Py_DECREF(vals[q]);
         if (err) {
             errno = err;
-            return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PyTuple_GET_ITEM(self->urls, r->shard));
+            return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PyList_GET_ITEM(self->urls, r->shard));
         }
         return PyObject_CallOneArg(self->fallback, index); /* a short read: the Python path reports it */
     }
@@ -537,6 +537,12 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
         return NULL;
     }
 
+    if ((Py_ssize_t)r.shard >= PyList_GET_SIZE(self->urls) || PyList_GET_ITEM(self->urls, r.shard) == Py_None) {
+        /* the shard's name is not resolved yet (its record is read on first use): the Python path resolves it */
+        PyObject *index = given ? Py_NewRef(arg) : PyLong_FromSsize_t(i), *out = index ? PyObject_CallOneArg(self->fallback, index) : NULL;
+        Py_XDECREF(index);
+        return out;
+    }
     PyObject *handle = NULL, *out = NULL;
     /* From here to the end of the read, the opener closes no handle of this shard (other threads may evict
      * it meanwhile: it is closed once the count is back to zero). */

@@ -22,7 +22,7 @@ class Reader:
         per: int,  # samples per block
         n: int,
         exts: tuple[str, ...],
-        urls: tuple[str, ...],
+        urls: list[str | None],  # shard names, None until resolved (the read goes to fallback, which resolves it)
         opener: Any,  # tarindex.opener.ShardOpener: tables fds, handles, busy; open(shard), reap()
         fallback: Callable[[int], dict[str, Any]],
         error: Callable[[str, int, str], BaseException],

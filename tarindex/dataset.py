@@ -25,7 +25,7 @@ from .gzip import random_access_refused
 from .identity import Check, check_shard
 from .index.reader import IndexReader
 from .objstore import is_remote_reader, read_many
-from .opener import ShardOpener, open_url, open_zstd_shard, shard_name
+from .opener import ShardNames, ShardOpener, open_url, open_zstd_shard
 from .options import SourceOptions
 from .shards import resolve_index
 
@@ -163,8 +163,8 @@ class TarDataset:
         self._index_id = self._index_identity()  # after the open: a rebuild in between only costs a reload
         self._n = self.index.n_samples
         self._samples_per_frame: int | None = None
-        self.urls = [shard_name(self.index.path, info) for info in self.index.shards]
-        self._remote = any(info.kind == "url" for info in self.index.shards)  # batches of URL shards: concurrent requests
+        self.urls = ShardNames(self.index.path, self.index.shards)  # a shard's record is read when it is first read from
+        self._remote = self.index.url_shards > 0  # batches of URL shards: concurrent requests
 
     def _attach(self) -> None:
         """Open this process's view once, whatever the threads asking: the sample records, no file handles yet.
@@ -191,7 +191,7 @@ class TarDataset:
                 self._blocks.block_samples,
                 self._n,
                 tuple(self._exts),
-                tuple(self.urls),
+                self.urls.names,  # None until a shard is first read (the C reader hands such a read to _read_py)
                 self._opener,
                 self._read_py,
                 CorruptArchiveError,
@@ -445,16 +445,8 @@ class TarDataset:
         ``ShardSampler`` shuffles runs of this many consecutive samples by
         default, so each frame is decompressed about once per epoch.
         """
-        if self._samples_per_frame is None:
-            samples = frames = 0
-            sizes = self.shard_sizes
-            for shard, info in enumerate(self.index.shards):
-                if info.compression == "zstd":
-                    table = self.index.frame_table(shard)
-                    if table is not None and len(table):
-                        samples += sizes[shard]
-                        frames += len(table)
-            self._samples_per_frame = max(1, samples // frames) if frames else 1
+        if self._samples_per_frame is None:  # counted by the index's writer: no shard record or frame table read
+            self._samples_per_frame = self.index.samples_per_frame
         return self._samples_per_frame
 
     def keys(self) -> Iterator[str]:

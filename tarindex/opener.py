@@ -16,8 +16,8 @@ import errno
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, BinaryIO, overload
 
 import numpy as np
 
@@ -62,6 +62,54 @@ def shard_name(index_path: str | os.PathLike[str], info: ShardInfo) -> str:
     if kind in ("url", "command") and shard_kind(path) == kind:
         return path
     raise IndexFormatError(f"{index_path}: shard {path!r} is recorded as kind {kind!r}, which its name is not; rebuild the index")
+
+
+class ShardNames(Sequence[str]):
+    """Each shard's name (:func:`shard_name`), resolved from its index record the first time it is asked for.
+
+    Opening an index reads no shard record: a name costs its record's block (``SHARD_BLOCK`` records)
+    once, when a sample of that shard is first read. :attr:`names` is the list the C reader reads
+    (``None`` until resolved; its length never changes).
+
+    Args:
+        index_path: the index the records belong to (relative names are resolved against its directory).
+        records: the shard records (an :class:`tarindex.index.reader.ShardList`, read by block).
+    """
+
+    def __init__(self, index_path: str | os.PathLike[str], records: Sequence[ShardInfo]) -> None:
+        self.index_path = index_path
+        self.records = records
+        self.names: list[str | None] = [None] * len(records)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, s: int) -> str: ...
+    @overload
+    def __getitem__(self, s: slice) -> list[str]: ...
+    def __getitem__(self, s: int | slice) -> str | list[str]:
+        """Raises:
+        IndexFormatError: the shard's record is damaged or its name does not match its kind.
+        """
+        if isinstance(s, slice):
+            return [self[k] for k in range(*s.indices(len(self.names)))]
+        name = self.names[s]
+        if name is None:
+            name = self.names[s] = shard_name(self.index_path, self.records[s])
+        return name
+
+    def __iter__(self) -> Iterator[str]:
+        for s in range(len(self.names)):
+            yield self[s]
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # a sequence compared by value
+
+    def __repr__(self) -> str:
+        return f"ShardNames({str(self.index_path)!r}, {len(self.names)} shards)"
 
 
 def check_commands(index_path: str | os.PathLike[str], infos: Sequence[ShardInfo], allow_commands: bool) -> None:

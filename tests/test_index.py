@@ -1,4 +1,4 @@
-"""The index file (format 4): cold start, damage, truncation, close, rebuild under a forked reader, merge, executors."""
+"""The index file (format 5): cold start, damage, truncation, close, rebuild under a forked reader, merge, executors."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 
 import tarindex
 from conftest import make_shard_set
-from tarindex.errors import IndexChangedError, IndexFormatError, StaleIndexError, TarIndexError
+from tarindex.errors import IndexChangedError, IndexFormatError, ShardNotFoundError, StaleIndexError, TarIndexError
 from tarindex.index.format import META_KEY, ShardInfo, ShardTable, seal
 from tarindex.index.reader import IndexReader
 from tarindex.index.writer import IndexWriter
@@ -48,7 +48,7 @@ def test_a_format_3_index_asks_for_a_rebuild_and_build_over_it_rebuilds(built: t
     with env.begin(write=True) as txn:
         txn.put(META_KEY, json.dumps({"magic": "tarindex", "format_version": 3, "shards": []}).encode())
     env.close()
-    with pytest.raises(IndexFormatError, match=r"index format version 3, this tarindex reads version 4; rebuild the index"):
+    with pytest.raises(IndexFormatError, match=r"index format version 3, this tarindex reads version 5; rebuild the index"):
         IndexReader(index)
     report = tarindex.build_index([str(p) for p in paths], workers=1)
     assert len(report.scanned) == 3 and len(tarindex.TarDataset(index)) == 21
@@ -187,11 +187,16 @@ def _edited(index: Path, out: Path, edit: Any) -> Path:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("n_samples", 2000, "bad n_blocks"),
+        ("n_samples", 5000, "bad n_blocks"),  # two blocks of 4096, the meta says one
         ("n_samples", 22, "shard start table is damaged"),
         ("n_samples", 20, "shard start table is damaged"),
         ("n_samples", -1, "bad n_samples"),
-        ("n_shards", 2, "shard records block 0 is damaged \\(expected 2 records"),
+        ("n_shards", 2, "shard start table is damaged \\(expected 3 ascending"),
+        ("format_version", 4, "index format version 4, this tarindex reads version 5; rebuild the index"),
+        ("url_shards", 4, "bad url_shards"),
+        ("command_shards", -1, "bad command_shards"),
+        ("zstd_frames", 3, "bad zstd_samples"),
+        ("zstd_samples", 5, "bad zstd_samples"),
         ("n_buckets", 0, "bad n_buckets"),
         ("sample_bytes", 9, "bad sample_bytes"),
         ("exts", ["txt", 5], "bad exts"),
@@ -403,14 +408,17 @@ def _evict(path: Path) -> None:
         os.close(fd)
 
 
-def synthetic_index(out: Path, shard: Path, n_shards: int) -> tuple[int, list[str]]:
-    """An index of ``n_shards`` copies (hard links) of ``shard``, written directly from its table; keys made unique."""
+def synthetic_index(out: Path, shard: Path, n_shards: int, linked: Any = None) -> tuple[int, list[str]]:
+    """An index of ``n_shards`` copies of ``shard``, written directly from its table; keys made unique.
+
+    The copies are hard links, made for the shard numbers in ``linked`` (default: all).
+    """
     info, table = scan_shard(str(shard))
     keys = []
     with IndexWriter(out) as w:
         for s in range(n_shards):
             link = shard.with_name(f"copy-{s:05d}.tar")
-            if not link.exists():
+            if (linked is None or s in linked) and not link.exists():
                 os.link(shard, link)
             names = [f"{s:05d}{i:06d}" for i in range(table.n_samples)]
             keys.append(names[len(names) // 2])
@@ -439,6 +447,56 @@ def test_cold_open_and_first_sample_touch_a_few_pages_of_a_million_sample_index(
     assert IndexReader(index).lookup(keys[77]) == 77 * 10_000 + 5_000
     assert _resident_pages(index) - before <= 48
     assert index.stat().st_size / n <= 16  # bytes per sample, keys and key table included
+
+
+def test_opening_an_index_of_many_shards_reads_no_shard_table(tmp_path: Path) -> None:
+    """Shard records are read by block when a sample of that shard is first read: 20,000 shards cost what 100 do."""
+    from conftest import py_tar
+
+    shard = py_tar(tmp_path / "base.tar", [(f"{i:06d}.bin", bytes([i % 256]) * 24) for i in range(50)], 1, dirs=False)
+    index = tmp_path / "many.tarindex"
+    n, _ = synthetic_index(index, shard, 20_000, linked={13_093})
+    assert n == 1_000_000
+    _evict(index)
+    before = _resident_pages(index)
+    ds = tarindex.TarDataset(index)
+    assert len(ds) == n and ds.samples_per_frame == 1
+    sample = ds[654_651]  # shard 13,093
+    touched = _resident_pages(index) - before
+    assert sample["__key__"] == "13093000001" and sample["bin"] == bytes([1]) * 24
+    assert sample["__url__"] == str(tmp_path / "copy-13093.tar")
+    records = json.dumps([ShardInfo("copy-00000.tar", 1, 1, "f" * 64, 50, 50).to_json()] * 20_000)
+    assert touched <= 40, f"{touched} pages read for one sample (the shard records alone are {len(records) // mmap.PAGESIZE} pages)"
+    assert ds.shard_sizes[13_093] == 50 and len(ds.urls) == 20_000
+    assert ds.urls.names.count(None) == 20_000 - 1  # only the shard read from has its record decoded
+    with pytest.raises(ShardNotFoundError, match=r"copy-13094\.tar"):
+        ds[654_700]
+    records = ds.index.shards  # every record, in blocks of 64, a bounded number of blocks kept decoded
+    assert [info.path for info in records] == [f"copy-{s:05d}.tar" for s in range(20_000)]
+    assert 0 < len(records._blocks) <= 256 and records[-1].path == "copy-19999.tar"
+
+
+def test_key_hashes_spilled_to_files_give_the_same_key_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer past its in-memory bound of key entries spills them by partition; the table is the same."""
+    import lmdb
+
+    import tarindex.index.writer as writer_module
+    from conftest import py_tar
+
+    shard = py_tar(tmp_path / "base.tar", [(f"{i:06d}.bin", bytes([i % 256]) * 3) for i in range(300)], 1, dirs=False)
+    kept, spilled = tmp_path / "kept.tarindex", tmp_path / "spilled.tarindex"
+    _, keys = synthetic_index(kept, shard, 20)
+    monkeypatch.setattr(writer_module, "_SPILL_ROWS", 1000)  # 6,000 samples: spilled six times
+    synthetic_index(spilled, shard, 20)
+    _same_index(kept, spilled)
+    tables = []
+    for index in (kept, spilled):
+        env = lmdb.open(str(index), subdir=False, readonly=True, lock=False)
+        with env.begin() as txn:
+            tables.append([(bytes(k), bytes(v)) for k, v in txn.cursor() if bytes(k).startswith(b"k/")])
+        env.close()
+    assert tables[0] == tables[1] and len(tables[0]) == -(-6000 // 256)
+    assert [IndexReader(spilled).lookup(k) for k in keys] == [s * 300 + 150 for s in range(20)]
 
 
 def test_no_temp_names_are_left_by_a_failed_write(tmp_path: Path) -> None:

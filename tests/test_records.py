@@ -115,13 +115,32 @@ def test_c_reader_reads_what_was_encoded(samples: list[Sample]) -> None:
         raise AssertionError(f"the C reader handed sample {i} to the Python path")
 
     opener = ShardOpener(len(urls), _Shard, len(urls))
-    reader = SPEEDUPS.Reader(lambda b: blocks[b].view, per, len(samples), exts, urls, opener, fallback, CorruptArchiveError, FORK)
+    reader = SPEEDUPS.Reader(lambda b: blocks[b].view, per, len(samples), exts, list(urls), opener, fallback, CorruptArchiveError, FORK)
     for i, (shard, offset, size, members, key) in enumerate(samples):
         got = reader.read(i)
         data = _Shard(shard).read_at(offset, size)
         expected = {"__key__": key.decode("utf-8", "surrogateescape"), "__url__": urls[shard], "__index__": i}
         expected.update({exts[e]: data[mo : mo + ms] for e, mo, ms in members})
         assert got == expected
+    # a shard whose name is not resolved yet (None): its reads go to the Python path, which resolves it
+    names: list[str | None] = [None] * len(urls)
+    handed: list[int] = []
+
+    def resolve(i: int) -> Any:
+        handed.append(i)
+        names[samples[i][0]] = urls[samples[i][0]]
+        return {"resolved": i}
+
+    reader = SPEEDUPS.Reader(lambda b: blocks[b].view, per, len(samples), exts, names, opener, resolve, CorruptArchiveError, FORK)
+    first = {}
+    for i, sample in enumerate(samples):
+        got = reader.read(i)
+        if sample[0] not in first:
+            first[sample[0]] = i
+            assert got == {"resolved": i}
+        else:
+            assert got["__url__"] == urls[sample[0]]
+    assert handed == sorted(first.values())
 
 
 def test_a_damaged_record_in_the_c_reader_is_the_python_error() -> None:
@@ -138,12 +157,12 @@ def test_a_damaged_record_in_the_c_reader_is_the_python_error() -> None:
     def python_path(i: int) -> Any:
         return block.record(i, f"the record of sample {i}")
 
-    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ("s.tar",), ShardOpener(1, _Shard, 1), python_path, CorruptArchiveError, FORK)
+    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ["s.tar"], ShardOpener(1, _Shard, 1), python_path, CorruptArchiveError, FORK)
     assert reader.read(0)["jpg"] == _Shard(0).read_at(0, 10)
     with pytest.raises(IndexError):
         reader.read(2)
     # sample 1 names shard 9 of 1: the C reader defers to the Python path, which must raise too
-    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ("s.tar",), ShardOpener(1, _Shard, 1), lambda i: {}, CorruptArchiveError, FORK)
+    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ["s.tar"], ShardOpener(1, _Shard, 1), lambda i: {}, CorruptArchiveError, FORK)
     with pytest.raises(IndexFormatError, match="record of sample 1 is damaged"):
         reader.read(1)
 

@@ -9,7 +9,9 @@ request, tools/bench_remote.py; ``--only member``: peak memory of one 1 GiB memb
 .tar.zst and a .tar.gz, tools/bench_limits.py; ``--only batches``: the walk's batch size against two streams
 read one after the other, alternated and mixed, and over nginx). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
-``--sets sampler``: a quick set.
+``--sets sampler``: a quick set. ``--only scale --sets ''``: indexes of ``--sizes`` samples written in
+``--parts`` parts and merged, an index of ``--many-shards`` shards opened (tools/bench_index.py), the
+sampler at 5e9 samples.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
 Results go to stdout as a markdown table; record them in docs/performance.md.
 """
@@ -23,6 +25,7 @@ import os
 import platform
 import random
 import resource
+import sys
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -374,7 +377,6 @@ def bench_stream(paths: list[str], name: str, work: Path, max_shards: int | None
     """TarStream from the page cache, a pipe and loopback nginx, beside webdataset and ``cat``."""
     import shutil
     import subprocess
-    import sys
     import tempfile
 
     paths = paths[:max_shards] if max_shards else paths
@@ -454,7 +456,6 @@ def bench_resume(paths: list[str], name: str, work: Path) -> list[Row]:
     """TarStream resumed at 10/50/90% of an epoch (shuffle=1000): time to the first resumed sample and
     the state's size, for the set's shards locally and over loopback nginx, plain and as zstd (``tarindex
     compress``: frames and a seek table; and one frame per shard, as the zstd CLI writes: no frame table)."""
-    import sys
     import tempfile
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -923,6 +924,9 @@ def main() -> None:
     ap.add_argument("--sets", default="jpeg,small")
     ap.add_argument("--only", default="build,access,loader,open,walk,stream,resume,mix,zstd,sampler,sampler_zstd,scale")
     ap.add_argument("--zstd-shards", type=int, default=None, help="zstd benchmark on the first N shards (quick check)")
+    ap.add_argument("--sizes", default="1e6,1e7", help="scale: index sizes in samples (tools/bench_index.py; 1e8: 100,000 shards)")
+    ap.add_argument("--parts", type=int, default=10, help="scale: parts written, then merged, per size")
+    ap.add_argument("--many-shards", type=int, default=500_000, help="scale: shards of the index whose open is timed (0: none)")
     args = ap.parse_args()
     ZSTD_SHARDS[0] = args.zstd_shards
     only = set(args.only.split(","))
@@ -931,7 +935,7 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.2f}; peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB")
     print("| measurement | value | ratio |\n|---|---|---|")
-    for name in args.sets.split(","):
+    for name in filter(None, args.sets.split(",")):  # --sets '': only what needs no set (scale)
         base_name, _, writer = name.partition("-")
         n_shards, per, size = SPECS[base_name]
         paths = make_set(args.dir / base_name, base_name, VARIANT_SHARDS if writer else n_shards, per, size)
@@ -941,7 +945,12 @@ def main() -> None:
         for label, value, ratio in run_set(name, paths, only, work):
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
     if "scale" in only:
-        for label, value, ratio in bench_sampler_scale():
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_index import bench_index_scale, bench_many_shards
+
+        sizes = [int(float(s)) for s in args.sizes.split(",") if s]
+        rows = bench_index_scale(work, sizes, args.parts) + (bench_many_shards(work, args.many_shards) if args.many_shards else [])
+        for label, value, ratio in [*rows, *bench_sampler_scale()]:
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
     if "member" in only:  # not by default: it writes two 1 GiB-member shards once and starts 8 processes
         from bench_limits import bench_member

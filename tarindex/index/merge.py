@@ -1,7 +1,8 @@
 """Merge indexes: parts of one build (``--part K/N``) or any indexes, streamed shard by shard.
 
 Memory is bounded by the largest shard, not by the parts: each shard's tables are cut
-out of its part and written into the new index's record blocks at once.
+out of its part and written into the new index's record blocks at once, and each part is
+closed (its map's pages released) once its shards are written.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def merge(
                         raise TarIndexError(f"{reader.path}: shard {path} is already in {seen[path]}")
                     seen[path] = reader.path
                     writer.add_columns(placed(info, path, info.kind), reader.shard_columns(i), reader.exts, reader.frame_table(i))
+                reader.close()  # its pages leave this process's memory: one part is mapped at a time
     finally:
         for reader in readers:
             reader.close()

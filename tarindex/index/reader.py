@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any, overload
@@ -27,6 +27,7 @@ from .format import (
     KEYS_PREFIX,
     MAGIC,
     META_KEY,
+    SHARD_SUMMARY,
     SHARDS_PREFIX,
     START_KEY,
     ShardInfo,
@@ -137,7 +138,10 @@ def _acquire(path: Path) -> _Env:
     return found.acquire()
 
 
-_META_INTS = ("n_samples", "n_members", "n_shards", "duplicate_keys", "block_samples", "n_blocks", "n_buckets", "sample_bytes", "shard_block")
+_META_INTS = (
+    "n_samples", "n_members", "n_shards", "duplicate_keys", "block_samples", "n_blocks", "n_buckets", "sample_bytes", "shard_block",
+    *SHARD_SUMMARY,
+)  # fmt: skip
 
 
 def _check_meta(path: Path, raw: Any) -> dict[str, Any]:
@@ -182,6 +186,8 @@ def _check_meta(path: Path, raw: Any) -> dict[str, Any]:
                 ("exts", isinstance(meta.get("exts"), list) and all(isinstance(e, str) for e in meta["exts"])),
                 ("build_id", isinstance(meta.get("build_id"), str)),
                 ("part", _is_part(meta.get("part"))),
+                ("url_shards", meta["url_shards"] + meta["command_shards"] <= meta["n_shards"]),
+                ("zstd_samples", meta["zstd_samples"] <= n and (meta["zstd_frames"] > 0) == (meta["zstd_samples"] > 0)),
             )
             if not ok
         ]
@@ -262,11 +268,14 @@ class BlockSource:
             pass
 
 
+_SHARD_BLOCKS_KEPT = 256  # decoded blocks of shard records a ShardList keeps (256 x 64 records, ~5 MB)
+
+
 class ShardList(Sequence[ShardInfo]):
-    """The shard records, read in blocks of ``SHARD_BLOCK`` on first use."""
+    """The shard records, read in blocks of ``SHARD_BLOCK`` on first use (a bounded number kept decoded)."""
 
     def __init__(self, reader: IndexReader) -> None:
-        self._reader = weakref.ref(reader)  # not a cycle: a reader that goes closes its environment at once
+        self._reader: Callable[[], IndexReader | None] = weakref.ref(reader)  # not a cycle: a reader that goes closes its environment at once
         self._own: IndexReader | None = None
         self._path, self._build = reader.path, reader.build_id
         self._n: int = reader.meta["n_shards"]
@@ -290,12 +299,23 @@ class ShardList(Sequence[ShardInfo]):
         b, j = divmod(s, self._per)
         block = self._blocks.get(b)
         if block is None:
-            block = self._blocks[b] = self._source()._shard_block(b, min(self._per, self._n - b * self._per))
+            block = self._source()._shard_block(b, min(self._per, self._n - b * self._per))
+            blocks = self._blocks
+            if len(blocks) >= _SHARD_BLOCKS_KEPT:  # start again (a new dict: threads reading the old one are unharmed)
+                blocks = self._blocks = {}
+            blocks[b] = block
         return block[j]
 
     def __iter__(self) -> Iterator[ShardInfo]:
         for s in range(self._n):
             yield self[s]
+
+    def __getstate__(self) -> dict[str, Any]:  # by path: the reader it came from is opened again where it is used
+        return {"path": self._path, "build": self._build, "n": self._n, "per": self._per}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._reader, self._own, self._blocks = lambda: None, None, {}
+        self._path, self._build, self._n, self._per = state["path"], state["build"], state["n"], state["per"]
 
     def _source(self) -> IndexReader:
         reader = self._reader() or self._own
@@ -424,11 +444,6 @@ class IndexReader:
             infos = [ShardInfo.from_json(obj) for obj in raw]
         except (ValueError, IndexFormatError) as exc:
             raise IndexFormatError(f"{where} is damaged ({exc}); rebuild the index") from exc
-        starts = self.shard_starts()
-        first = b * self.meta["shard_block"]
-        for k, info in enumerate(infos):
-            if info.n_samples != int(starts[first + k + 1] - starts[first + k]):
-                raise IndexFormatError(f"{where} is damaged (shard {first + k} has {info.n_samples} samples, the start table says otherwise)")
         return infos
 
     @cached_property
@@ -443,6 +458,23 @@ class IndexReader:
     @property
     def n_members(self) -> int:
         return int(self.meta["n_members"])
+
+    @property
+    def url_shards(self) -> int:
+        """Shards read from URLs (from the meta: no shard record is read)."""
+        return int(self.meta["url_shards"])
+
+    @property
+    def command_shards(self) -> int:
+        """Shards that are commands (``pipe:``), from the meta."""
+        return int(self.meta["command_shards"])
+
+    @property
+    def samples_per_frame(self) -> int:
+        """Mean samples per zstd frame over the zstd shards with a frame table (rounded down, at least 1);
+        1 without any (from the meta: no shard record or frame table is read)."""
+        frames = int(self.meta["zstd_frames"])
+        return max(1, int(self.meta["zstd_samples"]) // frames) if frames else 1
 
     @property
     def duplicate_keys(self) -> int:
@@ -563,6 +595,12 @@ class IndexReader:
             IndexFormatError: the records of the shard are damaged or name another shard.
         """
         starts = self.shard_starts()
+        info = self.shards[shard]  # its block is checked on its own: here against the start table
+        if info.n_samples != int(starts[shard + 1] - starts[shard]):
+            raise IndexFormatError(
+                f"{self.path}: shard records block {shard // self.meta['shard_block']} is damaged "
+                f"(shard {shard} has {info.n_samples} samples, the start table says otherwise); rebuild the index"
+            )
         cols = self.decode(int(starts[shard]), int(starts[shard + 1]))
         if len(cols) and bool((cols.shard != shard).any()):
             raise IndexFormatError(f"{self.path}: a record of shard {shard} names another shard; rebuild the index")

@@ -35,6 +35,7 @@ from .format import (
     MAGIC,
     META_KEY,
     SHARD_BLOCK,
+    SHARD_SUMMARY,
     SHARDS_PREFIX,
     START_KEY,
     ShardInfo,
@@ -49,7 +50,7 @@ from .records import Columns, encode_block, parse
 __all__ = ["IndexWriter", "remove_stale_temporaries"]
 
 _PARTITIONS = 256  # key hashes spilled by their top 8 bits: one partition in memory at a time
-_SPILL_ROWS = 1 << 22  # key entries (16 bytes each) held in memory before they go to the spill files
+_SPILL_ROWS = 1 << 20  # key entries (16 bytes each) held in memory before they go to the spill files (16 MB)
 _SPILL_FRAMES = 64 << 20  # bytes of frame tables held in memory before they go to a spill file
 _COMMIT_BYTES = 64 << 20  # a write transaction's dirty pages live in memory: commit every this many bytes
 _MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
@@ -103,6 +104,7 @@ class IndexWriter:
         self._starts: list[int] = [0]
         self._exts: dict[str, int] = {}
         self._n_members = 0
+        self._summary = dict.fromkeys(SHARD_SUMMARY, 0)  # what a reader needs at open without the shard records
         self._pending: list[Columns] = []
         self._pending_n = 0
         self._n_blocks = 0
@@ -193,6 +195,11 @@ class IndexWriter:
         self._infos.append(info)
         self._starts.append(first + n)
         self._n_members += len(cols.member_ext)
+        self._summary["url_shards"] += info.kind == "url"
+        self._summary["command_shards"] += info.kind == "command"
+        if info.compression == "zstd" and frames is not None and len(frames):
+            self._summary["zstd_samples"] += n
+            self._summary["zstd_frames"] += len(frames)
         remap = np.array([self._exts.setdefault(e, len(self._exts)) for e in exts] or [0], np.uint16)
         self._spill_keys(cols.keys, first)
         if frames is not None:
@@ -326,6 +333,7 @@ class IndexWriter:
             "n_buckets": n_buckets,
             "sample_bytes": sample_bytes,
             "shard_block": SHARD_BLOCK,
+            **self._summary,
         }
         self._put_sealed(META_KEY, json.dumps(meta, separators=(",", ":")).encode())
         for b in range(0, len(self._infos), SHARD_BLOCK):
