@@ -1,26 +1,34 @@
-"""gzip shards: streamed and indexed by content, made by GNU ``tar czf``, ``pigz``, ``tarfile`` (``w:gz``),
-webdataset's writer and concatenated members (as ``bgzip`` writes); every sample compared with what
-``tarfile`` extracts; damaged deflate named by shard and compressed offset.
+"""gzip shards: streamed, indexed by content and read at random through seek points, made by GNU
+``tar czf``, ``pigz``, ``tarfile`` (``w:gz``), webdataset's writer and concatenated members (as
+``bgzip`` writes); every sample compared with what ``tarfile`` extracts; damaged deflate named by shard
+and compressed offset; a replaced shard is stale.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip as gzip_module
 import os
+import random
 import shutil
 import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
+from _servers import HTTPServer
 from click.testing import CliRunner
 from test_zstd import expected_samples
 
 import tarindex
 from conftest import file_specs, gnu_tar, make_shard_set, py_tar, write_tree
+from tarindex import gzip_random
 from tarindex.cli.main import main
-from tarindex.errors import CorruptDeflateError, RandomAccessError
+from tarindex.errors import CorruptDeflateError, RandomAccessError, StaleIndexError
 from tarindex.gzip import decompress_gzip
+from tarindex.gzip_random import SeekPoints
+from tarindex.index.reader import IndexReader
+from tarindex.index.writer import IndexWriter
 from tarindex.scan import scan_shard
 
 
@@ -85,7 +93,7 @@ def test_stream_and_build_equal_tarfile(made: tuple[Path, Path], tmp_path: Path)
     assert got == oracle
     info, table = scan_shard(str(shard))
     _, plain_table = scan_shard(str(plain))
-    assert info.compression == "gzip" and not info.random_access
+    assert info.compression == "gzip" and info.random_access and table.gzip_points is not None
     assert table.keys == plain_table.keys and (table.sample_offset == plain_table.sample_offset).all()
     assert (table.member_size == plain_table.member_size).all()
     disguised = tmp_path / "looks-plain.tar"  # by content, not by name
@@ -93,13 +101,129 @@ def test_stream_and_build_equal_tarfile(made: tuple[Path, Path], tmp_path: Path)
     assert scan_shard(str(disguised))[1].keys == table.keys
 
 
-def test_dataset_refuses_gzip_with_the_conversion_command(tmp_path: Path) -> None:
+def _assert_random_reads(index: Path, oracle: dict[str, dict[str, bytes]], seed: int = 0) -> None:
+    """Every sample, in a random order, equals what tarfile extracts from the decompressed tar."""
+    ds = tarindex.TarDataset(index)
+    order = list(range(len(ds)))
+    random.Random(seed).shuffle(order)
+    got = {}
+    for i in order:
+        s = ds[i]
+        got[s["__key__"]] = {k: v for k, v in s.items() if not k.startswith("__")}
+    assert got == oracle
+
+
+@pytest.mark.parametrize("spacing", [gzip_random.SPACING, 4096])
+@pytest.mark.parametrize("made", list(MAKERS), indirect=True)
+def test_random_reads_equal_tarfile(made: tuple[Path, Path], spacing: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shard, plain = made
+    monkeypatch.setattr(gzip_random, "SPACING", spacing)
+    index = tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1).path
+    points = SeekPoints(IndexReader(index).gzip_points(0) or b"", "test")
+    assert points.decompressed[0] == 0 and (len(points) > 1) == (spacing == 4096)
+    _assert_random_reads(index, expected_samples(plain))
+
+
+def _big(tmp_path: Path) -> tuple[Path, dict[str, dict[str, bytes]]]:
+    """A 6 MB tar of compressible samples (text of random words), and what tarfile extracts from it."""
+    rng = random.Random(7)
+    words = [bytes(rng.choices(b"abcdefghij", k=rng.randrange(2, 9))) for _ in range(500)]
+    specs = [(f"s{i:04d}.txt", b" ".join(rng.choices(words, k=rng.randrange(100, 3000)))) for i in range(800)]
+    tar = py_tar(tmp_path / "big.tar", specs, tarfile.GNU_FORMAT, dirs=False)
+    return tar, expected_samples(tar)
+
+
+@pytest.mark.parametrize("tool", ["gzip", "pigz-i", "members"])
+def test_random_reads_of_a_large_shard_through_many_points(tool: str, tmp_path: Path) -> None:
+    tar, oracle = _big(tmp_path)
+    shard = tmp_path / "big.tar.gz"
+    if tool == "members":  # 100 KB members, as bgzip and cat a.gz b.gz make
+        data = tar.read_bytes()
+        shard.write_bytes(b"".join(gzip_module.compress(data[i : i + 100_000]) for i in range(0, len(data), 100_000)))
+    else:
+        cmd = ["gzip", "-c", str(tar)] if tool == "gzip" else ["pigz", "-i", "-b", "64", "-c", str(tar)]
+        with open(shard, "wb") as f:
+            subprocess.run(cmd, stdout=f, check=True)
+    index = tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1).path
+    points = SeekPoints(IndexReader(index).gzip_points(0) or b"", "test")
+    assert len(points) >= 5
+    if tool != "members":  # points inside a member: a bit offset and a window (a member's start needs neither)
+        assert any(points.bits) and all(points.windows[1:])
+    _assert_random_reads(index, oracle, seed=1)
+
+
+def test_random_reads_over_http(http_server: HTTPServer, tmp_path: Path) -> None:
+    tar, oracle = _big(tmp_path)
+    www = http_server.root / "gz"
+    www.mkdir(exist_ok=True)
+    shard = www / "big.tar.gz"
+    with open(shard, "wb") as f:
+        subprocess.run(["gzip", "-c", str(tar)], stdout=f, check=True)
+    index = tarindex.build_index([http_server.url(shard)], index=tmp_path / "u.tarindex", workers=1).path
+    assert IndexReader(index).shards[0].random_access
+    _assert_random_reads(index, oracle, seed=2)
+
+
+def test_damaged_deflate_is_named_on_random_reads(tmp_path: Path) -> None:
+    tar, _ = _big(tmp_path)
+    shard = tmp_path / "big.tar.gz"
+    with open(shard, "wb") as f:
+        subprocess.run(["gzip", "-c", str(tar)], stdout=f, check=True)
+    index = tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1).path
+    points = SeekPoints(IndexReader(index).gzip_points(0) or b"", "test")
+    # The code tables of the block at the third point, past the bytes the point's check covers: inflate
+    # finds them invalid. (Damage inside coded data can still decode; only a member's CRC-32, which
+    # streaming and ``tarindex verify --deep`` check, sees it.)
+    at = points.compressed[2] + 40
+    data = bytearray(shard.read_bytes())
+    data[at : at + 16] = b"\xff" * 16
+    st = shard.stat()
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime: the damage is found by reading
+    ds = tarindex.TarDataset(index)
+    with pytest.raises(CorruptDeflateError, match=r"big\.tar\.gz: corrupt deflate data \(.*\) at offset (\d+)$") as info:
+        for i in range(len(ds)):
+            ds[i]
+    assert at <= info.value.offset <= at + 16
+    first = ds[0]  # samples before the damage still read
+    assert first["__key__"] == "s0000"
+
+
+def test_replaced_shard_is_stale(tmp_path: Path) -> None:
+    tar, _ = _big(tmp_path)
+    shard = tmp_path / "big.tar.gz"
+    with open(shard, "wb") as f:
+        subprocess.run(["gzip", "-c", str(tar)], stdout=f, check=True)
+    index = tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1).path
+    points = SeekPoints(IndexReader(index).gzip_points(0) or b"", "test")
+    st = shard.stat()
+    # Another shard of the same size and ends, written over it with the same mtime (touch -r): the
+    # bytes at a seek point differ from those the table was made from.
+    data = bytearray(shard.read_bytes())
+    k = 3
+    data[points.compressed[k] : points.compressed[k] + 32] = bytes(reversed(data[points.compressed[k] : points.compressed[k] + 32]))
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    ds = tarindex.TarDataset(index)
+    with pytest.raises(StaleIndexError, match=rf"big\.tar\.gz: shard changed since it was indexed \(compressed bytes at seek point {k} "):
+        for i in range(len(ds)):
+            ds[i]
+    # A replacement of another size: the identity rule says so at open.
+    shard.write_bytes(bytes(data[:-100]))
+    with pytest.raises(StaleIndexError, match=r"big\.tar\.gz: shard changed since it was indexed \(size"):
+        tarindex.TarDataset(index)[0]
+
+
+def test_index_without_seek_points_is_refused_with_the_conversion_command(tmp_path: Path) -> None:
     (plain,) = make_shard_set(tmp_path / "d", n_shards=1, per=5)
     shard = tmp_path / "d" / "g.tar.gz"
     shard.write_bytes(gzip_module.compress(plain.read_bytes()))
-    index = tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1).path
-    ds = tarindex.TarDataset(index)
-    with pytest.raises(RandomAccessError, match=r"g\.tar\.gz: gzip shards are not read at random yet; .*tarindex compress"):
+    info, table = scan_shard(str(shard))
+    table.gzip_points = None  # as an index written before seek points existed holds it
+    with IndexWriter(tmp_path / "d" / "g.tarindex") as w:
+        w.add(dataclasses.replace(info, path="g.tar.gz"), table)
+    ds = tarindex.TarDataset(tmp_path / "d" / "g.tarindex")
+    with pytest.raises(RandomAccessError, match=r"g\.tar\.gz: the index holds no gzip seek points .*tarindex compress"):
         ds[0]
     zst = tmp_path / "d" / "g.tar.zst"
     result = CliRunner().invoke(main, ["compress", str(shard), str(zst)])  # compress accepts gzip input

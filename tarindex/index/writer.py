@@ -31,6 +31,7 @@ from .format import (
     BUCKET_KEYS,
     FORMAT_VERSION,
     FRAMES_PREFIX,
+    GZIP_PREFIX,
     KEYS_PREFIX,
     MAGIC,
     META_KEY,
@@ -117,6 +118,7 @@ class IndexWriter:
         self._frames: BinaryIO | None = None  # spill file of frame tables, once memory holds too many
         self._frame_list: list[tuple[int, bytes]] = []  # shard, frame table bytes held in memory
         self._frame_bytes = 0
+        self._gzip_points: list[tuple[int, bytes]] = []  # shard, seek-point table of a gzip shard
         self._frame_at: list[tuple[int, int, int]] = []  # shard, offset in the spill file, bytes
 
     # -- life cycle ------------------------------------------------------------
@@ -178,6 +180,8 @@ class IndexWriter:
             [k.encode("utf-8", "surrogateescape") for k in table.keys],
         )
         self.add_columns(info, cols, table.exts, table.frames)
+        if table.gzip_points is not None:
+            self._gzip_points.append((len(self._infos) - 1, table.gzip_points))
 
     def add_columns(self, info: ShardInfo, cols: Columns, exts: list[str], frames: np.ndarray | None = None) -> None:
         """Append one shard given as columns (``cols.member_ext`` numbers into ``exts``; ``cols.shard`` is ignored).
@@ -305,6 +309,8 @@ class IndexWriter:
         self._put_sealed(START_KEY, np.array(self._starts, "<u8").tobytes())
         for shard, raw in self._frame_tables():
             self._put_sealed(numbered(FRAMES_PREFIX, shard), raw)
+        for shard, raw in self._gzip_points:
+            self._put_sealed(numbered(GZIP_PREFIX, shard), raw)
         n_buckets = -(-n // BUCKET_KEYS)
         sample_bytes = max(1, (max(n - 1, 0).bit_length() + 7) // 8)
         self._txn.commit()  # the records are readable from here on (duplicate keys are compared by their bytes)
