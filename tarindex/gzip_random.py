@@ -24,6 +24,7 @@ import ctypes
 import ctypes.util
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -67,6 +68,7 @@ class _ZStream(ctypes.Structure):
 
 
 _LIBZ: Any = None
+_BUFFERS = threading.local()
 
 
 def _libz() -> Any:
@@ -103,8 +105,11 @@ class _Inflate:
         self.ref = ctypes.byref(self.s)
         if self.z.inflateInit2_(self.ref, wbits, self.z.zlibVersion(), ctypes.sizeof(_ZStream)) != Z_OK:
             raise MemoryError("inflateInit2 failed")
-        self.out = ctypes.create_string_buffer(_OUT)
-        self.out_addr = ctypes.addressof(self.out)
+        out = getattr(_BUFFERS, "out", None)
+        if out is None:  # one output buffer per thread, reused by its reads (zeroing 1 MiB per read costs)
+            out = _BUFFERS.out = ctypes.create_string_buffer(_OUT)
+        self.out = out
+        self.out_addr = ctypes.addressof(out)
         self.data = b""
         self.data_addr = 0
 
@@ -314,7 +319,9 @@ class GzipShardReader:
         p = self.points
         k = bisect.bisect_right(p.decompressed, offset) - 1
         start, bits = p.compressed[k], p.bits[k]
-        first = self._read(start, _IN)
+        # Up to the next point's block when the range ends before it (and at least _CHECK bytes).
+        ends_before = k + 1 < len(p) and offset + size <= p.decompressed[k + 1]
+        first = self._read(start, max(_CHECK, p.compressed[k + 1] + 1 - start) if ends_before else _IN)
         if k not in self._checked:
             if _check_at(first) != p.check[k]:
                 raise StaleIndexError(self.path, f"compressed bytes at seek point {k} (offset {start}) differ from the index")

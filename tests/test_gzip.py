@@ -268,3 +268,22 @@ def test_trailing_zeros_after_the_members_are_padding(tmp_path: Path) -> None:
     data = b"".join(bytes([i]) * 1000 for i in range(50))
     stream = gzip_module.compress(data) + bytes(4096)
     assert b"".join(decompress_gzip([stream[i : i + 777] for i in range(0, len(stream), 777)], "z.gz")) == data
+
+
+def test_merged_index_keeps_the_seek_points(tmp_path: Path) -> None:
+    tar, oracle = _big(tmp_path)
+    parts = []
+    for name, tool in (("a", ["gzip", "-c"]), ("b", ["pigz", "-i", "-c"])):
+        shard = tmp_path / f"{name}.tar.gz"
+        with open(shard, "wb") as f:
+            subprocess.run([*tool, str(tar)], stdout=f, check=True)
+        parts.append(tarindex.build_index([shard], index=tmp_path / f"{name}.tarindex", workers=1).path)
+    merged = tarindex.merge_indexes(parts, tmp_path / "all.tarindex")
+    reader = IndexReader(merged)
+    assert reader.gzip_points(0) == IndexReader(parts[0]).gzip_points(0)
+    assert reader.gzip_points(1) == IndexReader(parts[1]).gzip_points(0)
+    ds = tarindex.TarDataset(merged)
+    for i in random.Random(4).sample(range(len(ds)), 200):
+        s = ds[i]
+        expected = oracle[s["__key__"]]
+        assert {k: v for k, v in s.items() if not k.startswith("__")} == expected

@@ -5,7 +5,8 @@ Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,
 webdataset's TarWriter, GNU tar --format=posix and GNU tar with long names (``WRITERS``).
 Every part but ``remote`` runs by default; ``--only`` picks some (``walk``: the tar walk alone, TarStream and
 index tables, in one process; ``--only remote``: random access over loopback nginx with 20 ms added per
-request, tools/bench_remote.py). ``--only stream,quick``: the streaming benchmark over
+request, tools/bench_remote.py; ``--only gzip``: .tar.gz shards through seek points on the first 2
+shards, or ``--zstd-shards N``, tools/bench_gzip.py, not by default). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
@@ -690,6 +691,10 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_mix(paths, name)
     if "zstd" in only:
         yield from bench_zstd(paths[: ZSTD_SHARDS[0]], name, work, frame_table=name == "small")
+    if "gzip" in only:
+        from bench_gzip import bench_gzip
+
+        yield from bench_gzip(paths[: ZSTD_SHARDS[0] or 2], name, work)
     if "remote" in only:  # not by default: it starts nginx and a delaying relay
         from bench_remote import bench_remote
 

@@ -179,11 +179,11 @@ class IndexWriter:
             np.asarray(table.member_size, np.uint64),
             [k.encode("utf-8", "surrogateescape") for k in table.keys],
         )
-        self.add_columns(info, cols, table.exts, table.frames)
-        if table.gzip_points is not None:
-            self._gzip_points.append((len(self._infos) - 1, table.gzip_points))
+        self.add_columns(info, cols, table.exts, table.frames, table.gzip_points)
 
-    def add_columns(self, info: ShardInfo, cols: Columns, exts: list[str], frames: np.ndarray | None = None) -> None:
+    def add_columns(
+        self, info: ShardInfo, cols: Columns, exts: list[str], frames: np.ndarray | None = None, gzip_points: bytes | None = None
+    ) -> None:
         """Append one shard given as columns (``cols.member_ext`` numbers into ``exts``; ``cols.shard`` is ignored).
 
         What :meth:`add` does after encoding the keys; merges hand over decoded records this way.
@@ -201,6 +201,8 @@ class IndexWriter:
         self._spill_keys(cols.keys, first)
         if frames is not None:
             self._add_frames(shard, np.ascontiguousarray(frames, "<u8").tobytes())
+        if gzip_points is not None:
+            self._gzip_points.append((shard, gzip_points))
         member_ext = remap[cols.member_ext.astype(np.int64)] if len(cols.member_ext) else np.zeros(0, np.uint16)
         self._pending.append(dataclasses.replace(cols, shard=np.full(n, shard, np.uint64), member_ext=member_ext))
         self._pending_n += n
