@@ -35,7 +35,7 @@ from .gzip import GZIP_MAGIC
 
 __all__: list[str] = []  # internal: read through TarDataset and build
 
-SPACING = 1 << 20
+SPACING = 512 << 10
 """Decompressed bytes between seek points (default; see docs/performance.md, "gzip")."""
 WINDOW = 32768
 _CHECK = 32  # compressed bytes at a seek point whose CRC-32 the table keeps (a replaced shard differs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip as gzip_module
+import multiprocessing
 import os
 import random
 import shutil
@@ -287,3 +288,42 @@ def test_merged_index_keeps_the_seek_points(tmp_path: Path) -> None:
         s = ds[i]
         expected = oracle[s["__key__"]]
         assert {k: v for k, v in s.items() if not k.startswith("__")} == expected
+
+
+_FORKED: tarindex.TarDataset | None = None
+
+
+def _forked_read(i: int) -> tuple[str, bytes]:
+    assert _FORKED is not None
+    s = _FORKED[i]
+    return s["__key__"], s["txt"]
+
+
+def test_reads_in_forked_workers(tmp_path: Path) -> None:
+    """The parent has read (its shard open, a seek point checked): forked children read on their own."""
+    global _FORKED
+    tar, oracle = _big(tmp_path)
+    shard = tmp_path / "big.tar.gz"
+    with open(shard, "wb") as f:
+        subprocess.run(["gzip", "-c", str(tar)], stdout=f, check=True)
+    _FORKED = tarindex.TarDataset(tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1).path)
+    try:
+        _FORKED[len(_FORKED) // 2]
+        order = random.Random(5).sample(range(len(_FORKED)), 120)
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            got = pool.map(_forked_read, order, chunksize=10)
+    finally:
+        _FORKED = None
+    assert got and all(oracle[k]["txt"] == v for k, v in got)
+
+
+def test_rebuild_with_nothing_changed_keeps_the_seek_points(tmp_path: Path) -> None:
+    tar, oracle = _big(tmp_path)
+    shard = tmp_path / "big.tar.gz"
+    with open(shard, "wb") as f:
+        subprocess.run(["gzip", "-c", str(tar)], stdout=f, check=True)
+    first = IndexReader(tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1).path).gzip_points(0)
+    report = tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1)
+    assert report.reused and not report.scanned
+    assert IndexReader(report.path).gzip_points(0) == first is not None
+    _assert_random_reads(report.path, oracle, seed=6)

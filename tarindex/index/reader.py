@@ -587,6 +587,7 @@ class IndexReader:
             [k.decode("utf-8", "surrogateescape") for k in cols.keys],
             [self.exts[e] for e in exts_used.tolist()],
             self.frame_table(shard),
+            self.gzip_points(shard),
         )
 
     def frame_table(self, shard: int) -> np.ndarray | None:
