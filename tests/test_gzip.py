@@ -134,6 +134,15 @@ def _big(tmp_path: Path) -> tuple[Path, dict[str, dict[str, bytes]]]:
     return tar, expected_samples(tar)
 
 
+def _big_gz(tmp_path: Path) -> tuple[Path, Path, dict[str, dict[str, bytes]]]:
+    """The large tar as ``gzip -c`` writes it (one member), its index, what tarfile extracts."""
+    tar, oracle = _big(tmp_path)
+    shard = tmp_path / "big.tar.gz"
+    with open(shard, "wb") as f:
+        subprocess.run(["gzip", "-c", str(tar)], stdout=f, check=True)
+    return shard, tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1).path, oracle
+
+
 @pytest.mark.parametrize("tool", ["gzip", "pigz-i", "members"])
 def test_random_reads_of_a_large_shard_through_many_points(tool: str, tmp_path: Path) -> None:
     tar, oracle = _big(tmp_path)
@@ -166,11 +175,7 @@ def test_random_reads_over_http(http_server: HTTPServer, tmp_path: Path) -> None
 
 
 def test_damaged_deflate_is_named_on_random_reads(tmp_path: Path) -> None:
-    tar, _ = _big(tmp_path)
-    shard = tmp_path / "big.tar.gz"
-    with open(shard, "wb") as f:
-        subprocess.run(["gzip", "-c", str(tar)], stdout=f, check=True)
-    index = tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1).path
+    shard, index, _ = _big_gz(tmp_path)
     points = SeekPoints(IndexReader(index).gzip_points(0) or b"", "test")
     # The code tables of the block at the third point, past the bytes the point's check covers: inflate
     # finds them invalid. (Damage inside coded data can still decode; only a member's CRC-32, which
@@ -191,11 +196,7 @@ def test_damaged_deflate_is_named_on_random_reads(tmp_path: Path) -> None:
 
 
 def test_replaced_shard_is_stale(tmp_path: Path) -> None:
-    tar, _ = _big(tmp_path)
-    shard = tmp_path / "big.tar.gz"
-    with open(shard, "wb") as f:
-        subprocess.run(["gzip", "-c", str(tar)], stdout=f, check=True)
-    index = tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1).path
+    shard, index, _ = _big_gz(tmp_path)
     points = SeekPoints(IndexReader(index).gzip_points(0) or b"", "test")
     st = shard.stat()
     # Another shard of the same size and ends, written over it with the same mtime (touch -r): the
@@ -302,11 +303,8 @@ def _forked_read(i: int) -> tuple[str, bytes]:
 def test_reads_in_forked_workers(tmp_path: Path) -> None:
     """The parent has read (its shard open, a seek point checked): forked children read on their own."""
     global _FORKED
-    tar, oracle = _big(tmp_path)
-    shard = tmp_path / "big.tar.gz"
-    with open(shard, "wb") as f:
-        subprocess.run(["gzip", "-c", str(tar)], stdout=f, check=True)
-    _FORKED = tarindex.TarDataset(tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1).path)
+    _, index, oracle = _big_gz(tmp_path)
+    _FORKED = tarindex.TarDataset(index)
     try:
         _FORKED[len(_FORKED) // 2]
         order = random.Random(5).sample(range(len(_FORKED)), 120)
@@ -318,11 +316,8 @@ def test_reads_in_forked_workers(tmp_path: Path) -> None:
 
 
 def test_rebuild_with_nothing_changed_keeps_the_seek_points(tmp_path: Path) -> None:
-    tar, oracle = _big(tmp_path)
-    shard = tmp_path / "big.tar.gz"
-    with open(shard, "wb") as f:
-        subprocess.run(["gzip", "-c", str(tar)], stdout=f, check=True)
-    first = IndexReader(tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1).path).gzip_points(0)
+    shard, index, oracle = _big_gz(tmp_path)
+    first = IndexReader(index).gzip_points(0)
     report = tarindex.build_index([shard], index=tmp_path / "g.tarindex", workers=1)
     assert report.reused and not report.scanned
     assert IndexReader(report.path).gzip_points(0) == first is not None
