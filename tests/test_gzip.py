@@ -323,3 +323,27 @@ def test_rebuild_with_nothing_changed_keeps_the_seek_points(tmp_path: Path) -> N
     assert report.reused and not report.scanned
     assert IndexReader(report.path).gzip_points(0) == first is not None
     _assert_random_reads(report.path, oracle, seed=6)
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_gzip_and_zstd_shards_in_one_index(spill: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seek points and frame tables side by side, held in memory or spilled to disk while building."""
+    from tarindex.index import writer
+
+    if spill:
+        monkeypatch.setattr(writer, "_SPILL_FRAMES", 1)
+    shard, _, oracle = _big_gz(tmp_path)
+    zst = tmp_path / "big.tar.zst"
+    result = CliRunner().invoke(main, ["compress", str(shard), str(zst), "-q"])
+    assert result.exit_code == 0, result.output
+    second = tmp_path / "again.tar.gz"
+    shutil.copy(shard, second)
+    index = tarindex.build_index([shard, zst, second], index=tmp_path / "mixed.tarindex", workers=1).path
+    reader = IndexReader(index)
+    assert reader.gzip_points(0) == reader.gzip_points(2) is not None and reader.gzip_points(1) is None
+    assert reader.frame_table(1) is not None and reader.frame_table(0) is None
+    ds = tarindex.TarDataset(index)
+    assert len(ds) == 3 * len(oracle)
+    for i in random.Random(8).sample(range(len(ds)), 150):
+        s = ds[i]
+        assert {k: v for k, v in s.items() if not k.startswith("__")} == oracle[s["__key__"]]
