@@ -21,11 +21,10 @@ from .errors import (
     TarIndexError,
     shown,
 )
-from .gzip import random_access_refused
 from .identity import Check, check_shard
 from .index.reader import IndexReader
 from .objstore import is_remote_reader, read_many
-from .opener import ShardNames, ShardOpener, open_url, open_zstd_shard
+from .opener import ShardNames, ShardOpener, open_gzip_shard, open_url, open_zstd_shard
 from .options import SourceOptions
 from .shards import resolve_index
 
@@ -211,7 +210,8 @@ class TarDataset:
                 path, "a command's output cannot be read at random; stream the index with TarStream(..., allow_commands=True)"
             )
         if info.kind == "url":  # an index built from URLs: ranged requests (tarindex.objstore)
-            return open_url(path, info, self.index.frame_table(shard), self.options)
+            points = self.index.gzip_points(shard) if info.compression == "gzip" else None
+            return open_url(path, info, self.index.frame_table(shard), self.options, points=points)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:
@@ -223,8 +223,7 @@ class TarDataset:
             raise
         handle: Any = fd
         if info.compression == "gzip":
-            os.close(fd)
-            raise random_access_refused(path)
+            return open_gzip_shard(path, fd, self.index.gzip_points(shard))
         if info.compression == "zstd":
             handle = open_zstd_shard(
                 path, fd, info, self.index.frame_table(shard), cache_dir=self.zstd_cache_dir, cache_bytes=self.zstd_cache_bytes

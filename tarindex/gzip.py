@@ -6,8 +6,8 @@ each a header, a deflate stream and a trailer with the CRC-32 and length of its 
 chains the members, bounds the output (:class:`tarindex.compression.Budget`: expansion ratio,
 padding after the end of the archive) and names damage by the compressed offset.
 
-Random reads of gzip shards through seek points are not implemented yet: an indexed gzip shard is
-streamed (``TarStream``) and indexed (``build``), and ``TarDataset`` refuses it with the
+Random reads through seek points, recorded while ``build`` decompresses, are in
+:mod:`tarindex.gzip_random`; an index without them (made before they existed) is refused with the
 conversion command (``tarindex compress``, which accepts gzip input).
 """
 
@@ -36,8 +36,9 @@ def random_access_refused(path: str) -> RandomAccessError:
     """The error a read of a sample from an indexed gzip shard raises, with the conversion command."""
     return RandomAccessError(
         path,
-        f"gzip shards are not read at random yet; stream it (TarStream), or rewrite it as a zstd shard "
-        f"with sample-aligned frames ('tarindex compress {path} OUT.tar.zst') and index that",
+        f"the index holds no gzip seek points for this shard (indexed before they existed); rebuild the index, "
+        f"stream it (TarStream), or rewrite it as a zstd shard with sample-aligned frames "
+        f"('tarindex compress {path} OUT.tar.zst') and index that",
     )
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from ._cache import FileCache
 from .errors import CommandNotAllowedError, CorruptFrameError, IndexFormatError, RandomAccessError
 from .gzip import random_access_refused
+from .gzip_random import GzipShardReader, SeekPoints
 from .objstore import open_reader
 from .options import SourceOptions
 from .shards import as_path, is_fingerprint, shard_kind
@@ -133,27 +134,52 @@ def fix_command(path: str) -> str:
     return f"tarindex compress {path} {path}"
 
 
-def open_url(url: str, info: ShardInfo, frames: np.ndarray | None = None, options: SourceOptions | None = None) -> Any:
+def open_url(
+    url: str,
+    info: ShardInfo,
+    frames: np.ndarray | None = None,
+    options: SourceOptions | None = None,
+    *,
+    points: bytes | memoryview | None = None,
+) -> Any:
     """A random reader for a URL shard (:func:`tarindex.objstore.open_reader`: ``http(s)://``, object
     stores, fsspec), checked against its index entry (size, ETag, mtime where recorded).
 
     A zstd shard (``info.compression``) is read through its frame table over the ranged reads
-    (:func:`open_zstd_shard`): the reader hands out decompressed tar bytes, never compressed ones.
+    (:func:`open_zstd_shard`), a gzip shard through its seek points ``points`` (:func:`open_gzip_shard`):
+    the reader hands out decompressed tar bytes, never compressed ones.
 
     Raises:
         StaleIndexError: the shard's size, ETag or modification time differs from the index.
         ShardNotFoundError: the shard is gone.
         SourceError: the server or store cannot be reached, or no credentials.
         IndexFormatError: a zstd shard without a frame table in the index.
-        RandomAccessError: a zstd shard of large frames (no local cache of decompressed URL shards).
+        RandomAccessError: a zstd shard of large frames (no local cache of decompressed URL shards), a
+            gzip shard without seek points.
     """
     reader = open_reader(url, size=info.size, etag=info.etag, mtime_ns=info.mtime_ns, options=options or SourceOptions())
     if info.compression == "zstd":
         return open_zstd_shard(url, reader, info, frames)
     if info.compression == "gzip":
-        reader.close()
-        raise random_access_refused(url)
+        return open_gzip_shard(url, reader, points)
     return reader
+
+
+def open_gzip_shard(path: str, handle: Any, points: bytes | memoryview | None) -> GzipShardReader:
+    """A random reader of a gzip shard's decompressed tar through its seek points (from the index);
+    ``handle`` (an int descriptor or an object with ``read_at``) belongs to the reader from here on.
+
+    Raises:
+        RandomAccessError: the index holds no seek points for the shard (indexed before they existed).
+        IndexFormatError: the seek-point table is damaged.
+    """
+    try:
+        if points is None:
+            raise random_access_refused(path)
+        return GzipShardReader(path, handle, SeekPoints(points, f"{path}: the gzip seek points in the index"))
+    except BaseException:
+        close_handle(handle)
+        raise
 
 
 def close_handle(handle: Any) -> None:

@@ -25,6 +25,7 @@ from .errors import (
 )
 from .grouping import Packer, SampleRecord, new_packer, pack_samples
 from .gzip import decompress_gzip
+from .gzip_random import decompress_indexed
 from .shards import FINGERPRINT_SPAN, fingerprint, fingerprint_stream
 from .sources import is_url, open_source
 from .tables import ShardInfo, ShardTable
@@ -98,13 +99,19 @@ def table_from_samples(samples: Iterable[SampleRecord]) -> ShardTable:
 
 
 def iter_archive(
-    chunks: Iterable[Any], url: str, *, frames: list[Any] | None = None, end: ArchiveEnd | None = None
+    chunks: Iterable[Any],
+    url: str,
+    *,
+    frames: list[Any] | None = None,
+    end: ArchiveEnd | None = None,
+    points: list[bytes] | None = None,
 ) -> Iterator[bytes]:
     """The uncompressed tar stream of a source's chunks: the codec is detected by the first bytes
     (:func:`tarindex.compression.codec_of`) and decompresses.
 
     ``frames``, when given, receives the frame table of a zstd stream (see
-    :func:`tarindex.zstd.iter_decompressed`) and stays empty for a plain tar. ``end``, set by the
+    :func:`tarindex.zstd.iter_decompressed`) and stays empty for a plain tar; ``points``, when given,
+    receives a gzip stream's seek-point table (:func:`tarindex.gzip_random.decompress_indexed`). ``end``, set by the
     consumer once the tar has ended, stops decompression after the padding (the rest is read).
 
     Raises:
@@ -125,7 +132,8 @@ def iter_archive(
     if codec == "zstd":
         yield from decompress_frames(itertools.chain((first,), chunks), url, frames, end=end)
     elif codec == "gzip":
-        yield from decompress_gzip(itertools.chain((first,), chunks), url, end=end)
+        rest = itertools.chain((first,), chunks)
+        yield from decompress_gzip(rest, url, end=end) if points is None else decompress_indexed(rest, url, points, end=end)
     else:
         yield first
         yield from chunks
@@ -138,15 +146,16 @@ def archive(
     frames: list[Any] | None = None,
     first: bytes = b"",
     end: ArchiveEnd | None = None,
+    points: list[bytes] | None = None,
 ) -> Iterator[bytes]:
     """A source's uncompressed tar stream (see :func:`iter_archive`), decompressed in its reader thread.
 
     ``tap`` wraps the raw chunks before decompression (it runs in the reader thread); ``frames``
-    collects a zstd stream's frame table; ``first``: bytes already read from the source; ``end``:
+    collects a zstd stream's frame table, ``points`` a gzip stream's seek points; ``first``: bytes already read from the source; ``end``:
     set it once the tar has ended, so that draining the rest decompresses only the padding.
     """
     raw = source.raw(first)
-    return source.threaded(iter_archive(tap(raw) if tap is not None else raw, source.url, frames=frames, end=end))
+    return source.threaded(iter_archive(tap(raw) if tap is not None else raw, source.url, frames=frames, end=end, points=points))
 
 
 # -- shards ------------------------------------------------------------------------
@@ -214,9 +223,10 @@ def scan_stream(url: str, *, max_member_size: int | None = None) -> tuple[ShardI
             yield chunk
 
     rows: list[tuple[int, int, int, int]] = []
+    points: list[bytes] = []
     end = ArchiveEnd()
     with open_source(url) as source:
-        raw = archive(source, tapped, frames=rows, end=end)
+        raw = archive(source, tapped, frames=rows, end=end, points=points)
         table = table_from_chunks(raw, url, max_member_size=max_member_size)
         end.set()
         for _ in raw:  # the rest (end-of-archive padding), read but not decompressed past Limits.padding:
@@ -224,6 +234,7 @@ def scan_stream(url: str, *, max_member_size: int | None = None) -> tuple[ShardI
         size = source.position
     if is_zstd(bytes(head[:4])):  # the frame table, as for a local zstd shard
         table.frames = frame_array(rows)
+    table.gzip_points = points[0] if points else None
     gzip = detect(bytes(head[:6])) == "gzip"
     info = shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table, etag=source.etag, gzip=gzip)
     return (dataclasses.replace(info, random_access=False) if end.partial else info), table
@@ -233,10 +244,10 @@ def shard_info(
     path: str, size: int, mtime_ns: int, fp: str, table: ShardTable, *, etag: str | None = None, gzip: bool = False
 ) -> ShardInfo:
     """A scanned shard's record; a zstd shard (one with a frame table) says so, and whether random access is
-    cheap; a gzip shard says so (not read at random)."""
+    cheap; a gzip shard says so, and whether it has seek points (read at random through them)."""
     info = ShardInfo(path, size, mtime_ns, fp, table.n_samples, table.n_members, etag=etag)
     if gzip:
-        return dataclasses.replace(info, compression="gzip", random_access=False)
+        return dataclasses.replace(info, compression="gzip", random_access=table.gzip_points is not None)
     if table.frames is not None:
         info = dataclasses.replace(info, compression="zstd", random_access=random_access(table.frames))
     return info
@@ -295,7 +306,8 @@ def _scan_zstd(fd: int, path: str, max_member_size: int | None = None) -> tuple[
 
 
 def _scan_gzip(fd: int, path: str, max_member_size: int | None = None) -> ShardTable:
-    """Index a gzip shard: one streaming decompression (1 MiB reads), the tar parser on its output.
+    """Index a gzip shard: one streaming decompression (1 MiB reads) that records seek points
+    (:func:`tarindex.gzip_random.decompress_indexed`), the tar parser on its output.
 
     Raises:
         CorruptDeflateError: damaged gzip data (compressed offset).
@@ -304,7 +316,10 @@ def _scan_gzip(fd: int, path: str, max_member_size: int | None = None) -> ShardT
     """
     end = ArchiveEnd()
     reads = (os.pread(fd, MAP_SLICE // 16, off) for off in range(0, os.fstat(fd).st_size, MAP_SLICE // 16))
-    return _scan_chunks(decompress_gzip(reads, path, end=end), path, end, max_member_size)
+    points: list[bytes] = []
+    table = _scan_chunks(decompress_indexed(reads, path, points, end=end), path, end, max_member_size)
+    table.gzip_points = points[0]
+    return table
 
 
 def _scan_chunks(chunks: Iterator[bytes], path: str, end: ArchiveEnd, max_member_size: int | None = None) -> ShardTable:

@@ -108,6 +108,8 @@ class ShardTable:
     """Extension table the ``member_ext`` values index."""
     frames: np.ndarray | None = None
     """zstd shards: the ``(n_frames, 4)`` uint64 frame table (see :mod:`tarindex.zstd`)."""
+    gzip_points: bytes | None = None
+    """gzip shards: the encoded seek-point table (see :mod:`tarindex.gzip_random`)."""
 
     @property
     def n_samples(self) -> int:

@@ -7,7 +7,8 @@ Every part but ``remote``, ``member`` and ``batches`` runs by default; ``--only`
 index tables, in one process; ``--only remote``: random access over loopback nginx with 20 ms added per
 request, tools/bench_remote.py; ``--only member``: peak memory of one 1 GiB member streamed from a
 .tar.zst and a .tar.gz, tools/bench_limits.py; ``--only batches``: the walk's batch size against two streams
-read one after the other, alternated and mixed, and over nginx). ``--only stream,quick``: the streaming benchmark over
+read one after the other, alternated and mixed, and over nginx; ``--only gzip``: .tar.gz shards through seek points on the first 2
+shards, or ``--zstd-shards N``, tools/bench_gzip.py, not by default). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set. ``--only scale --sets ''``: indexes of ``--sizes`` samples written in
 ``--parts`` parts and merged, an index of ``--many-shards`` shards opened (tools/bench_index.py), the
@@ -759,6 +760,10 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_batch_bytes(paths, name, work)
     if "zstd" in only:
         yield from bench_zstd(paths[: ZSTD_SHARDS[0]], name, work, frame_table=name == "small")
+    if "gzip" in only:
+        from bench_gzip import bench_gzip
+
+        yield from bench_gzip(paths[: ZSTD_SHARDS[0] or 2], name, work)
     if "remote" in only:  # not by default: it starts nginx and a delaying relay
         from bench_remote import bench_remote
 

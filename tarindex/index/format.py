@@ -36,6 +36,7 @@ MAGIC = "tarindex"
 BLOCK_PREFIX = b"b/"  # + u64 big-endian block number: the records of BLOCK_SAMPLES samples
 START_KEY = b"c/start"  # u64[n_shards + 1]: first sample of each shard, then n_samples
 FRAMES_PREFIX = b"f/"  # + u64 big-endian shard number: a zstd shard's (n_frames, 4) uint64 frame table
+GZIP_PREFIX = b"g/"  # + u64 big-endian shard number: a gzip shard's seek-point table (tarindex.gzip_random)
 KEYS_PREFIX = b"k/"  # + u64 big-endian bucket number: one bucket of the hashed key table
 META_KEY = b"meta"  # JSON
 SHARDS_PREFIX = b"s/"  # + u64 big-endian block number: JSON list of SHARD_BLOCK shard records

@@ -90,7 +90,9 @@ def merge(
                     if path in seen:
                         raise TarIndexError(f"{reader.path}: shard {path} is already in {seen[path]}")
                     seen[path] = reader.path
-                    writer.add_columns(placed(info, path, info.kind), reader.shard_columns(i), reader.exts, reader.frame_table(i))
+                    writer.add_columns(
+                        placed(info, path, info.kind), reader.shard_columns(i), reader.exts, reader.frame_table(i), reader.gzip_points(i)
+                    )
                 reader.close()  # its pages leave this process's memory: one part is mapped at a time
     finally:
         for reader in readers:

@@ -24,6 +24,7 @@ from .format import (
     BLOCK_PREFIX,
     FORMAT_VERSION,
     FRAMES_PREFIX,
+    GZIP_PREFIX,
     KEYS_PREFIX,
     MAGIC,
     META_KEY,
@@ -624,6 +625,7 @@ class IndexReader:
             [k.decode("utf-8", "surrogateescape") for k in cols.keys],
             [self.exts[e] for e in exts_used.tolist()],
             self.frame_table(shard),
+            self.gzip_points(shard),
         )
 
     def frame_table(self, shard: int) -> np.ndarray | None:
@@ -641,6 +643,16 @@ class IndexReader:
         if len(table) % 32:
             raise IndexFormatError(f"{where} is damaged ({len(table)} bytes, not rows of 32); rebuild the index")
         return np.frombuffer(table, "<u8").reshape(-1, 4).copy()
+
+    def gzip_points(self, shard: int) -> bytes | None:
+        """A gzip shard's encoded seek-point table (:mod:`tarindex.gzip_random`, a copy); ``None`` if it has none.
+
+        Raises:
+            IndexFormatError: the value is damaged.
+        """
+        key = numbered(GZIP_PREFIX, shard)
+        raw = self._get(key)
+        return None if raw is None else bytes(unseal(raw, key, f"{self.path}: the gzip seek points of shard {shard}"))
 
     def file_size(self) -> int:
         """Size of the index file in bytes."""

@@ -31,6 +31,7 @@ from .format import (
     BUCKET_KEYS,
     FORMAT_VERSION,
     FRAMES_PREFIX,
+    GZIP_PREFIX,
     KEYS_PREFIX,
     MAGIC,
     META_KEY,
@@ -116,10 +117,11 @@ class IndexWriter:
         self._parts: list[BinaryIO] = []  # spill files of key entries by partition, once memory holds too many
         self._rows: list[np.ndarray] = []  # key entries (hash, sample) held in memory
         self._n_rows = 0
-        self._frames: BinaryIO | None = None  # spill file of frame tables, once memory holds too many
-        self._frame_list: list[tuple[int, bytes]] = []  # shard, frame table bytes held in memory
+        # Per-shard tables (zstd frame tables, gzip seek points), written after the records:
+        self._frames: BinaryIO | None = None  # spill file of them, once memory holds too many
+        self._frame_list: list[tuple[bytes, bytes]] = []  # key, table bytes held in memory
         self._frame_bytes = 0
-        self._frame_at: list[tuple[int, int, int]] = []  # shard, offset in the spill file, bytes
+        self._frame_at: list[tuple[bytes, int, int]] = []  # key, offset in the spill file, bytes
 
     # -- life cycle ------------------------------------------------------------
     def __enter__(self) -> IndexWriter:
@@ -179,9 +181,11 @@ class IndexWriter:
             np.asarray(table.member_size, np.uint64),
             [k.encode("utf-8", "surrogateescape") for k in table.keys],
         )
-        self.add_columns(info, cols, table.exts, table.frames)
+        self.add_columns(info, cols, table.exts, table.frames, table.gzip_points)
 
-    def add_columns(self, info: ShardInfo, cols: Columns, exts: list[str], frames: np.ndarray | None = None) -> None:
+    def add_columns(
+        self, info: ShardInfo, cols: Columns, exts: list[str], frames: np.ndarray | None = None, gzip_points: bytes | None = None
+    ) -> None:
         """Append one shard given as columns (``cols.member_ext`` numbers into ``exts``; ``cols.shard`` is ignored).
 
         What :meth:`add` does after encoding the keys; merges hand over decoded records this way.
@@ -203,15 +207,17 @@ class IndexWriter:
         remap = np.array([self._exts.setdefault(e, len(self._exts)) for e in exts] or [0], np.uint16)
         self._spill_keys(cols.keys, first)
         if frames is not None:
-            self._add_frames(shard, np.ascontiguousarray(frames, "<u8").tobytes())
+            self._add_frames(numbered(FRAMES_PREFIX, shard), np.ascontiguousarray(frames, "<u8").tobytes())
+        if gzip_points is not None:
+            self._add_frames(numbered(GZIP_PREFIX, shard), gzip_points)
         member_ext = remap[cols.member_ext.astype(np.int64)] if len(cols.member_ext) else np.zeros(0, np.uint16)
         self._pending.append(dataclasses.replace(cols, shard=np.full(n, shard, np.uint64), member_ext=member_ext))
         self._pending_n += n
         if self._pending_n >= BLOCK_SAMPLES:
             self._flush(final=False)
 
-    def _add_frames(self, shard: int, raw: bytes) -> None:
-        self._frame_list.append((shard, raw))
+    def _add_frames(self, key: bytes, raw: bytes) -> None:
+        self._frame_list.append((key, raw))
         self._frame_bytes += len(raw)
         if self._frame_bytes < _SPILL_FRAMES:
             return
@@ -223,13 +229,13 @@ class IndexWriter:
             self._frames.write(data)
         self._frame_list, self._frame_bytes = [], 0
 
-    def _frame_tables(self) -> Iterator[tuple[int, bytes]]:
-        """Every shard's frame table, in shard order (spilled ones first: they were added first)."""
-        for shard, at, size in self._frame_at:
-            if self._frames is not None:
+    def _frame_tables(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The per-shard tables under ``prefix``, in shard order (spilled ones first: they were added first)."""
+        for key, at, size in self._frame_at:
+            if self._frames is not None and key.startswith(prefix):
                 self._frames.seek(at)
-                yield shard, self._frames.read(size)
-        yield from self._frame_list
+                yield key, self._frames.read(size)
+        yield from ((key, raw) for key, raw in self._frame_list if key.startswith(prefix))
 
     def _spill_keys(self, keys: list[bytes], first: int) -> None:
         if not keys:
@@ -310,8 +316,9 @@ class IndexWriter:
             self._flush(final=True)
         n = self._starts[-1]
         self._put_sealed(START_KEY, np.array(self._starts, "<u8").tobytes())
-        for shard, raw in self._frame_tables():
-            self._put_sealed(numbered(FRAMES_PREFIX, shard), raw)
+        for prefix in (FRAMES_PREFIX, GZIP_PREFIX):  # the order of the keys (LMDB appends)
+            for key, raw in self._frame_tables(prefix):
+                self._put_sealed(key, raw)
         n_buckets = -(-n // BUCKET_KEYS)
         sample_bytes = max(1, (max(n - 1, 0).bit_length() + 7) // 8)
         self._txn.commit()  # the records are readable from here on (duplicate keys are compared by their bytes)
