@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["DropServer", "FaultProxy", "HTTPServer", "drop_server", "fault_proxy", "http_server", "s3_server"]
+__all__ = ["DropServer", "FaultProxy", "FramingServer", "HTTPServer", "drop_server", "fault_proxy", "framing_server", "http_server", "s3_server"]
 
 
 def free_port() -> int:
@@ -205,6 +205,8 @@ def _drop_handler(state: DropServer) -> type[http.server.BaseHTTPRequestHandler]
 
 
 class _QuietServer(http.server.ThreadingHTTPServer):
+    request_queue_size = 128  # clients open connections in bursts (5, the default, drops SYNs: 1 s waits)
+
     def handle_error(self, request: object, client_address: object) -> None:
         pass  # clients that hang up mid-body are what these tests are about
 
@@ -217,6 +219,85 @@ def drop_server() -> Iterator[Callable[..., DropServer]]:
     def start(data: bytes, drop_at: int, mode: str = "once", **options: float) -> DropServer:
         state = DropServer(data, drop_at, mode, **options)
         server = _QuietServer(("127.0.0.1", 0), _drop_handler(state))
+        state.port = server.server_port
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return state
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class FramingServer:
+    """Serves ``data`` with ranges, in the framings an HTTP/1.1 client must read: ``chunked`` bodies,
+    ``close`` (``Connection: close`` on every answer), ``http10`` (HTTP/1.0 answers, no keep-alive),
+    ``split_head`` (seconds between the status line and the rest of the head), ``drop_idle`` (the
+    connection closed after each answer without a word, as a kept-alive connection that timed out while
+    idle). Counts requests."""
+
+    data: bytes
+    chunked: bool = False
+    close: bool = False
+    drop_idle: bool = False
+    http10: bool = False
+    split_head: float = 0.0
+    port: int = 0
+    requests: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/shard.bin"
+
+
+def _framing_handler(state: FramingServer) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0" if state.http10 else "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            state.requests += 1
+            first, _, last = self.headers["Range"].split("=")[1].partition("-")
+            start, end = int(first), min(int(last), len(state.data) - 1)
+            body = state.data[start : end + 1]
+            head = [f"{self.protocol_version} 206 Partial Content", 'ETag: "e1"', f"Content-Range: bytes {start}-{end}/{len(state.data)}"]
+            head.append("Transfer-Encoding: chunked" if state.chunked else f"Content-Length: {len(body)}")
+            if state.close:
+                head.append("Connection: close")
+                self.close_connection = True
+            text = ("\r\n".join(head) + "\r\n\r\n").encode()
+            cut = text.index(b"\r\n") + 2
+            self.wfile.write(text[:cut])
+            self.wfile.flush()
+            time.sleep(state.split_head)
+            self.wfile.write(text[cut:])
+            if state.chunked:
+                for k in range(0, len(body), 7000):
+                    piece = body[k : k + 7000]
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.wfile.write(body)
+            self.wfile.flush()
+            if state.drop_idle:
+                self.close_connection = True
+
+    return Handler
+
+
+@pytest.fixture
+def framing_server() -> Iterator[Callable[..., FramingServer]]:
+    """Factory: ``framing_server(data, chunked=..., close=..., http10=..., split_head=...)`` starts a
+    :class:`FramingServer` on 127.0.0.1."""
+    servers: list[_QuietServer] = []
+
+    def start(data: bytes, **options: Any) -> FramingServer:
+        state = FramingServer(data, **options)
+        server = _QuietServer(("127.0.0.1", 0), _framing_handler(state))
         state.port = server.server_port
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(server)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _servers import FaultProxy, HTTPServer
+from _servers import FaultProxy, FramingServer, HTTPServer
 
 from tarindex._retry import RetryPolicy, Transient, parse_retry_after
 from tarindex.errors import ShardNotFoundError, SourceError
@@ -120,6 +120,20 @@ def test_concurrent_ranges_hide_the_latency(served: tuple[HTTPServer, str, bytes
     took = time.monotonic() - start
     assert got == [data[o : o + n] for o, n in wanted]
     assert took < 64 * 0.05 / 4  # one at a time would take 3.2 s
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close", "http10", "split_head", "drop_idle"])
+def test_range_reads_in_every_framing(framing_server: Callable[..., FramingServer], framing: str) -> None:
+    """Plain-HTTP ranged reads (a raw socket path, http.client for what it does not read) give the exact
+    bytes whatever the answers' framing; a chunked answer costs one request more, once per reader."""
+    data = os.urandom(300_000)
+    server = framing_server(data, **{framing: 0.05 if framing == "split_head" else True})
+    reader = RangeReader(server.url, SourceOptions(backoff=0.001))
+    assert reader.read_at(123, 70_000) == data[123:70_123]
+    wanted = [*_ranges(40, 9_000, len(data)), (len(data) - 100, 100)]
+    assert RangeReader.read_many([(reader, o, n) for o, n in wanted], 8) == [data[o : o + n] for o, n in wanted]
+    assert reader.read_at(len(data) - 10, 500) == data[-10:]  # past the end: what there is
+    assert server.requests - (1 + 1 + len(wanted) + 1) == (1 if framing == "chunked" else 0)
 
 
 def test_refused_connection_is_one_line_and_fast() -> None:
