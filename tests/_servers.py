@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["DropServer", "FaultProxy", "FramingServer", "HTTPServer", "drop_server", "fault_proxy", "framing_server", "http_server", "s3_server"]
+__all__ = ["AzureServer", "DropServer", "FaultProxy", "FramingServer", "HTTPServer", "azure_server", "drop_server", "fault_proxy", "framing_server", "http_server", "s3_server"]
 
 
 def free_port() -> int:
@@ -71,7 +71,7 @@ http {{
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
     sendfile on;
-    tcp_nopush on;
+    tcp_nopush off;  # on: a 65-131 KB answer on loopback waits 20-40 ms for its last partial segment (measured)
     keepalive_requests 1000000;  # as object stores do: a kept-alive connection serves many requests
     types {{ application/x-tar tar; }}
     default_type application/octet-stream;
@@ -218,13 +218,22 @@ def drop_server() -> Iterator[Callable[..., DropServer]]:
 
     def start(data: bytes, drop_at: int, mode: str = "once", **options: float) -> DropServer:
         state = DropServer(data, drop_at, mode, **options)
-        server = _QuietServer(("127.0.0.1", 0), _drop_handler(state))
-        state.port = server.server_port
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
+        state.port = _serve(servers, _drop_handler(state))
         return state
 
     yield start
+    _shut(servers)
+
+
+def _serve(servers: list[_QuietServer], handler: type[http.server.BaseHTTPRequestHandler]) -> int:
+    """Serve ``handler`` on a free loopback port in a thread (kept in ``servers``); the port."""
+    server = _QuietServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    servers.append(server)
+    return int(server.server_port)
+
+
+def _shut(servers: list[_QuietServer]) -> None:
     for server in servers:
         server.shutdown()
         server.server_close()
@@ -297,16 +306,11 @@ def framing_server() -> Iterator[Callable[..., FramingServer]]:
 
     def start(data: bytes, **options: Any) -> FramingServer:
         state = FramingServer(data, **options)
-        server = _QuietServer(("127.0.0.1", 0), _framing_handler(state))
-        state.port = server.server_port
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
+        state.port = _serve(servers, _framing_handler(state))
         return state
 
     yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    _shut(servers)
 
 
 @dataclass
@@ -344,6 +348,71 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         stop(proc)
 
 
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+"""The account key every Azurite has (``devstoreaccount1``): public, documented by Microsoft."""
+
+
+@dataclass
+class AzureServer:
+    """Azurite's blob service on 127.0.0.1, with one container; reached through obstore's emulator
+    settings (``use_emulator`` and ``AZURITE_BLOB_STORAGE_URL``, the standard environment)."""
+
+    endpoint: str
+    container: str
+
+
+def _azurite() -> str | None:
+    """Azurite's blob service: the repository's ``node_modules`` (``npm ci``, as .ci/run does), else PATH."""
+    local = Path(__file__).resolve().parent.parent / "node_modules" / ".bin" / "azurite-blob"
+    return str(local) if local.exists() else shutil.which("azurite-blob")
+
+
+def _azure_create_container(port: int, container: str) -> None:
+    """``PUT ?restype=container`` signed with the account key (obstore does not create containers)."""
+    import base64
+    import email.utils
+    import hashlib
+    import hmac
+    import http.client
+
+    date = email.utils.formatdate(usegmt=True)
+    resource = f"/devstoreaccount1/devstoreaccount1/{container}\nrestype:container"
+    to_sign = "PUT" + "\n" * 12 + f"x-ms-date:{date}\nx-ms-version:2021-08-06\n" + resource
+    signature = base64.b64encode(hmac.new(base64.b64decode(AZURITE_KEY), to_sign.encode(), hashlib.sha256).digest()).decode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"x-ms-date": date, "x-ms-version": "2021-08-06", "Authorization": f"SharedKey devstoreaccount1:{signature}", "Content-Length": "0"}
+    conn.request("PUT", f"/devstoreaccount1/{container}?restype=container", headers=headers)
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    if resp.status != 201:
+        raise RuntimeError(f"Azurite did not create the container: HTTP {resp.status} {body[:300]!r}")
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzureServer]:
+    """Azurite's blob service on a free loopback port (``npm ci`` installs it from package.json)."""
+    exe = _azurite()
+    if exe is None:
+        pytest.skip("Azurite is not installed (npm ci in the repository, as .ci/run does)")
+    tmp = tmp_path_factory.mktemp("azurite")
+    port = free_port()
+    log = tmp / "azurite.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [exe, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(tmp), "--skipApiVersionCheck", "--loose"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        if not wait_for_port(port, proc, timeout=60):
+            raise RuntimeError(f"Azurite did not start: {log.read_text()[-2000:]}")
+        _azure_create_container(port, "shards")
+        yield AzureServer(f"http://127.0.0.1:{port}", "shards")
+    finally:
+        stop(proc)
+
+
 @dataclass
 class FaultProxy:
     """An HTTP/1.1 relay on 127.0.0.1 in front of ``upstream`` (``host:port``) that injects faults.
@@ -353,7 +422,8 @@ class FaultProxy:
     ``fail_503``: answer 503 with ``Retry-After: retry_after`` instead of relaying; ``drop_mid_body``:
     relay half the response body, then close the connection; ``stall``: hold the request ``stall_s``
     seconds without an answer, then close. ``requests`` counts requests seen, ``ranges`` and
-    ``authorizations`` record their ``Range`` and ``Authorization`` headers.
+    ``authorizations`` record their ``Range`` and ``Authorization`` headers; ``peak`` is the most
+    requests held in their ``delay`` at once (the requests a client had in flight together).
     """
 
     upstream: tuple[str, int]
@@ -365,6 +435,8 @@ class FaultProxy:
     stall: int = 0
     stall_s: float = 0.0
     requests: int = 0
+    waiting: int = 0
+    peak: int = 0
     ranges: list[str | None] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -453,7 +525,12 @@ def _proxy_handler(state: FaultProxy) -> type[socketserver.BaseRequestHandler]:
                 state.ranges.append(headers.get("range"))
                 state.authorizations.append(headers.get("authorization"))
             if state.delay:
+                with state.lock:
+                    state.waiting += 1
+                    state.peak = max(state.peak, state.waiting)
                 time.sleep(state.delay)
+                with state.lock:
+                    state.waiting -= 1
             if state.take("stall"):
                 time.sleep(state.stall_s)
                 return False

@@ -111,15 +111,18 @@ def test_a_batch_under_faults_is_exact_or_a_named_error(
 
 
 def test_concurrent_ranges_hide_the_latency(served: tuple[HTTPServer, str, bytes], fault_proxy: Callable[..., FaultProxy]) -> None:
+    """Requests overlap, up to the bound: measured at the server (requests held in the delay at once),
+    not by the wall clock of a loaded machine."""
     server, name, data = served
-    proxy = fault_proxy(server.port, delay=0.05)
+    proxy = fault_proxy(server.port, delay=0.2)
     reader = RangeReader(proxy.url(name))
     wanted = _ranges(64, 1000, len(data))
-    start = time.monotonic()
     got = RangeReader.read_many([(reader, o, n) for o, n in wanted], 32)
-    took = time.monotonic() - start
     assert got == [data[o : o + n] for o, n in wanted]
-    assert took < 64 * 0.05 / 4  # one at a time would take 3.2 s
+    assert 16 <= proxy.peak <= 32  # one at a time: 1
+    proxy.peak = 0
+    assert RangeReader.read_many([(reader, o, n) for o, n in wanted[:8]], 1) == [data[o : o + n] for o, n in wanted[:8]]
+    assert proxy.peak == 1
 
 
 @pytest.mark.parametrize("framing", ["chunked", "close", "http10", "split_head", "drop_idle"])
@@ -140,7 +143,7 @@ def test_refused_connection_is_one_line_and_fast() -> None:
     start = time.monotonic()
     with pytest.raises(SourceError, match=r"^http://127.0.0.1:9/x.tar: connection refused \(is the server running.*at byte offset 0$"):
         RangeReader("http://127.0.0.1:9/x.tar", SourceOptions(backoff=5.0))
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 5.0  # retried, it would wait U(0, 5) + U(0, 10) + ... s: < 5 s with p < 1e-4
 
 
 def test_headers_and_proxy_from_the_environment(
