@@ -8,18 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_shard_set, require_c_extension
+from conftest import make_shard_set
 from tarindex import TarDataset, build_index
 
 
-@pytest.fixture(params=["c", "python"])
-def ds(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> TarDataset:
-    import tarindex.dataset
-
-    if request.param == "python":
-        monkeypatch.setattr(tarindex.dataset, "_speedups", None)
-    else:
-        require_c_extension()
+@pytest.fixture
+def ds(impl: str, tmp_path: Path) -> TarDataset:
+    """Both read paths: ``impl`` turns every use of the extension off for ``"python"``."""
     paths = make_shard_set(tmp_path / "data", n_shards=2, per=5)
     return TarDataset(build_index(str(paths[0].parent / "train-*.tar")).path)
 
