@@ -79,6 +79,9 @@ http {{
         listen 127.0.0.1:{port};
         root {root};
         location / {{ }}
+        location /gated/ {{  # as a gated Hugging Face dataset: a token in Authorization, else 401
+            if ($http_authorization != "Bearer hf_test") {{ return 401; }}
+        }}
     }}
 }}
 """

@@ -167,6 +167,25 @@ def test_headers_and_proxy_from_the_environment(
         RangeReader(unreachable)
 
 
+def test_headers_open_a_gated_path_on_every_read_path(http_server: HTTPServer, tmp_path: Path) -> None:
+    """A token in ``headers`` reaches the server on each path (a probe, ``read_at`` and a batch on raw
+    sockets, a stream through http.client); without it, a one-line access error."""
+    if http_server.kind != "nginx":
+        pytest.skip("the gated location is nginx's (Python's http.server has none)")
+    data = os.urandom(200_000)
+    (http_server.root / "gated").mkdir(exist_ok=True)
+    (http_server.root / "gated" / f"{tmp_path.name}.bin").write_bytes(data)
+    url = http_server.url(f"gated/{tmp_path.name}.bin")
+    with pytest.raises(SourceError, match=rf"^{url}: HTTP 401 Unauthorized: access denied \(check the credentials or headers=\)"):
+        RangeReader(url)
+    reader = RangeReader(url, SourceOptions(headers={"Authorization": "Bearer hf_test"}))
+    assert reader.read_at(5, 70_000) == data[5:70_005]
+    wanted = _ranges(30, 5_000, len(data))
+    assert RangeReader.read_many([(reader, o, n) for o, n in wanted], 8) == [data[o : o + n] for o, n in wanted]
+    with open_source(url, headers={"Authorization": "Bearer hf_test"}) as src:
+        assert b"".join(src) == data
+
+
 def test_nginx_is_the_upstream_when_installed(http_server: HTTPServer) -> None:
     if shutil.which("nginx") is None and not os.path.exists("/usr/sbin/nginx"):
         pytest.skip("nginx is not installed")
