@@ -384,7 +384,6 @@ class _RawConnection:
             sock.close()
             raise
         self.sock = sock
-        self._scratch = bytearray(_MAX_HEAD)
 
     def exchange(self, request: bytes) -> tuple[int, str, dict[str, str], bool]:
         """Send ``request``; its :meth:`answer`.
@@ -436,9 +435,9 @@ class _RawConnection:
                 raise ConnectionError("connection closed before an answer")
             end = peek.find(b"\r\n\r\n")
             if end >= 0:
-                view, want = memoryview(self._scratch), end + 4
-                while want:
-                    got = self.sock.recv_into(view, want)
+                want = end + 4
+                while want:  # taken off the socket (they are there: one call, in practice)
+                    got = len(self.sock.recv(want))
                     if not got:
                         raise ConnectionError("connection closed in an answer's head")
                     want -= got
@@ -552,7 +551,10 @@ def _raw_head(url: str, headers: dict[str, str]) -> bytes | None:
     if any(c in k + v for k, v in fields.items() for c in "\r\n\0"):
         return None  # http.client refuses such a header with its own error
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return (f"GET {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())).encode("latin-1")
+    try:
+        return (f"GET {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())).encode("latin-1")
+    except UnicodeEncodeError:  # http.client refuses it with its own error
+        return None
 
 
 class RangeReader:
@@ -564,7 +566,9 @@ class RangeReader:
     threads. Failures are retried under the one retry policy. Every request carries ``If-Range`` with
     the shard's ``ETag`` (or ``Last-Modified``), so a shard that changed on the server is a
     :class:`~tarindex.errors.StaleIndexError`, never bytes of another version. :meth:`read_many`
-    reads many ranges at once, ``max_in_flight`` requests in flight.
+    reads many ranges at once, ``max_in_flight`` requests in flight. Plain HTTP without a proxy is
+    spoken on raw sockets (:class:`_RawConnection`; a batch from one thread through a selector); HTTPS,
+    proxies and answers without ``Content-Length`` through http.client (a batch in threads).
 
     Raises:
         ShardNotFoundError: HTTP 404 or 410.
