@@ -11,8 +11,11 @@ import atexit
 import base64
 import email.utils
 import http.client
+import selectors
 import socket
 import ssl
+import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -262,7 +265,7 @@ def _http_get(
     raise SourceError(url, offset, f"more than {_MAX_REDIRECTS} redirects")
 
 
-def _request_headers(conn: http.client.HTTPConnection, headers: dict[str, str]) -> dict[str, str]:
+def _request_headers(conn: http.client.HTTPConnection | None, headers: dict[str, str]) -> dict[str, str]:
     """Our defaults, the caller's headers, and a plain-HTTP proxy's credentials."""
     extra = conn.proxy_headers if isinstance(conn, _ProxiedConnection) else {}
     return {"User-Agent": "tarindex", "Accept-Encoding": "identity", **headers, **extra}
@@ -350,6 +353,210 @@ class HTTPSource(_Retrying):
             n -= got
 
 
+_MAX_HEAD = 64 << 10  # an answer's status line and headers, at most
+_RAW = sys.platform != "win32" and hasattr(socket, "MSG_WAITALL")  # where the raw path below is used
+
+
+class _NotPlain(Exception):
+    """An answer the raw path does not read (no ``Content-Length``, or a transfer coding): use http.client."""
+
+
+class _RawConnection:
+    """A kept-alive plain-HTTP connection spoken to directly, for ranged ``GET`` requests.
+
+    A request is written with one ``send``; the answer's head is peeked, parsed and taken off the
+    socket; the body (a ``Content-Length``) comes in one ``recv(n, MSG_WAITALL)``, a single copy into
+    the returned ``bytes``. The socket is blocking with ``SO_RCVTIMEO``/``SO_SNDTIMEO`` set to the
+    timeout, so a wait that long without a byte fails (and is retried). HTTPS, proxies and chunked
+    answers go through http.client.
+    """
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        sock = socket.create_connection((host, port), timeout=timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(None)  # blocking: MSG_WAITALL waits in the kernel, bounded by SO_RCVTIMEO
+            whole = int(timeout)
+            tv = struct.pack("ll", whole, int((timeout - whole) * 1_000_000))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+    def exchange(self, request: bytes) -> tuple[int, str, dict[str, str], bool]:
+        """Send ``request``; its :meth:`answer`.
+
+        Raises:
+            OSError, http.client.HTTPException: the connection failed or the answer is not HTTP.
+        """
+        self.sock.sendall(request)
+        return self.answer()
+
+    def answer(self) -> tuple[int, str, dict[str, str], bool]:
+        """The next answer's status, reason, headers (names in lower case) and whether the connection
+        stays open after its body, which is next on the socket (1xx answers skipped).
+
+        Raises:
+            OSError, http.client.HTTPException: the connection failed or the answer is not HTTP.
+        """
+        while True:
+            lines = self._head().decode("latin-1").split("\r\n")
+            version, _, rest = lines[0].partition(" ")
+            code, _, reason = rest.partition(" ")
+            if not version.startswith("HTTP/") or not code.isdigit():
+                raise http.client.BadStatusLine(lines[0])
+            status = int(code)
+            if 100 <= status < 200:
+                continue
+            headers: dict[str, str] = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            connection = headers.get("connection", "").lower()
+            keep = "close" not in connection if version != "HTTP/1.0" else "keep-alive" in connection
+            return status, reason, headers, keep
+
+    def _recv(self, n: int, flags: int = 0) -> bytes:
+        try:
+            return self.sock.recv(n, flags)
+        except BlockingIOError as exc:  # SO_RCVTIMEO ran out without a byte
+            raise TimeoutError("no data within the timeout") from exc
+
+    def _head(self) -> bytes:
+        """The next answer's status line and headers, taken off the socket (the body stays)."""
+        peek = b""
+        while True:
+            if peek and len(self._recv(len(peek) + 1, socket.MSG_PEEK | socket.MSG_WAITALL)) <= len(peek):
+                raise ConnectionError("connection closed in an answer's head")  # (a timeout raised already)
+            peek = self._recv(_MAX_HEAD, socket.MSG_PEEK)  # all that has come, nothing taken yet
+            if not peek:
+                raise ConnectionError("connection closed before an answer")
+            end = peek.find(b"\r\n\r\n")
+            if end >= 0:
+                want = end + 4
+                while want:  # taken off the socket (they are there: one call, in practice)
+                    got = len(self.sock.recv(want))
+                    if not got:
+                        raise ConnectionError("connection closed in an answer's head")
+                    want -= got
+                return peek[:end]
+            if len(peek) >= _MAX_HEAD:
+                raise http.client.LineTooLong(f"answer's head over {_MAX_HEAD} bytes")
+
+    def body(self, length: int) -> bytes:
+        """The next ``length`` bytes (the body).
+
+        Raises:
+            http.client.IncompleteRead: the connection ended first.
+            TimeoutError: no byte for the timeout.
+        """
+        data = self._recv(length, socket.MSG_WAITALL)
+        if len(data) == length:
+            return data
+        parts, got = [data], len(data)
+        while got < length:  # cut by a signal, the timeout after some progress, or the end of the connection
+            more = self._recv(length - got, socket.MSG_WAITALL)
+            if not more:
+                raise http.client.IncompleteRead(b"".join(parts), length - got)
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _range_line(offset: int, size: int) -> bytes:
+    return f"Range: bytes={offset}-{offset + size - 1}\r\n\r\n".encode()
+
+
+def _raw_batch(requests: Sequence[tuple[Any, int, int]], todo: list[int], max_in_flight: int, out: list[bytes | None]) -> None:
+    """Read ``requests[k]`` for each ``k`` in ``todo`` (readers on the raw path) into ``out[k]``, with up to
+    ``max_in_flight`` raw connections each carrying one request, driven from this thread by a selector.
+
+    A fast path, not the last word: a request that fails or is not answered by a plain ``206`` (an error
+    status, a refused connection, a timeout, a connection cut) is left ``None`` in ``out``, for
+    :meth:`RangeReader.read_at` to read again under the retry policy and raise the error it names.
+    """
+    waiting = todo[::-1]  # taken from the end: in the order given
+    timeout = max(requests[k][0].options.timeout for k in todo)
+    sel = selectors.DefaultSelector()
+
+    def start(conn: _RawConnection | None, origin: str) -> None:
+        """Send the next waiting request, on ``conn`` if it is one to the same server."""
+        while waiting:
+            k = waiting.pop()
+            reader, offset, size = requests[k]
+            if conn is not None and origin != reader._final:
+                _return_connection(origin, conn, raw=True)
+                conn = None
+            try:
+                if conn is None:
+                    host, port = reader._address
+                    conn = _take_connection(reader._final, raw=True) or _RawConnection(host, port, reader.options.timeout)
+                conn.sock.sendall(reader._raw + _range_line(offset, size))
+            except (OSError, http.client.HTTPException):
+                if conn is not None:
+                    conn.close()
+                conn = None
+                continue  # left to read_at
+            sel.register(conn.sock, selectors.EVENT_READ, (conn, k))
+            return
+        if conn is not None:
+            _return_connection(origin, conn, raw=True)
+
+    try:
+        for _ in range(min(max_in_flight, len(todo))):
+            start(None, "")
+        while sel.get_map():
+            ready = sel.select(timeout)
+            if not ready:  # nothing for the timeout: every request in flight is left to read_at
+                break
+            for key, _ in ready:
+                conn, k = key.data
+                sel.unregister(conn.sock)
+                reader, offset, _ = requests[k]
+                keep = False
+                try:
+                    status, _, headers, keep = conn.answer()
+                    length = headers.get("content-length", "")
+                    if status == 206 and length.isdigit() and "transfer-encoding" not in headers:
+                        data = conn.body(int(length))
+                        if headers.get("content-range", "").startswith(f"bytes {offset}-"):
+                            out[k] = data
+                        else:
+                            keep = False  # read_at raises the error naming the range
+                    else:
+                        keep = False  # nothing of the body read
+                except (OSError, http.client.HTTPException):
+                    keep = False
+                if not keep:
+                    conn.close()
+                start(conn if keep else None, reader._final)
+    finally:
+        for key in list(sel.get_map().values()):
+            key.data[0].close()
+        sel.close()
+
+
+def _raw_head(url: str, headers: dict[str, str]) -> bytes | None:
+    """The fixed part of a ranged ``GET`` of ``url`` on a :class:`_RawConnection` (the ``Range`` line and the
+    blank line follow), or ``None`` where the raw path does not apply: HTTPS, a proxy, a header with a line break."""
+    parts = urlsplit(url)
+    if not _RAW or parts.scheme != "http" or _proxy_for("http", parts.hostname or "localhost") is not None:
+        return None
+    fields = {"Host": parts.netloc.rpartition("@")[2], **_request_headers(None, headers)}
+    if any(c in k + v for k, v in fields.items() for c in "\r\n\0"):
+        return None  # http.client refuses such a header with its own error
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        return (f"GET {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())).encode("latin-1")
+    except UnicodeEncodeError:  # http.client refuses it with its own error
+        return None
+
+
 class RangeReader:
     """Random reads of an HTTP(S) shard: ``read_at(offset, size)`` with ``Range`` requests.
 
@@ -359,7 +566,9 @@ class RangeReader:
     threads. Failures are retried under the one retry policy. Every request carries ``If-Range`` with
     the shard's ``ETag`` (or ``Last-Modified``), so a shard that changed on the server is a
     :class:`~tarindex.errors.StaleIndexError`, never bytes of another version. :meth:`read_many`
-    reads many ranges at once, ``max_in_flight`` requests in flight.
+    reads many ranges at once, ``max_in_flight`` requests in flight. Plain HTTP without a proxy is
+    spoken on raw sockets (:class:`_RawConnection`; a batch from one thread through a selector); HTTPS,
+    proxies and answers without ``Content-Length`` through http.client (a batch in threads).
 
     Raises:
         ShardNotFoundError: HTTP 404 or 410.
@@ -380,6 +589,12 @@ class RangeReader:
         self._validator = first.getheader("ETag") or first.getheader("Last-Modified")
         self.etag = first.getheader("ETag")
         self.mtime_ns = _http_mtime(first)
+        # plain HTTP without a proxy: ranged reads on raw kept-alive sockets (docs/performance.md: several
+        # times cheaper per request than http.client); the probe above took the redirects, if any
+        ours = {k: v for k, v in self.options.headers.items() if k.lower() not in ("range", "if-range")}
+        self._raw = _raw_head(self._final, {**ours, **({"If-Range": self._validator} if self._validator else {})})
+        final = urlsplit(self._final)
+        self._address = (final.hostname or "localhost", final.port or 80)
 
     def _probe(self) -> http.client.HTTPResponse:
         conn, first = self._request({"Range": "bytes=0-0"}, 0)
@@ -418,7 +633,59 @@ class RangeReader:
         else:
             _return_connection(self._final, conn)
 
+    def _read_raw(self, head: bytes, offset: int, size: int) -> bytes:
+        """:meth:`_read_once` on a raw connection (:class:`_RawConnection`).
+
+        Raises:
+            _NotPlain: the answer has no ``Content-Length`` (http.client reads it).
+        """
+        request = head + _range_line(offset, size)
+        conn = _take_connection(self._final, raw=True)
+        if conn is not None:
+            try:
+                status, reason, headers, keep = conn.exchange(request)
+            except (OSError, http.client.HTTPException):  # closed by the server while idle: a new one
+                conn.close()
+                conn = None
+        if conn is None:
+            conn = _RawConnection(*self._address, self.options.timeout)
+            try:
+                status, reason, headers, keep = conn.exchange(request)
+            except BaseException:
+                conn.close()
+                raise
+        length = headers.get("content-length", "")
+        if status != 206 or not length.isdigit() or "transfer-encoding" in headers:
+            conn.close()  # nothing of the body read: not a connection to keep
+            if status == 206:
+                raise _NotPlain(f"206 without Content-Length ({headers.get('transfer-encoding')})")
+            if status == 416:
+                return b""
+            if status == 200:
+                if self._validator and (headers.get("etag") or headers.get("last-modified")) != self._validator:
+                    raise StaleIndexError(self.url, "the server has a new version (ETag or Last-Modified)")
+                raise SourceError(self.url, offset, "the server does not answer Range requests")
+            raise http_status_error(self.url, status, reason, headers.get("retry-after"), offset)
+        try:
+            data: bytes = conn.body(int(length))
+        except BaseException:
+            conn.close()
+            raise
+        if keep:
+            _return_connection(self._final, conn, raw=True)
+        else:
+            conn.close()
+        got = headers.get("content-range", "")
+        if not got.startswith(f"bytes {offset}-"):
+            raise SourceError(self.url, offset, f"asked for bytes {offset}-{offset + size - 1}, got Content-Range {got!r}")
+        return data
+
     def _read_once(self, offset: int, size: int) -> bytes:
+        if self._raw is not None:
+            try:
+                return self._read_raw(self._raw, offset, size)
+            except _NotPlain:
+                self._raw = None  # this server's answers are for http.client
         headers = {"Range": f"bytes={offset}-{offset + size - 1}"}
         if self._validator:
             headers["If-Range"] = self._validator
@@ -464,15 +731,26 @@ class RangeReader:
         """
         if len(requests) <= 1 or max_in_flight <= 1:
             return [r.read_at(o, n) for r, o, n in requests]
-        pool = _pool(max_in_flight)
-        futures = [pool.submit(r.read_at, o, n) for r, o, n in requests]
-        return [f.result() for f in futures]
+        out: list[bytes | None] = [None] * len(requests)
+        raw = [k for k, (r, _, n) in enumerate(requests) if isinstance(r, RangeReader) and r._raw is not None and n > 0]
+        if raw:  # plain HTTP: one thread, a selector over raw connections (measured in docs/performance.md)
+            _raw_batch(requests, raw, max_in_flight, out)
+        left = [k for k, data in enumerate(out) if data is None]
+        if len(left) == 1:
+            reader, offset, size = requests[left[0]]
+            out[left[0]] = reader.read_at(offset, size)
+        elif left:  # HTTPS, proxies, fsspec readers, and whatever the raw path left: threads, under the retry policy
+            pool = _pool(max_in_flight)
+            futures = [(k, pool.submit(requests[k][0].read_at, requests[k][1], requests[k][2])) for k in left]
+            for k, future in futures:
+                out[k] = future.result()
+        return [data if data is not None else b"" for data in out]
 
     def close(self) -> None:
         """Nothing to close: connections belong to the process's pool of the server."""
 
 
-_IDLE: dict[tuple[int, str], list[http.client.HTTPConnection]] = {}
+_IDLE: dict[tuple[int, str], list[Any]] = {}  # http.client connections, and _RawConnection ones under "raw:" origins
 _IDLE_LOCK = threading.Lock()
 _MAX_IDLE = 256  # per server: more than any batch keeps in flight
 
@@ -487,22 +765,23 @@ def _close_idle() -> None:
         _IDLE.clear()
 
 
-def _origin(url: str) -> tuple[int, str]:
+def _origin(url: str, raw: bool) -> tuple[int, str]:
     parts = urlsplit(url)
-    return FORK[0], f"{parts.scheme}://{parts.netloc}"
+    return FORK[0], f"{'raw:' if raw else ''}{parts.scheme}://{parts.netloc}"
 
 
-def _take_connection(url: str) -> http.client.HTTPConnection | None:
-    """An idle kept-alive connection of this process to ``url``'s server, or ``None``."""
+def _take_connection(url: str, *, raw: bool = False) -> Any:
+    """An idle kept-alive connection of this process to ``url``'s server (a :class:`_RawConnection` with
+    ``raw``, else an http.client one), or ``None``."""
     with _IDLE_LOCK:
-        idle = _IDLE.get(_origin(url))
+        idle = _IDLE.get(_origin(url, raw))
         return idle.pop() if idle else None
 
 
-def _return_connection(url: str, conn: http.client.HTTPConnection) -> None:
+def _return_connection(url: str, conn: Any, *, raw: bool = False) -> None:
     """Keep ``conn`` for the next request to ``url``'s server (closed if the pool is full)."""
     with _IDLE_LOCK:
-        idle = _IDLE.setdefault(_origin(url), [])
+        idle = _IDLE.setdefault(_origin(url, raw), [])
         if len(idle) < _MAX_IDLE:
             idle.append(conn)
             return

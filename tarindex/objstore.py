@@ -218,8 +218,20 @@ class ObjectReader:
             result = obstore.get(store, key, options=self._get_options(offset, size))
             data = bytes(result.bytes())
         except Exception as exc:
-            raise _obstore_error(exc, self.url, offset) from exc
+            error = _obstore_error(exc, self.url, offset)
+            if isinstance(error, StaleIndexError):
+                try:
+                    obstore.head(store, key)
+                except FileNotFoundError:
+                    error = self._gone()
+                except Exception:  # the precondition's answer stands
+                    pass
+            raise error from exc
         return self._check(result.meta, data, offset, size)
+
+    def _gone(self) -> ShardNotFoundError:
+        """A deleted object: some stores (Azure) answer ``If-Match`` on it with 412, not 404; a ``HEAD`` tells."""
+        return ShardNotFoundError(f"{self.url}: no such shard (the object does not exist)")
 
     async def _get_async(self, offset: int, size: int) -> bytes:
         import obstore
@@ -229,7 +241,15 @@ class ObjectReader:
             result = await obstore.get_async(store, key, options=self._get_options(offset, size))
             data = bytes(await result.bytes_async())
         except Exception as exc:
-            raise _obstore_error(exc, self.url, offset) from exc
+            error = _obstore_error(exc, self.url, offset)
+            if isinstance(error, StaleIndexError):
+                try:
+                    await obstore.head_async(store, key)
+                except FileNotFoundError:
+                    error = self._gone()
+                except Exception:  # the precondition's answer stands
+                    pass
+            raise error from exc
         return self._check(result.meta, data, offset, size)
 
     def read_at(self, offset: int, size: int) -> bytes:

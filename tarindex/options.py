@@ -10,7 +10,7 @@ from ._retry import RetryPolicy
 
 __all__ = ["DEFAULT_COALESCE_GAP", "DEFAULT_MAX_IN_FLIGHT", "SourceOptions"]
 
-DEFAULT_MAX_IN_FLIGHT = 64
+DEFAULT_MAX_IN_FLIGHT = 128
 """Ranged requests in flight per process for a batch (see docs/remote.md for the measurement)."""
 
 DEFAULT_COALESCE_GAP = 4 << 10

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["DropServer", "FaultProxy", "HTTPServer", "drop_server", "fault_proxy", "http_server", "s3_server"]
+__all__ = ["AzureServer", "DropServer", "FaultProxy", "FramingServer", "HTTPServer", "azure_server", "drop_server", "fault_proxy", "framing_server", "http_server", "s3_server"]
 
 
 def free_port() -> int:
@@ -71,7 +71,7 @@ http {{
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
     sendfile on;
-    tcp_nopush on;
+    tcp_nopush off;  # on: a 65-131 KB answer on loopback waits 20-40 ms for its last partial segment (measured)
     keepalive_requests 1000000;  # as object stores do: a kept-alive connection serves many requests
     types {{ application/x-tar tar; }}
     default_type application/octet-stream;
@@ -79,6 +79,9 @@ http {{
         listen 127.0.0.1:{port};
         root {root};
         location / {{ }}
+        location /gated/ {{  # as a gated Hugging Face dataset: a token in Authorization, else 401
+            if ($http_authorization != "Bearer hf_test") {{ return 401; }}
+        }}
     }}
 }}
 """
@@ -205,6 +208,8 @@ def _drop_handler(state: DropServer) -> type[http.server.BaseHTTPRequestHandler]
 
 
 class _QuietServer(http.server.ThreadingHTTPServer):
+    request_queue_size = 128  # clients open connections in bursts (5, the default, drops SYNs: 1 s waits)
+
     def handle_error(self, request: object, client_address: object) -> None:
         pass  # clients that hang up mid-body are what these tests are about
 
@@ -216,16 +221,99 @@ def drop_server() -> Iterator[Callable[..., DropServer]]:
 
     def start(data: bytes, drop_at: int, mode: str = "once", **options: float) -> DropServer:
         state = DropServer(data, drop_at, mode, **options)
-        server = _QuietServer(("127.0.0.1", 0), _drop_handler(state))
-        state.port = server.server_port
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
+        state.port = _serve(servers, _drop_handler(state))
         return state
 
     yield start
+    _shut(servers)
+
+
+def _serve(servers: list[_QuietServer], handler: type[http.server.BaseHTTPRequestHandler]) -> int:
+    """Serve ``handler`` on a free loopback port in a thread (kept in ``servers``); the port."""
+    server = _QuietServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    servers.append(server)
+    return int(server.server_port)
+
+
+def _shut(servers: list[_QuietServer]) -> None:
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@dataclass
+class FramingServer:
+    """Serves ``data`` with ranges, in the framings an HTTP/1.1 client must read: ``chunked`` bodies,
+    ``close`` (``Connection: close`` on every answer), ``http10`` (HTTP/1.0 answers, no keep-alive),
+    ``split_head`` (seconds between the status line and the rest of the head), ``drop_idle`` (the
+    connection closed after each answer without a word, as a kept-alive connection that timed out while
+    idle). Counts requests."""
+
+    data: bytes
+    chunked: bool = False
+    close: bool = False
+    drop_idle: bool = False
+    http10: bool = False
+    split_head: float = 0.0
+    port: int = 0
+    requests: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/shard.bin"
+
+
+def _framing_handler(state: FramingServer) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0" if state.http10 else "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            state.requests += 1
+            first, _, last = self.headers["Range"].split("=")[1].partition("-")
+            start, end = int(first), min(int(last), len(state.data) - 1)
+            body = state.data[start : end + 1]
+            head = [f"{self.protocol_version} 206 Partial Content", 'ETag: "e1"', f"Content-Range: bytes {start}-{end}/{len(state.data)}"]
+            head.append("Transfer-Encoding: chunked" if state.chunked else f"Content-Length: {len(body)}")
+            if state.close:
+                head.append("Connection: close")
+                self.close_connection = True
+            text = ("\r\n".join(head) + "\r\n\r\n").encode()
+            cut = text.index(b"\r\n") + 2
+            self.wfile.write(text[:cut])
+            self.wfile.flush()
+            time.sleep(state.split_head)
+            self.wfile.write(text[cut:])
+            if state.chunked:
+                for k in range(0, len(body), 7000):
+                    piece = body[k : k + 7000]
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.wfile.write(body)
+            self.wfile.flush()
+            if state.drop_idle:
+                self.close_connection = True
+
+    return Handler
+
+
+@pytest.fixture
+def framing_server() -> Iterator[Callable[..., FramingServer]]:
+    """Factory: ``framing_server(data, chunked=..., close=..., http10=..., split_head=...)`` starts a
+    :class:`FramingServer` on 127.0.0.1."""
+    servers: list[_QuietServer] = []
+
+    def start(data: bytes, **options: Any) -> FramingServer:
+        state = FramingServer(data, **options)
+        state.port = _serve(servers, _framing_handler(state))
+        return state
+
+    yield start
+    _shut(servers)
 
 
 @dataclass
@@ -263,6 +351,71 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         stop(proc)
 
 
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+"""The account key every Azurite has (``devstoreaccount1``): public, documented by Microsoft."""
+
+
+@dataclass
+class AzureServer:
+    """Azurite's blob service on 127.0.0.1, with one container; reached through obstore's emulator
+    settings (``use_emulator`` and ``AZURITE_BLOB_STORAGE_URL``, the standard environment)."""
+
+    endpoint: str
+    container: str
+
+
+def _azurite() -> str | None:
+    """Azurite's blob service: the repository's ``node_modules`` (``npm ci``, as .ci/run does), else PATH."""
+    local = Path(__file__).resolve().parent.parent / "node_modules" / ".bin" / "azurite-blob"
+    return str(local) if local.exists() else shutil.which("azurite-blob")
+
+
+def _azure_create_container(port: int, container: str) -> None:
+    """``PUT ?restype=container`` signed with the account key (obstore does not create containers)."""
+    import base64
+    import email.utils
+    import hashlib
+    import hmac
+    import http.client
+
+    date = email.utils.formatdate(usegmt=True)
+    resource = f"/devstoreaccount1/devstoreaccount1/{container}\nrestype:container"
+    to_sign = "PUT" + "\n" * 12 + f"x-ms-date:{date}\nx-ms-version:2021-08-06\n" + resource
+    signature = base64.b64encode(hmac.new(base64.b64decode(AZURITE_KEY), to_sign.encode(), hashlib.sha256).digest()).decode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"x-ms-date": date, "x-ms-version": "2021-08-06", "Authorization": f"SharedKey devstoreaccount1:{signature}", "Content-Length": "0"}
+    conn.request("PUT", f"/devstoreaccount1/{container}?restype=container", headers=headers)
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    if resp.status != 201:
+        raise RuntimeError(f"Azurite did not create the container: HTTP {resp.status} {body[:300]!r}")
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzureServer]:
+    """Azurite's blob service on a free loopback port (``npm ci`` installs it from package.json)."""
+    exe = _azurite()
+    if exe is None:
+        pytest.skip("Azurite is not installed (npm ci in the repository, as .ci/run does)")
+    tmp = tmp_path_factory.mktemp("azurite")
+    port = free_port()
+    log = tmp / "azurite.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [exe, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(tmp), "--skipApiVersionCheck", "--loose"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        if not wait_for_port(port, proc, timeout=60):
+            raise RuntimeError(f"Azurite did not start: {log.read_text()[-2000:]}")
+        _azure_create_container(port, "shards")
+        yield AzureServer(f"http://127.0.0.1:{port}", "shards")
+    finally:
+        stop(proc)
+
+
 @dataclass
 class FaultProxy:
     """An HTTP/1.1 relay on 127.0.0.1 in front of ``upstream`` (``host:port``) that injects faults.
@@ -272,7 +425,8 @@ class FaultProxy:
     ``fail_503``: answer 503 with ``Retry-After: retry_after`` instead of relaying; ``drop_mid_body``:
     relay half the response body, then close the connection; ``stall``: hold the request ``stall_s``
     seconds without an answer, then close. ``requests`` counts requests seen, ``ranges`` and
-    ``authorizations`` record their ``Range`` and ``Authorization`` headers.
+    ``authorizations`` record their ``Range`` and ``Authorization`` headers; ``peak`` is the most
+    requests held in their ``delay`` at once (the requests a client had in flight together).
     """
 
     upstream: tuple[str, int]
@@ -284,6 +438,8 @@ class FaultProxy:
     stall: int = 0
     stall_s: float = 0.0
     requests: int = 0
+    waiting: int = 0
+    peak: int = 0
     ranges: list[str | None] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -372,7 +528,12 @@ def _proxy_handler(state: FaultProxy) -> type[socketserver.BaseRequestHandler]:
                 state.ranges.append(headers.get("range"))
                 state.authorizations.append(headers.get("authorization"))
             if state.delay:
+                with state.lock:
+                    state.waiting += 1
+                    state.peak = max(state.peak, state.waiting)
                 time.sleep(state.delay)
+                with state.lock:
+                    state.waiting -= 1
             if state.take("stall"):
                 time.sleep(state.stall_s)
                 return False

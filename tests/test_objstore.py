@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _servers import FaultProxy, HTTPServer, S3Server
+from _servers import AzureServer, FaultProxy, HTTPServer, S3Server
 
 import tarindex
 from conftest import make_shard_set
@@ -148,10 +148,12 @@ def test_refused_endpoint_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_REGION", "us-east-1")
+    import obstore.store  # noqa: F401  # imported before the clock starts: the import is not what is timed
+
     start = time.monotonic()
     with pytest.raises(SourceError, match=r"^s3://b/x-\*.tar: connection refused"):
         glob_urls("s3://b/x-*.tar", storage_options={"endpoint_url": "http://127.0.0.1:9"})
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 2  # retried, the default backoff waits U(0, 0.5) + U(0, 1) + ... s: < 2 s with p < 0.01
 
 
 def test_stream_over_s3(bucket_set: tuple[str, list[Path]]) -> None:
@@ -343,3 +345,44 @@ def test_dataloader_workers_read_s3_through_obstore(bucket_set: tuple[str, list[
     out = subprocess.run([sys.executable, "-c", _LOADER_SCRIPT, str(tmp_path / "s3.tarindex")], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().split(",") == [w["__key__"] for w in _oracle(paths)]
+
+
+@pytest.fixture
+def azure_env(azure_server: AzureServer, monkeypatch: pytest.MonkeyPatch) -> AzureServer:
+    """The standard environment pointing obstore at Azurite (the emulator's account and key are Azurite's)."""
+    monkeypatch.setenv("AZURE_STORAGE_USE_EMULATOR", "true")
+    monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", azure_server.endpoint)
+    return azure_server
+
+
+def test_azure_blob_build_read_changed_deleted(azure_env: AzureServer, tmp_path: Path) -> None:
+    """``az://`` against Azurite: build by glob, random ``ds[i]`` and a batch equal tarfile's bytes, a
+    rewritten blob (same size) is a StaleIndexError, a deleted one a ShardNotFoundError."""
+    import obstore
+    from obstore.store import from_url
+
+    paths = make_shard_set(tmp_path / "data", 3, 10)
+    prefix = f"az{next(_PREFIXES)}-{os.getpid()}"
+    store = from_url(f"az://{azure_env.container}")
+    for p in paths:
+        obstore.put(store, f"{prefix}/{p.name}", p.read_bytes())
+    obstore.put(store, f"{prefix}/notes.txt", b"not a shard")
+    url = f"az://{azure_env.container}/{prefix}"
+    report = build_index(f"{url}/train-*.tar", index=tmp_path / "az.tarindex", workers=2)
+    assert report.scanned == [f"{url}/{p.name}" for p in paths]
+    ds = TarDataset(tmp_path / "az.tarindex")
+    assert all(info.etag for info in ds.index.shards)
+    want = _oracle(paths)
+    order = list(range(len(ds)))
+    random.Random(4).shuffle(order)
+    assert all(_same(ds[i], want[i]) for i in order[:8])
+    assert all(_same(got, want[i]) for got, i in zip(ds.__getitems__(order), order))
+    same_size = bytearray(paths[1].read_bytes())
+    same_size[600] ^= 1
+    obstore.put(store, f"{prefix}/{paths[1].name}", bytes(same_size))
+    obstore.delete(store, f"{prefix}/{paths[2].name}")
+    fresh = TarDataset(tmp_path / "az.tarindex")
+    with pytest.raises(StaleIndexError, match=rf"{url}/{paths[1].name}: shard changed since it was indexed"):
+        fresh[12]
+    with pytest.raises(ShardNotFoundError, match=rf"{url}/{paths[2].name}: no such shard"):
+        fresh.__getitems__([25, 0])
