@@ -99,7 +99,7 @@ fail:
  *       a file of `size` bytes from `offset` (whose header the caller has at buf[pos]: nothing is read when the
  *       Python walker must take it), read with pread: headers through a small window, each large
  *       member's data straight into its own bytes object (one copy, as cat makes).
- *   scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base[, max_member])
+ *   scan_fd(fd, timeout_ms, remaining, limit, buf, pos, base[, max_member])
  *       -> (tail_offset, tail, next_header, last_header, last_size, received, timed_out): the same over a
  *       socket or pipe read with read() (at most `remaining` bytes; < 0: to the end), after the
  *       bytes buf[pos:] at absolute offset base + pos. A stream is read once, so it returns what it
@@ -603,7 +603,7 @@ static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
 
 #define GROW_FIRST (16 << 20) /* past this, a member of a stream of unknown length grows as its data arrives */
 
-/* ---- scan_stream: the walk over a socket or pipe, read with read() ---------------------------
+/* ---- scan_fd: the walk over a socket or pipe, read with read() ---------------------------
  *
  * A stream cannot be read twice, so bytes already received stay in a window (self->win) until the
  * walk consumes them, and the call returns what it holds unconsumed for the Python walker. */
@@ -615,14 +615,14 @@ typedef struct {
     int yield_ok;                 /* samples are ready: return rather than wait for more bytes */
     int blocking;                 /* a blocking descriptor (a pipe): readiness is asked with poll() */
     int timed_out;                /* poll() waited timeout_ms for nothing */
-} Stream;
+} FdReader;
 
 /* One read() of up to n bytes (GIL released by the caller), waiting with poll() on a non-blocking
  * descriptor (a Python socket with a timeout), unless yield_ok: then the samples ready go to the
  * consumer first, and the kernel keeps receiving meanwhile. 0 when nothing came: the end, an error,
  * a timeout, a signal, or nothing yet with yield_ok; the caller returns to Python, whose own read of
  * the stream then says which. */
-static Py_ssize_t stream_read(Stream *s, char *p, size_t n) {
+static Py_ssize_t fd_read(FdReader *s, char *p, size_t n) {
     if (s->remaining >= 0 && (unsigned long long)s->remaining < n) n = (size_t)s->remaining;
     if (n == 0) return 0;
     if (s->yield_ok && s->blocking) {
@@ -645,11 +645,11 @@ static Py_ssize_t stream_read(Stream *s, char *p, size_t n) {
 }
 
 /* Read until n bytes are in p or the stream stops (GIL released); the bytes read. */
-static size_t stream_read_full(Stream *s, char *p, size_t n) {
+static size_t fd_read_full(FdReader *s, char *p, size_t n) {
     size_t got = 0;
     Py_BEGIN_ALLOW_THREADS
     while (got < n) {
-        Py_ssize_t r = stream_read(s, p + got, n - got);
+        Py_ssize_t r = fd_read(s, p + got, n - got);
         if (r <= 0) break;
         got += (size_t)r;
     }
@@ -660,14 +660,14 @@ static size_t stream_read_full(Stream *s, char *p, size_t n) {
 /* Bring the window up to `least` bytes (a member's headers): *src and *avail are the unconsumed bytes
  * (fewer than `least`, moved to the window's start), *skip bytes of the stream come first and are dropped.
  * Reads at most `want` (>= least) bytes of window (GIL released). 0 on success, -1 when the stream stopped first. */
-static int stream_fill(Stream *s, unsigned char *win, const unsigned char **src, size_t *avail, uint64_t *skip, size_t want,
+static int fd_fill(FdReader *s, unsigned char *win, const unsigned char **src, size_t *avail, uint64_t *skip, size_t want,
                        size_t least) {
     memmove(win, *src, *avail);
     *src = win;
     int ok = 1;
     Py_BEGIN_ALLOW_THREADS
     while (*skip > 0 || *avail < least) {
-        Py_ssize_t r = stream_read(s, (char *)win + *avail, want - *avail);
+        Py_ssize_t r = fd_read(s, (char *)win + *avail, want - *avail);
         if (r <= 0) {
             ok = 0;
             break;
@@ -681,8 +681,8 @@ static int stream_fill(Stream *s, unsigned char *win, const unsigned char **src,
     return ok ? 0 : -1;
 }
 
-static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
-    Stream s = {.received = 0, .yield_ok = 0, .blocking = 0, .timed_out = 0};
+static PyObject *Packer_scan_fd(Packer *self, PyObject *args) {
+    FdReader s = {.received = 0, .yield_ok = 0, .blocking = 0, .timed_out = 0};
     long long limit;
     unsigned long long base;
     Py_buffer view;
@@ -700,7 +700,7 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
     }
     if (!self->url) {
         PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_RuntimeError, "scan_stream makes sample dicts: Packer(..., url, index)");
+        PyErr_SetString(PyExc_RuntimeError, "scan_fd makes sample dicts: Packer(..., url, index)");
         return NULL;
     }
     if (!self->win && !(self->win = PyMem_Malloc(WINDOW_LARGE))) {
@@ -719,7 +719,7 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
     while (self->held < (uint64_t)limit && !self->error) {
         if (skip > 0 || avail < headers) { /* between members: completed samples need not wait for the network */
             s.yield_ok = PyList_GET_SIZE(self->completed) > 0;
-            int rc = stream_fill(&s, self->win, &src, &avail, &skip, want > headers ? want : headers, headers);
+            int rc = fd_fill(&s, self->win, &src, &avail, &skip, want > headers ? want : headers, headers);
             s.yield_ok = 0;
             if (rc < 0) break;
         }
@@ -750,7 +750,7 @@ static PyObject *Packer_scan_stream(Packer *self, PyObject *args) {
                     if (_PyBytes_Resize(&bytes, (Py_ssize_t)cap) < 0) goto fail; /* bytes is NULL then */
                 }
                 size_t need = (size_t)(cap - (uint64_t)head - fetched);
-                size_t got = stream_read_full(&s, PyBytes_AS_STRING(bytes) + head + fetched, need);
+                size_t got = fd_read_full(&s, PyBytes_AS_STRING(bytes) + head + fetched, need);
                 fetched += got;
                 if (got < need) { /* stopped: hand back the headers and the data so far */
                     tail = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(m.data + head + fetched));
@@ -846,8 +846,8 @@ static PyMethodDef Packer_methods[] = {
     {"scan", (PyCFunction)Packer_scan, METH_VARARGS, "scan(buf, pos, base[, limit[, max_member]]) -> (pos, last_header, last_size)"},
     {"scan_file", (PyCFunction)Packer_scan_file, METH_VARARGS,
      "scan_file(fd, offset, size, limit, buf, pos[, max_member]) -> (offset, last_header, last_size)"},
-    {"scan_stream", (PyCFunction)Packer_scan_stream, METH_VARARGS,
-     "scan_stream(fd, timeout_ms, remaining, limit, buf, pos, base[, max_member]) -> (tail_offset, tail, next_header, last_header, last_size, received, timed_out)"},
+    {"scan_fd", (PyCFunction)Packer_scan_fd, METH_VARARGS,
+     "scan_fd(fd, timeout_ms, remaining, limit, buf, pos, base[, max_member]) -> (tail_offset, tail, next_header, last_header, last_size, received, timed_out)"},
     {"add", (PyCFunction)Packer_add, METH_VARARGS, "add(name, header_offset, data_offset, size[, data])"},
     {"take", (PyCFunction)Packer_take, METH_NOARGS, "take() -> ([sample_offset, ...], [sample dict, ...])"},
     {"finish", (PyCFunction)Packer_finish, METH_NOARGS, "finish() -> the offset tables; raises a recorded duplicate"},

@@ -200,10 +200,10 @@ def fused() -> bool:
 
 
 def iter_samples(
-    source: Iterable[Buffer] | int | tar.Stream, url: str, *, index: int | None = None, max_member_size: int | None = None
+    source: Iterable[Buffer] | int | tar.DirectArchive, url: str, *, index: int | None = None, max_member_size: int | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(sample offset, sample)`` for each sample of an archive: chunks, an open file's descriptor,
-    or a :class:`tarindex.tar.Stream` (a socket the C walk reads itself).
+    or a :class:`tarindex.tar.DirectArchive` (a socket the C walk reads itself).
 
     A sample is ``{"__key__": key, "__url__": url, "__index__": index, ext: bytes, ...}``
     (``__index__`` counting up from ``index``, only when it is given). With the C
@@ -222,8 +222,8 @@ def iter_samples(
         packer = _CPacker(sample_key, lambda offset, ext, key, name: _duplicate(url, offset, ext, key, name), url, index)
         yield from tar.group_tar(source, url, packer, max_member_size=max_member_size)
         return
-    if isinstance(source, tar.Stream):
-        source = tar.stream_chunks(source)
+    if isinstance(source, tar.DirectArchive):
+        source = tar.direct_chunks(source)
     if isinstance(source, int):
         entries = tar.iter_tar_file(source, url, with_data=True, max_member_size=max_member_size)
     else:

@@ -165,7 +165,7 @@ def scan_shard(path: str, *, max_member_size: int | None = None) -> tuple[ShardI
     """Scan one shard (plain tar, or zstd by content) into its offset tables (``ShardInfo.path`` is ``path``).
 
     A URL (``http(s)://``, ``pipe:``, fsspec) is read once, sequentially
-    (see :func:`scan_stream`). A member over ``max_member_size`` is an error (default: 8 GiB,
+    (see :func:`scan_sequential`). A member over ``max_member_size`` is an error (default: 8 GiB,
     :data:`tarindex.tar.MAX_MEMBER_SIZE`, for a stream or a decompressed shard; for a plain
     local file, only its own size).
 
@@ -175,7 +175,7 @@ def scan_shard(path: str, *, max_member_size: int | None = None) -> tuple[ShardI
         SourceError: a URL could not be read (after retries).
     """
     if is_url(path):
-        return scan_stream(path, max_member_size=max_member_size)
+        return scan_sequential(path, max_member_size=max_member_size)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError as exc:
@@ -198,7 +198,7 @@ def scan_shard(path: str, *, max_member_size: int | None = None) -> tuple[ShardI
         os.close(fd)
 
 
-def scan_stream(url: str, *, max_member_size: int | None = None) -> tuple[ShardInfo, ShardTable]:
+def scan_sequential(url: str, *, max_member_size: int | None = None) -> tuple[ShardInfo, ShardTable]:
     """Index a shard in one sequential pass over its stream (HTTP, ``pipe:``, fsspec, zstd or not).
 
     ``ShardInfo.size`` is the number of bytes read (the whole stream),

@@ -47,7 +47,7 @@ from .scan import archive
 from .shards import INDEX_SUFFIX, expand_shards
 from .sources import DEFAULT_BLOCK_SIZE, FileSource, RangeReader, is_url, open_source
 from .tables import ShardInfo
-from .tar import Stream
+from .tar import DirectArchive
 from .zstd import iter_decompressed, random_access, seek_table_frames
 from .zstd_random import zstd_reader
 
@@ -408,7 +408,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 while len(first) < 6 and (more := source.read(64 << 10)):
                     first += more
                 if codec_of(first[:6], url) == "tar":
-                    yield from iter_samples(Stream(source, first), url, index=index, max_member_size=self.max_member_size)
+                    yield from iter_samples(DirectArchive(source, first), url, index=index, max_member_size=self.max_member_size)
                     while source.read(source.block_size):  # to the end: the body's length is checked there
                         pass
                     return

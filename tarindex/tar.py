@@ -464,7 +464,7 @@ class DirectSource(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Stream:
+class DirectArchive:
     """A :class:`DirectSource` to walk, and the bytes already read from it."""
 
     source: DirectSource
@@ -473,23 +473,23 @@ class Stream:
     """The archive's first bytes."""
 
 
-_STREAM_READ = 4 << 10  # the Python walker's smallest read of a Stream (a header and a bit): the C walk takes the rest
+_STREAM_READ = 4 << 10  # the Python walker's smallest read of a DirectArchive (a header and a bit): the C walk takes the rest
 
 
-def stream_chunks(stream: Stream) -> Iterator[bytes]:
-    """A :class:`Stream`'s bytes as chunks (for walkers that do not read descriptors)."""
+def direct_chunks(stream: DirectArchive) -> Iterator[bytes]:
+    """A :class:`DirectArchive`'s bytes as chunks (for walkers that do not read descriptors)."""
     if stream.first:
         yield stream.first
     while chunk := stream.source.read(256 * _STREAM_READ):
         yield chunk
 
 
-class _StreamCursor(_Cursor):
-    """A :class:`_Cursor` over a :class:`Stream` whose descriptor the C walk may read too (:meth:`walk_direct`)."""
+class _DirectCursor(_Cursor):
+    """A :class:`_Cursor` over a :class:`DirectArchive` whose descriptor the C walk may read too (:meth:`walk_direct`)."""
 
     __slots__ = ("need", "source")
 
-    def __init__(self, stream: Stream) -> None:
+    def __init__(self, stream: DirectArchive) -> None:
         super().__init__(self._reads())
         self.buf = stream.first
         self.source = stream.source
@@ -509,7 +509,7 @@ class _StreamCursor(_Cursor):
             self.need = 0
 
     def walk_direct(self, sink: Any, pos: int, bound: int) -> tuple[int, bool, int, int] | None:
-        """Let a sample sink's C walk read the descriptor from the header at ``pos`` (``scan_stream``,
+        """Let a sample sink's C walk read the descriptor from the header at ``pos`` (``scan_fd``,
         members up to ``bound`` bytes),
         once every byte taken from the source is in ``buf`` (``None`` until then, or when the source
         cannot: a chunk's rest waiting in ``spill``, HTTPS...): ``(pos, whether it took members, last
@@ -519,7 +519,7 @@ class _StreamCursor(_Cursor):
             return None
         fd, left, timeout_ms = live
         here = self.base + pos
-        tail_at, tail, after, last_at, last_size, received, timed_out = sink.scan_stream(
+        tail_at, tail, after, last_at, last_size, received, timed_out = sink.scan_fd(
             fd, timeout_ms, left, _DIRECT_BATCH_BYTES, self.buf, pos, self.base, bound
         )
         if received or timed_out:
@@ -583,14 +583,14 @@ def index_tar_file(fd: int, path: str, sink: Sink, *, max_member_size: int | Non
 
 
 def group_tar(
-    source: Iterable[Buffer] | int | Stream, path: str, sink: Any, *, max_member_size: int | None = None
+    source: Iterable[Buffer] | int | DirectArchive, path: str, sink: Any, *, max_member_size: int | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Walk an archive (chunks, an open file's descriptor, or a :class:`Stream`) with data, each member to ``sink`` (the C
+    """Walk an archive (chunks, an open file's descriptor, or a :class:`DirectArchive`) with data, each member to ``sink`` (the C
     packer making sample dicts, see :class:`Sink`); yield the ``(sample offset, sample)`` it completes.
 
     Samples come out in batches, only once every header they depend on passed its checksum.
     ``max_member_size`` bounds every member (default: :data:`MAX_MEMBER_SIZE` for a source of unknown
-    length, chunks or a :class:`Stream`; a file's own size for a file).
+    length, chunks or a :class:`DirectArchive`; a file's own size for a file).
 
     Raises:
         CorruptArchiveError: see :func:`iter_tar`.
@@ -601,7 +601,7 @@ def group_tar(
     if isinstance(source, int):
         cur = _FileCursor(source)
     else:
-        cur = _StreamCursor(source) if isinstance(source, Stream) else _Cursor(source)
+        cur = _DirectCursor(source) if isinstance(source, DirectArchive) else _Cursor(source)
     return _flushed(_walk(cur, str(path), True, sink, max_member_size), sink)
 
 

@@ -25,7 +25,7 @@ from conftest import use_pure_python
 from tarindex.errors import TarIndexError
 from tarindex.grouping import iter_samples
 from tarindex.scan import table_from_chunks, table_from_file
-from tarindex.tar import BLOCK, Stream, iter_tar, iter_tar_file
+from tarindex.tar import BLOCK, DirectArchive, iter_tar, iter_tar_file
 
 IMPLS = ("c", "python")
 
@@ -221,7 +221,7 @@ def run(way: str, buf: bytes, path: Path, max_member_size: int | None = None) ->
         if way == "samples-pipe":
             assert feed is not None
             first = feed.read(BLOCK)
-            return list(iter_samples(Stream(feed, first), url, max_member_size=max_member_size))
+            return list(iter_samples(DirectArchive(feed, first), url, max_member_size=max_member_size))
         raise ValueError(way)
     except TarIndexError as exc:
         return ("error", type(exc).__name__, str(exc), getattr(exc, "offset", None))

@@ -288,14 +288,14 @@ class _CountingPipeSource(tarindex.sources.PipeSource):
 
 def _stream_direct(url: str, **options: float) -> list[dict]:
     from tarindex.grouping import iter_samples
-    from tarindex.tar import Stream
+    from tarindex.tar import DirectArchive
 
     cls = _CountingPipeSource if url.startswith("pipe:") else _CountingHTTPSource
     cls.direct_bytes = 0
     source = _CountingPipeSource(url) if cls is _CountingPipeSource else cls(url, SourceOptions(**options))
     try:
         first = source.read(64 << 10)
-        got = [s for _, s in iter_samples(Stream(source, first), url)]
+        got = [s for _, s in iter_samples(DirectArchive(source, first), url)]
         while source.read(1 << 20):  # to the end: a pipe's exit status is checked there
             pass
         return got
