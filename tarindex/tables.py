@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .errors import IndexFormatError
 from .shards import ShardKind, shard_kind
+
+if TYPE_CHECKING:
+    import numpy as np  # imported on use: the index's meta (`tarindex info`) is read without numpy
 
 __all__: list[str] = []  # internal: the index and the scan share these records
 
@@ -122,6 +123,8 @@ class ShardTable:
     @classmethod
     def from_columns(cls, columns: tuple[Any, ...]) -> ShardTable:
         """A table from a packer's columns (lists of ints or little-endian buffers)."""
+        import numpy as np
+
         s_off, s_size, s_n, m_ext, m_off, m_size, keys, exts = columns
         return cls(
             _column(s_off, np.uint64),
@@ -136,6 +139,8 @@ class ShardTable:
 
 
 def _column(values: Any, dtype: type[np.generic]) -> np.ndarray:
+    import numpy as np
+
     if isinstance(values, (bytes, bytearray, memoryview)):  # the C packer's, in native byte order
         return np.frombuffer(values, dtype)
     return np.array(values, dtype)

@@ -68,3 +68,84 @@ def test_compress_defaults_are_the_writers() -> None:
     from tarindex.cli import compress_cmd
 
     assert (compress_cmd.DEFAULT_LEVEL, compress_cmd.DEFAULT_FRAME_SIZE) == (shard_writer.DEFAULT_LEVEL, shard_writer.DEFAULT_FRAME_SIZE)
+
+
+def _totals_from_records(index: str) -> dict:
+    """What ``info`` shows, counted from every record (the reference for the totals the meta keeps)."""
+    import numpy as np
+
+    from tarindex.index.reader import IndexReader
+
+    ix = IndexReader(index)
+    samples = ix.decode()
+    counts = np.bincount(samples.member_ext, minlength=len(ix.exts)).tolist()
+    found = {
+        "samples": ix.n_samples,
+        "members": ix.n_members,
+        "shards": len(ix.shards),
+        "sample_bytes": int(samples.size.sum()),
+        "shard_bytes": sum(s.size for s in ix.shards),
+        "zstd_shards": sum(s.compression == "zstd" for s in ix.shards),
+        "extensions": {e: n for e, n in zip(ix.exts, counts) if n},
+    }
+    ix.close()
+    return found
+
+
+def _info(index: str) -> dict:
+    got = _start("info", "--json", index)
+    assert got["code"] == 0, got
+    assert not {"numpy", "torch"} & set(got["modules"]), set(got["modules"]) & {"numpy", "torch"}
+    out = json.loads(got["stdout"].rstrip().rsplit("\n", 1)[0])
+    return {k: out[k] for k in ("samples", "members", "shards", "sample_bytes", "shard_bytes", "zstd_shards", "extensions")}
+
+
+def test_info_reads_only_the_meta_and_its_totals_match_the_records(shard_set) -> None:
+    """``info`` shows totals the meta keeps (no record decoded, numpy not imported), equal to counting every
+    record: after a build, a merge of parts, and an incremental rebuild that replaced one shard."""
+    import io
+    import tarfile
+
+    import tarindex
+
+    shards = shard_set(n_shards=4, per=5)
+    root = shards[0].parent
+    whole = tarindex.build_index([str(s) for s in shards], index=root / "whole.tarindex", workers=1).path
+    assert _info(str(whole)) == _totals_from_records(str(whole))
+    assert _info(str(whole))["shards"] == 4
+    parts = [tarindex.build_index([str(s) for s in shards], index=root / f"p{k}.tarindex", part=(k, 2), workers=1).path for k in (1, 2)]
+    merged = tarindex.merge_indexes(parts, root / "merged.tarindex")
+    assert _info(str(merged)) == _totals_from_records(str(merged)) == _totals_from_records(str(whole))
+    with tarfile.open(shards[1], "w") as tf:  # one shard replaced: other members, another extension
+        for i in range(3):
+            data = b"x" * (100 + i)
+            info = tarfile.TarInfo(f"new{i:03d}.npy")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    report = tarindex.build_index([str(s) for s in shards], index=whole, workers=1)
+    assert len(report.scanned) == 1
+    got = _info(str(whole))
+    assert got == _totals_from_records(str(whole)) and got["extensions"]["npy"] == 3 and got["samples"] == 3 * 5 + 3
+
+
+def test_info_counts_the_records_of_an_index_whose_meta_keeps_no_totals(shard_set) -> None:
+    """An index written before the meta kept the totals: ``info`` counts them from the records, the same figures."""
+    import lmdb
+
+    import tarindex
+    from tarindex.index.format import CONTENT_SUMMARY, META_KEY, seal, unseal
+
+    shards = shard_set(n_shards=3, per=4)
+    index = tarindex.build_index([str(s) for s in shards], index=shards[0].parent / "old.tarindex", workers=1).path
+    kept = _info(str(index))
+    env = lmdb.open(str(index), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        meta = json.loads(bytes(unseal(txn.get(META_KEY), META_KEY, "meta")))
+        for k in (*CONTENT_SUMMARY, "ext_members"):
+            del meta[k]
+        txn.put(META_KEY, seal(META_KEY, json.dumps(meta).encode()))
+    env.close()
+    got = _start("info", "--json", str(index))
+    assert got["code"] == 0 and "numpy" in got["modules"], got  # the records were decoded
+    out = json.loads(got["stdout"].rstrip().rsplit("\n", 1)[0])
+    assert {k: out[k] for k in kept} == kept == _totals_from_records(str(index))

@@ -200,7 +200,11 @@ def _edited(index: Path, out: Path, edit: Any) -> Path:
         ("n_buckets", 0, "bad n_buckets"),
         ("sample_bytes", 9, "bad sample_bytes"),
         ("exts", ["txt", 5], "bad exts"),
-        ("exts", ["txt"], "names extension"),
+        ("exts", ["txt"], "bad ext_members"),  # the members per extension no longer match the table
+        ("ext_members", [1, 2, 3], "bad ext_members"),
+        ("ext_members", None, "bad ext_members"),
+        ("data_bytes", -5, "bad data_bytes"),
+        ("zstd_shards", "2", "bad zstd_shards"),
         ("block_samples", 7, "bad n_blocks"),
         ("part", [3, 2], "bad part"),
         ("build_id", None, "bad build_id"),

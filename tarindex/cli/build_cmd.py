@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -75,6 +74,8 @@ def command(
 @contextlib.contextmanager
 def _logged_warnings() -> Iterator[None]:
     """The library's logged warnings (a dropped shard, a skipped sparse member) as ``tarindex: warning:`` lines."""
+    import logging  # on use: --help lists this command without it
+
     logger = logging.getLogger("tarindex")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("\ntarindex: warning: %(message)s" if sys.stderr.isatty() else "tarindex: warning: %(message)s"))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
+from typing import Any
 
 import click
 
-from ._common import human, open_index
+from ._common import human
 
 
 @click.command("info")
@@ -14,29 +15,31 @@ from ._common import human, open_index
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(index: str, as_json: bool) -> None:
     """Summarise INDEX (an index file, or the shards it sits beside)."""
-    import numpy as np
+    from ..index.meta import read_meta
+    from ..shards import resolve_index
 
-    ix = open_index(index)
-    samples = ix.decode()
-    counts = np.bincount(samples.member_ext, minlength=len(ix.exts)).tolist()
-    exts = {ix.exts[e]: n for e, n in sorted(enumerate(counts), key=lambda kv: -kv[1]) if n}
-    data_bytes = int(samples.size.sum(dtype="u8"))
+    path = Path(resolve_index(index))
+    meta = read_meta(path)  # the totals are in the meta: no record is decoded, numpy is not imported
+    content = _kept(meta) or _counted(path)
+    exts = {e: n for e, n in sorted(content["ext_members"].items(), key=lambda kv: -kv[1]) if n}
     summary = {
-        "index": str(ix.path),
-        "format_version": ix.meta["format_version"],
-        "created": ix.meta["created"],
-        "shards": len(ix.shards),
-        "samples": ix.n_samples,
-        "members": ix.n_members,
-        "sample_bytes": data_bytes,
-        "shard_bytes": sum(s.size for s in ix.shards),
-        "zstd_shards": sum(1 for s in ix.shards if s.compression == "zstd"),
-        "zstd_shards_without_random_access": sum(1 for s in ix.shards if not s.random_access),
-        "index_bytes": ix.file_size(),
-        "duplicate_keys": ix.duplicate_keys,
+        "index": str(path),
+        "format_version": meta["format_version"],
+        "created": meta["created"],
+        "shards": meta["n_shards"],
+        "samples": meta["n_samples"],
+        "members": meta["n_members"],
+        "sample_bytes": content["data_bytes"],
+        "shard_bytes": content["shard_bytes"],
+        "zstd_shards": content["zstd_shards"],
+        "zstd_shards_without_random_access": content["zstd_shards_without_random_access"],
+        "index_bytes": path.stat().st_size,
+        "duplicate_keys": meta["duplicate_keys"],
         "extensions": exts,
     }
     if as_json:
+        import json  # on use: --help lists this command without it
+
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(f"index:          {summary['index']} (format {summary['format_version']}, {human(summary['index_bytes'])})")
@@ -45,8 +48,35 @@ def command(index: str, as_json: bool) -> None:
     if summary["zstd_shards"]:
         slow = summary["zstd_shards_without_random_access"]
         click.echo(f"zstd shards:    {summary['zstd_shards']}" + (f" ({slow} too coarse for random access; see docs/zstd.md)" if slow else ""))
-    click.echo(f"samples:        {summary['samples']} ({human(data_bytes)})")
+    click.echo(f"samples:        {summary['samples']} ({human(summary['sample_bytes'])})")
     click.echo(f"members:        {summary['members']}")
     dup = summary["duplicate_keys"]
     click.echo(f"duplicate keys: {dup}" + (" (lookup by key returns the first sample)" if dup else ""))
     click.echo("extensions:     " + ", ".join(f"{e} {n}" for e, n in exts.items()))
+
+
+def _kept(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The content totals the meta keeps (``CONTENT_SUMMARY``), or ``None`` for an index written before it kept them."""
+    from ..index.format import CONTENT_SUMMARY
+
+    if "ext_members" not in meta:
+        return None
+    return {**{k: meta[k] for k in CONTENT_SUMMARY}, "ext_members": dict(zip(meta["exts"], meta["ext_members"]))}
+
+
+def _counted(path: Path) -> dict[str, Any]:
+    """The content totals of an older index: every record decoded."""
+    import numpy as np
+
+    from ..index.reader import IndexReader
+
+    ix = IndexReader(path)
+    samples = ix.decode()
+    counts = np.bincount(samples.member_ext, minlength=len(ix.exts)).tolist()
+    return {
+        "data_bytes": int(samples.size.sum(dtype="u8")),
+        "shard_bytes": sum(s.size for s in ix.shards),
+        "zstd_shards": sum(1 for s in ix.shards if s.compression == "zstd"),
+        "zstd_shards_without_random_access": sum(1 for s in ix.shards if not s.random_access),
+        "ext_members": dict(zip(ix.exts, counts)),
+    }

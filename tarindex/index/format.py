@@ -17,6 +17,7 @@ from ..tables import ShardInfo, ShardTable
 __all__ = [
     "BLOCK_SAMPLES",
     "BUCKET_KEYS",
+    "CONTENT_SUMMARY",
     "FORMAT_VERSION",
     "MAGIC",
     "SHARD_BLOCK",
@@ -51,6 +52,10 @@ SHARD_SUMMARY = ("url_shards", "command_shards", "zstd_samples", "zstd_frames")
 """Counts over the shard records kept in the meta, so opening an index reads no shard record: URL and
 command shards (how reads are batched, whether commands are refused), and samples and frames of the zstd
 shards that have a frame table (the mean samples per frame a sampler shuffles by)."""
+CONTENT_SUMMARY = ("data_bytes", "shard_bytes", "zstd_shards", "zstd_shards_without_random_access")
+"""Totals over the records kept in the meta (with ``ext_members``, members per extension), so ``tarindex info``
+decodes no record and reads no shard record: sample bytes, shard bytes, zstd shards, and those of them
+that cannot be read at random cheaply. Indexes written before these existed lack them (optional keys)."""
 BUCKET_KEYS = 256
 """Keys per bucket of the key table, on average (a bucket of 5-byte entries stays within one page)."""
 

@@ -22,13 +22,10 @@ import numpy as np
 from ..errors import IndexChangedError, IndexFormatError, IndexNotFoundError, SampleNotFoundError
 from .format import (
     BLOCK_PREFIX,
-    FORMAT_VERSION,
     FRAMES_PREFIX,
     GZIP_PREFIX,
     KEYS_PREFIX,
-    MAGIC,
     META_KEY,
-    SHARD_SUMMARY,
     SHARDS_PREFIX,
     START_KEY,
     ShardInfo,
@@ -38,41 +35,10 @@ from .format import (
     numbered,
     unseal,
 )
+from .meta import check_container, check_meta
 from .records import Block, Columns, parse
 
 __all__ = ["IndexReader"]
-
-_LMDB_MAGIC = 0xBEEFC0DE
-
-
-def check_container(path: Path) -> None:
-    """Check that the file holds every page its LMDB meta pages name, before it is mapped.
-
-    A truncated index (an interrupted copy, a full disk) would otherwise be mapped and
-    fault (``SIGBUS``) on the first page past its end.
-
-    Raises:
-        IndexFormatError: not an LMDB file, or shorter than its meta pages say.
-    """
-    try:
-        with open(path, "rb") as f:
-            head = f.read(152)
-            size = os.fstat(f.fileno()).st_size
-            psize = int.from_bytes(head[40:44], "little") if len(head) >= 152 else 0
-            if len(head) < 152 or int.from_bytes(head[16:20], "little") != _LMDB_MAGIC or not 512 <= psize <= 1 << 16:
-                raise IndexFormatError(f"{path}: not a tarindex index (not an LMDB file: {size} bytes)")
-            f.seek(psize)
-            second = f.read(152)
-    except OSError as exc:
-        raise IndexFormatError(f"{path}: cannot read the index ({exc.strerror or exc})") from exc
-    metas = [head] + ([second] if len(second) == 152 and int.from_bytes(second[16:20], "little") == _LMDB_MAGIC else [])
-    meta = max(metas, key=lambda m: int.from_bytes(m[144:152], "little"))  # LMDB uses the later transaction's
-    last = int.from_bytes(meta[136:144], "little")
-    if (last + 1) * psize > size:
-        raise IndexFormatError(
-            f"{path}: the index is truncated (expected at least {(last + 1) * psize} bytes, got {size}); rebuild or copy it again"
-        )
-
 
 class _Env:
     """One LMDB environment and read transaction per index file per process.
@@ -91,7 +57,7 @@ class _Env:
         self.key, self.refs, self.pid = key, 0, os.getpid()
         self.txn = self.env.begin(buffers=True)
         try:
-            self.meta = _check_meta(path, self.get(META_KEY, path))
+            self.meta = check_meta(path, self.get(META_KEY, path))
         except IndexFormatError:
             self.close()
             raise
@@ -137,71 +103,6 @@ def _acquire(path: Path) -> _Env:
     if found is None:
         found = _ENVS[key] = _Env(key, path)
     return found.acquire()
-
-
-_META_INTS = (
-    "n_samples", "n_members", "n_shards", "duplicate_keys", "block_samples", "n_blocks", "n_buckets", "sample_bytes", "shard_block",
-    *SHARD_SUMMARY,
-)  # fmt: skip
-
-
-def _check_meta(path: Path, raw: Any) -> dict[str, Any]:
-    """The meta, its checksum and schema checked.
-
-    Raises:
-        IndexFormatError: not a tarindex index, another format version, or damaged.
-    """
-    if raw is not None and bytes(raw[:1]) == b"{":  # format 3 and older: JSON without a checksum
-        try:
-            old = json.loads(bytes(raw))
-        except ValueError:
-            old = None
-        if isinstance(old, dict) and old.get("magic") == MAGIC:
-            raise IndexFormatError(
-                f"{path}: index format version {old.get('format_version')}, this tarindex reads version {FORMAT_VERSION}; "
-                "rebuild the index ('tarindex build' over it does)"
-            )
-    if raw is None:
-        raise IndexFormatError(f"{path}: an LMDB file, but not a tarindex index")
-    try:
-        meta = json.loads(bytes(unseal(raw, META_KEY, f"{path}: the index's meta")))
-    except ValueError as exc:
-        raise IndexFormatError(f"{path}: the index's meta is damaged ({exc}); rebuild the index") from exc
-    if not isinstance(meta, dict) or meta.get("magic") != MAGIC:
-        raise IndexFormatError(f"{path}: an LMDB file, but not a tarindex index")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise IndexFormatError(
-            f"{path}: index format version {meta.get('format_version')}, this tarindex reads version {FORMAT_VERSION}; rebuild the index"
-        )
-    bad = [k for k in _META_INTS if type(meta.get(k)) is not int or meta[k] < 0]
-    if not bad:
-        n, b = meta["n_samples"], meta["block_samples"]
-        bad = [
-            name
-            for name, ok in (
-                ("block_samples", b > 0),
-                ("shard_block", meta["shard_block"] > 0),
-                ("n_blocks", meta["n_blocks"] == -(-n // b)),
-                ("n_buckets", (meta["n_buckets"] > 0) == (n > 0)),
-                ("sample_bytes", 1 <= meta["sample_bytes"] <= 8 and n <= 1 << (8 * meta["sample_bytes"])),
-                ("exts", isinstance(meta.get("exts"), list) and all(isinstance(e, str) for e in meta["exts"])),
-                ("build_id", isinstance(meta.get("build_id"), str)),
-                ("part", _is_part(meta.get("part"))),
-                ("url_shards", meta["url_shards"] + meta["command_shards"] <= meta["n_shards"]),
-                ("zstd_samples", meta["zstd_samples"] <= n and (meta["zstd_frames"] > 0) == (meta["zstd_samples"] > 0)),
-            )
-            if not ok
-        ]
-    if bad:
-        shown = {k: meta.get(k) for k in bad}
-        raise IndexFormatError(f"{path}: the index's meta is damaged (bad {', '.join(bad)}: {str(shown)[:200]}); rebuild the index")
-    return meta
-
-
-def _is_part(part: Any) -> bool:
-    if part is None:
-        return True
-    return isinstance(part, list) and len(part) == 2 and all(type(x) is int for x in part) and 1 <= part[0] <= part[1]
 
 
 class BlockSource:

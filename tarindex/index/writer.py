@@ -29,6 +29,7 @@ from .format import (
     BLOCK_PREFIX,
     BLOCK_SAMPLES,
     BUCKET_KEYS,
+    CONTENT_SUMMARY,
     FORMAT_VERSION,
     FRAMES_PREFIX,
     GZIP_PREFIX,
@@ -106,6 +107,8 @@ class IndexWriter:
         self._exts: dict[str, int] = {}
         self._n_members = 0
         self._summary = dict.fromkeys(SHARD_SUMMARY, 0)  # what a reader needs at open without the shard records
+        self._content = dict.fromkeys(CONTENT_SUMMARY, 0)  # what `tarindex info` shows without decoding records
+        self._ext_members: list[int] = []  # members per extension number
         self._pending: list[Columns] = []
         self._pending_n = 0
         self._n_blocks = 0
@@ -211,6 +214,7 @@ class IndexWriter:
         if gzip_points is not None:
             self._add_frames(numbered(GZIP_PREFIX, shard), gzip_points)
         member_ext = remap[cols.member_ext.astype(np.int64)] if len(cols.member_ext) else np.zeros(0, np.uint16)
+        self._count(info, cols, member_ext)
         self._pending.append(dataclasses.replace(cols, shard=np.full(n, shard, np.uint64), member_ext=member_ext))
         self._pending_n += n
         if self._pending_n >= BLOCK_SAMPLES:
@@ -311,6 +315,17 @@ class IndexWriter:
             self._discard()
         return self.path
 
+    def _count(self, info: ShardInfo, cols: Columns, member_ext: np.ndarray) -> None:
+        """Add one shard to the content totals (``CONTENT_SUMMARY``, members per extension)."""
+        self._content["data_bytes"] += int(cols.size.sum(dtype=np.uint64))
+        self._content["shard_bytes"] += info.size
+        self._content["zstd_shards"] += info.compression == "zstd"
+        self._content["zstd_shards_without_random_access"] += not info.random_access
+        counts = np.bincount(member_ext, minlength=len(self._exts)).tolist()
+        self._ext_members += [0] * (len(counts) - len(self._ext_members))
+        for e, k in enumerate(counts):
+            self._ext_members[e] += k
+
     def _finish(self) -> None:
         if self._pending_n:
             self._flush(final=True)
@@ -341,6 +356,8 @@ class IndexWriter:
             "sample_bytes": sample_bytes,
             "shard_block": SHARD_BLOCK,
             **self._summary,
+            **self._content,
+            "ext_members": self._ext_members + [0] * (len(self._exts) - len(self._ext_members)),
         }
         self._put_sealed(META_KEY, json.dumps(meta, separators=(",", ":")).encode())
         for b in range(0, len(self._infos), SHARD_BLOCK):
