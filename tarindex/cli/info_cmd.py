@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ._common import human
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 @click.command("info")
@@ -18,7 +20,7 @@ def command(index: str, as_json: bool) -> None:
     from ..index.meta import read_meta
     from ..shards import resolve_index
 
-    path = Path(resolve_index(index))
+    path = resolve_index(index)
     meta = read_meta(path)  # the totals are in the meta: no record is decoded, numpy is not imported
     content = _kept(meta) or _counted(path)
     exts = {e: n for e, n in sorted(content["ext_members"].items(), key=lambda kv: -kv[1]) if n}
