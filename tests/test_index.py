@@ -19,7 +19,7 @@ import pytest
 import tarindex
 from conftest import make_shard_set
 from tarindex.errors import IndexChangedError, IndexFormatError, ShardNotFoundError, StaleIndexError, TarIndexError
-from tarindex.index.format import META_KEY, ShardInfo, ShardTable, seal
+from tarindex.index.format import META_KEY, ShardInfo, ShardTable, bucket_keys, seal
 from tarindex.index.reader import IndexReader
 from tarindex.index.writer import IndexWriter
 from tarindex.scan import scan_shard
@@ -499,7 +499,7 @@ def test_key_hashes_spilled_to_files_give_the_same_key_table(tmp_path: Path, mon
         with env.begin() as txn:
             tables.append([(bytes(k), bytes(v)) for k, v in txn.cursor() if bytes(k).startswith(b"k/")])
         env.close()
-    assert tables[0] == tables[1] and len(tables[0]) == -(-6000 // 256)
+    assert tables[0] == tables[1] and len(tables[0]) == -(-6000 // bucket_keys(2))  # 6,000 samples: 2-byte sample numbers
     assert [IndexReader(spilled).lookup(k) for k in keys] == [s * 300 + 150 for s in range(20)]
 
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import multiprocessing as mp
 import os
 import random
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import tarindex
 from tarindex.index.reader import IndexReader
@@ -36,43 +37,43 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "4"))  # alternated rounds of the lo
 class DelayRelay:
     """An HTTP/1.1 relay on 127.0.0.1 that waits ``delay`` seconds before relaying each request.
 
-    Counts requests and response body bytes. Runs its own event loop in a thread.
+    Counts requests and response body bytes. Runs in a process of its own: a relay in the client's
+    process would take the client's GIL for every request it relays, and the network a store's latency
+    stands for costs the client nothing.
     """
 
     def __init__(self, upstream_port: int, delay: float) -> None:
-        self.upstream_port = upstream_port
-        self.delay = delay
-        self.requests = 0
-        self.body_bytes = 0
-        self.loop = asyncio.new_event_loop()
-        started = threading.Event()
-        self.port = 0
-
-        async def serve() -> None:
-            server = await asyncio.start_server(self._client, "127.0.0.1", 0, backlog=1024)
-            self.port = server.sockets[0].getsockname()[1]
-            started.set()
-            async with server:
-                await server.serve_forever()
-
-        threading.Thread(target=lambda: self.loop.run_until_complete(serve()), daemon=True).start()
-        started.wait()
+        ctx = mp.get_context("spawn")
+        self._requests = ctx.Value("q", 0, lock=False)
+        self._bytes = ctx.Value("q", 0, lock=False)
+        recv, send = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_relay, args=(upstream_port, delay, self._requests, self._bytes, send), daemon=True)
+        self._proc.start()
+        self.port: int = recv.recv()
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def counts(self) -> tuple[int, int]:
-        return self.requests, self.body_bytes
+        return self._requests.value, self._bytes.value
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+    def close(self) -> None:
+        self._proc.terminate()
+        self._proc.join()
+
+
+def _relay(upstream_port: int, delay: float, requests: Any, body_bytes: Any, conn: Any) -> None:
+    """The relay's process: serve until terminated."""
+
+    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", upstream_port)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                self.requests += 1
-                if self.delay:
-                    await asyncio.sleep(self.delay)
+                requests.value += 1
+                if delay:
+                    await asyncio.sleep(delay)
                 up_w.write(head)
                 await up_w.drain()
                 rhead = await up_r.readuntil(b"\r\n\r\n")
@@ -82,7 +83,7 @@ class DelayRelay:
                         length = int(line.split(b":", 1)[1])
                 writer.write(rhead)
                 left = 0 if head.startswith(b"HEAD ") else length
-                self.body_bytes += left
+                body_bytes.value += left
                 while left:
                     chunk = await up_r.read(min(left, 1 << 20))
                     if not chunk:
@@ -95,6 +96,14 @@ class DelayRelay:
         finally:
             writer.close()
             up_w.close()
+
+    async def serve() -> None:
+        server = await asyncio.start_server(client, "127.0.0.1", 0, backlog=1024)
+        conn.send(server.sockets[0].getsockname()[1])
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(serve())
 
 
 def _url_index(source: Path, out: Path, name_of: Callable[[int], str]) -> Path:
@@ -206,6 +215,7 @@ def _bench(paths: list[str], name: str, work: Path, index: Path, port: int) -> l
     w = _wids_first(f"{relay.endpoint}/bench/{name}/{names[0]}", local.shard_sizes[0], work)
     if w is not None:
         rows.append((f"{name}: wids +20 ms, time to first sample (s)", w, "downloads the whole shard first"))
+    relay.close()
     return rows
 
 

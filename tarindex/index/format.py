@@ -16,7 +16,7 @@ from ..tables import ShardInfo, ShardTable
 
 __all__ = [
     "BLOCK_SAMPLES",
-    "BUCKET_KEYS",
+    "BUCKET_BYTES",
     "CONTENT_SUMMARY",
     "FORMAT_VERSION",
     "MAGIC",
@@ -24,6 +24,7 @@ __all__ = [
     "SHARD_SUMMARY",
     "ShardInfo",
     "ShardTable",
+    "bucket_keys",
     "bucket_of",
     "key_hash",
     "numbered",
@@ -56,8 +57,16 @@ CONTENT_SUMMARY = ("data_bytes", "shard_bytes", "zstd_shards", "zstd_shards_with
 """Totals over the records kept in the meta (with ``ext_members``, members per extension), so ``tarindex info``
 decodes no record and reads no shard record: sample bytes, shard bytes, zstd shards, and those of them
 that cannot be read at random cheaply. Indexes written before these existed lack them (optional keys)."""
-BUCKET_KEYS = 256
-"""Keys per bucket of the key table, on average (a bucket of 5-byte entries stays within one page)."""
+BUCKET_BYTES = 1280
+"""Bytes of entries per bucket of the key table, on average: three buckets (and their LMDB node headers,
+keys and checksums, ~24 bytes each) fill a 4 KiB page with room for buckets larger than the mean."""
+
+
+def bucket_keys(sample_bytes: int) -> int:
+    """Keys per bucket, on average, for entries of ``2 + sample_bytes`` bytes: 256 for 3-byte sample numbers
+    (up to 16M samples), 213 for 4 (up to 4G), 182 for 5 (a fixed count would leave a third of every
+    page empty once sample numbers outgrow 3 bytes: two buckets a page instead of three)."""
+    return BUCKET_BYTES // (2 + sample_bytes)
 
 
 def numbered(prefix: bytes, number: int) -> bytes:

@@ -28,7 +28,6 @@ from ..errors import TarIndexError
 from .format import (
     BLOCK_PREFIX,
     BLOCK_SAMPLES,
-    BUCKET_KEYS,
     CONTENT_SUMMARY,
     FORMAT_VERSION,
     FRAMES_PREFIX,
@@ -42,6 +41,7 @@ from .format import (
     START_KEY,
     ShardInfo,
     ShardTable,
+    bucket_keys,
     bucket_of,
     key_hash,
     numbered,
@@ -334,8 +334,8 @@ class IndexWriter:
         for prefix in (FRAMES_PREFIX, GZIP_PREFIX):  # the order of the keys (LMDB appends)
             for key, raw in self._frame_tables(prefix):
                 self._put_sealed(key, raw)
-        n_buckets = -(-n // BUCKET_KEYS)
         sample_bytes = max(1, (max(n - 1, 0).bit_length() + 7) // 8)
+        n_buckets = -(-n // bucket_keys(sample_bytes))
         self._txn.commit()  # the records are readable from here on (duplicate keys are compared by their bytes)
         self._txn, self._txn_bytes = self._env.begin(write=True), 0
         duplicates = self._key_table(n, n_buckets, sample_bytes)
