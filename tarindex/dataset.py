@@ -21,7 +21,7 @@ from .errors import (
     TarIndexError,
     shown,
 )
-from .identity import Check, check_shard
+from .identity import Check, Checked, check_shard
 from .index.reader import IndexReader
 from .objstore import is_remote_reader, read_many
 from .opener import ShardNames, ShardOpener, open_gzip_shard, open_url, open_zstd_shard
@@ -183,6 +183,7 @@ class TarDataset:
         self._blocks = ix.blocks()  # keeps the index's map open while this process reads from it
         self._exts = ix.exts
         self._opener = ShardOpener(len(self.urls), self._open_handle, self.max_open_files)
+        self._checked = Checked(len(self.urls))
         self._fast: Any = None
         if _speedups is not None:
             self._fast = _speedups.Reader(
@@ -204,6 +205,9 @@ class TarDataset:
 
     def _open_handle(self, shard: int) -> Any:
         path = self.urls[shard]
+        fd = self._checked.reopen(path, shard)  # a plain local shard checked before, unchanged since
+        if fd is not None:
+            return fd
         info = self.index.shards[shard]
         if info.kind == "command":  # never run from here: a command's output has no random access
             raise RandomAccessError(
@@ -217,10 +221,12 @@ class TarDataset:
         except FileNotFoundError as exc:
             raise ShardNotFoundError(f"{path}: shard named by {self.index_path} is missing") from exc
         try:
-            check_shard(path, fd, info, check=self.verify)
+            mtime_ns = check_shard(path, fd, info, check=self.verify)
         except BaseException:
             os.close(fd)
             raise
+        if info.compression is None:
+            self._checked.remember(shard, info.size, mtime_ns)
         handle: Any = fd
         if info.compression == "gzip":
             return open_gzip_shard(path, fd, self.index.gzip_points(shard))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from array import array
 from typing import Literal
 
 from .errors import StaleIndexError
@@ -74,3 +75,40 @@ def current_info(path: str, info: ShardInfo) -> ShardInfo | None:
     finally:
         os.close(fd)
     return info if mtime_ns == info.mtime_ns else dataclasses.replace(info, mtime_ns=mtime_ns)
+
+
+class Checked:
+    """Plain local shards this process has checked against their index records (by :func:`check_shard`):
+    each one's size and mtime at that check, 16 bytes a shard, made on first use.
+
+    A shard reopened after its descriptor was evicted, whose ``fstat`` still shows both, is the shard that
+    passed (the module rule) and needs neither its record nor its fingerprint again: random reads over
+    more shards than stay open (``max_open_files``) then cost an ``open`` and an ``fstat``, not a shard
+    record decoded (a block of them, about 1 ms, once the decoded blocks no longer hold every shard).
+    """
+
+    def __init__(self, n_shards: int) -> None:
+        self._n = n_shards
+        self._size: array[int] | None = None  # -1: not checked in this process
+        self._mtime: array[int] | None = None
+
+    def reopen(self, path: str, shard: int) -> int | None:
+        """A descriptor of ``path`` when ``shard`` was checked and its size and mtime are unchanged, else ``None``
+        (the caller then checks it in full, which names what changed)."""
+        if self._size is None or self._mtime is None or self._size[shard] < 0:
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        if st.st_size == self._size[shard] and st.st_mtime_ns == self._mtime[shard]:
+            return fd
+        os.close(fd)
+        return None
+
+    def remember(self, shard: int, size: int, mtime_ns: int) -> None:
+        """``shard`` passed the check with this size and mtime."""
+        if self._size is None or self._mtime is None:
+            self._size, self._mtime = array("q", [-1]) * self._n, array("q", [0]) * self._n
+        self._size[shard], self._mtime[shard] = size, mtime_ns

@@ -117,3 +117,42 @@ def test_rebuild_in_place_then_forked_workers(tmp_path: Path, persistent: bool) 
     got = [(s["__key__"], s["__url__"].rsplit("/", 1)[1], bytes(s["txt"])) for s in loader]
     assert got == [(f"{c}{i}", f"t-00000{int(c == 'B')}.tar", f"{c}-{i}".encode()) for c in "BA" for i in range(6)]
     assert [ds[i]["__key__"] for i in (0, 6)] == ["A0", "B0"]  # the main process keeps the view it had
+
+
+def test_reopened_shards_need_no_record_and_a_changed_one_is_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More shards than stay open: a shard reopened after eviction, unchanged, is not looked up in the index
+    again (its record block is decoded once); one that changed on disk meanwhile is a StaleIndexError."""
+    from tarindex.errors import StaleIndexError
+    from tarindex.index.reader import IndexReader
+
+    import tarindex.index.reader
+    import tarindex.index.writer
+
+    paths = make_shard_set(tmp_path / "d", n_shards=8, per=5)
+    monkeypatch.setattr(tarindex.index.writer, "SHARD_BLOCK", 2)  # records of 2 shards a block (the meta says so) ...
+    index = build_index([str(p) for p in paths], workers=1).path
+    monkeypatch.setattr(tarindex.index.reader, "_SHARD_BLOCKS_KEPT", 1)  # ... and one block kept decoded: 4 blocks go round
+    blocks: list[int] = []
+    decode = IndexReader._shard_block
+
+    def counted(self: IndexReader, b: int, expected: int) -> object:
+        blocks.append(b)
+        return decode(self, b, expected)
+
+    monkeypatch.setattr(IndexReader, "_shard_block", counted)
+    ds = TarDataset(index, max_open_files=2)
+    want = oracle(paths)
+    order = np.random.default_rng(0).permutation(len(ds)).tolist() * 3
+    for i in order:  # 8 shards, 2 open at once: most reads reopen a shard
+        assert ds[i]["bin"] == want[i][1]
+    # the records were read only when the dataset first named a shard or first checked it: not per reopen
+    assert 0 < len(blocks) <= 2 * 4, len(blocks)  # each block at most twice (naming the shard, checking it)
+    victim = paths[5]
+    data = victim.read_bytes()
+    victim.write_bytes(data + b"\0" * 512)  # another size: no longer the indexed shard
+    stale = 5 * 5  # 5 samples a shard: shard 5's first
+    for i in range(len(ds)):  # evict shard 5 (2 open at once), then read it again
+        if i // 5 != 5:
+            ds[i]
+    with pytest.raises(StaleIndexError, match=str(victim.name)):
+        ds[stale]

@@ -14,6 +14,7 @@ import dataclasses
 import multiprocessing as mp
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -181,6 +182,7 @@ def _bench(paths: list[str], name: str, work: Path, index: Path, port: int) -> l
     # nginx without delay: the ceiling of the client
     plain = _url_index(index, work / f"{name}-http.tarindex", lambda i: f"http://127.0.0.1:{port}/bench/{name}/{names[i]}")
     rows += _loopback_ab(local, plain, rand, order, name)
+    rows.append(_curl_ceiling([f"http://127.0.0.1:{port}/bench/{name}/{nm}" for nm in names], n, rows))
     first = _first_sample(plain, {})
     rows.append((f"{name}: http:// loopback nginx, time to first sample, cold process (s)", first, "one ranged request after the index opens"))
     w = _wids_first(f"http://127.0.0.1:{port}/bench/{name}/{names[0]}", local.shard_sizes[0], work)
@@ -217,6 +219,21 @@ def _bench(paths: list[str], name: str, work: Path, index: Path, port: int) -> l
         rows.append((f"{name}: wids +20 ms, time to first sample (s)", w, "downloads the whole shard first"))
     relay.close()
     return rows
+
+
+def _curl_ceiling(urls: list[str], n: int, rows: list[Row]) -> Row:
+    """The network's ceiling on this machine: curl reading every shard whole from the same server (one
+    connection at a time, no per-request cost), as samples/s, against local random ``ds[i]``."""
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        for url in urls:
+            subprocess.run(["curl", "-sf", "-o", "/dev/null", url], check=True)
+        best = min(best, time.perf_counter() - t0)
+    local = next(v for label, v, _ in rows if "local files, ds[i]" in label)
+    name = rows[0][0].split(":")[0]
+    return (f"{name}: curl of every shard whole, loopback nginx (samples/s equivalent)", n / best,
+            f"{n / best / local:.2f}x local ds[i]: the loopback network's ceiling here")
 
 
 def _single_rate(ds: tarindex.TarDataset, order: list[int], seconds: float) -> float:
