@@ -49,13 +49,55 @@ class BuildReport:
         return f"BuildReport({str(self.path)!r}, scanned={len(self.scanned)}, reused={len(self.reused)})"
 
 
-def _reusable(previous: Path) -> dict[str, tuple[IndexReader, int]]:
-    """Shards of an existing index by relative path; empty if there is none or it is unreadable."""
-    try:
-        reader = IndexReader(previous)
-    except (IndexNotFoundError, IndexFormatError):
-        return {}
-    return {info.path: (reader, i) for i, info in enumerate(reader.shards)}
+_REOPEN_SAMPLES = 1 << 22
+"""Samples an incremental build takes from the existing index between reopenings of it (~35 MB of record blocks)."""
+
+
+class _Previous:
+    """The existing index an incremental build takes its unchanged shards from (none if there is none or it
+    is unreadable). Reopened once ``_REOPEN_SAMPLES`` samples were taken: the pages of its map that were
+    read then leave the process, so a rebuild's memory stays bounded however large the index (as a merge
+    closes each part once it is written)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.reader: IndexReader | None = None
+        self.shards: dict[str, int] = {}  # relative path -> shard number
+        self._taken = 0
+        try:
+            self.reader = IndexReader(path)
+        except (IndexNotFoundError, IndexFormatError):
+            return
+        self.shards = {info.path: i for i, info in enumerate(self.reader.shards)}
+
+    def _open(self) -> IndexReader:
+        if self.reader is None:  # there was no index: it lists no shard to ask for
+            raise IndexNotFoundError(f"{self.path}: no index to reuse shards from")
+        return self.reader
+
+    def info(self, i: int) -> ShardInfo:
+        return self._open().shards[i]
+
+    def table(self, i: int) -> ShardTable:
+        """Shard ``i``'s table (valid until the next call: the index may then be reopened).
+
+        Raises:
+            TarIndexError: the index was replaced while this build read it.
+        """
+        reader = self._open()
+        if self._taken >= _REOPEN_SAMPLES:
+            reader.close()
+            self.reader, self._taken = IndexReader(self.path), 0
+            if self.reader.build_id != reader.build_id:
+                raise TarIndexError(f"{self.path}: the index was replaced while this build read it; build again")
+            reader = self.reader
+        table = reader.shard_table(i)
+        self._taken += table.n_samples
+        return table
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
 
 
 def parse_part(part: Part) -> tuple[int, int]:
@@ -185,16 +227,17 @@ def build_index(
     rel = [relative_path(s, index_dir) for s in paths]
     if len(set(rel)) != len(rel):
         raise TarIndexError("the same shard is named twice")
-    previous = _reusable(out)
+    previous = _Previous(out)
+    known = previous.shards
     try:
-        kept = {s: current_info(s, previous[r][0].shards[previous[r][1]]) for s, r in zip(paths, rel) if r in previous}
+        kept = {s: current_info(s, previous.info(known[r])) for s, r in zip(paths, rel) if r in known}
         todo = [s for s in paths if kept.get(s) is None]
         if progress and len(todo) < len(paths):
             progress(len(paths) - len(todo))
-        if not todo and list(previous) == rel and all(kept[s] == previous[r][0].shards[previous[r][1]] for s, r in zip(paths, rel)):
+        if not todo and list(known) == rel and all(kept[s] == previous.info(known[r]) for s, r in zip(paths, rel)):
             if max_member_size is not None:  # the index stands if every shard's members are within the bound
                 for s, r in zip(paths, rel):
-                    _check_members(s, previous[r][0].shard_table(previous[r][1]), max_member_size)
+                    _check_members(s, previous.table(known[r]), max_member_size)
             return BuildReport(out, [], list(paths))  # nothing changed (same shards, order and mtimes): the index stands
         scans = _scanned(todo, workers or os.cpu_count() or 1, executor, progress, max_member_size)
         todo_set = set(todo)
@@ -204,15 +247,14 @@ def build_index(
                     info, table = next(scans)
                     writer.add(placed(info, r, shard_kind(s)), table)
                 else:
-                    reader, i = previous[r]
-                    table = reader.shard_table(i)
+                    info = kept[s] or previous.info(known[r])
+                    table = previous.table(known[r])
                     if max_member_size is not None:
                         _check_members(s, table, max_member_size)
-                    writer.add(kept[s] or reader.shards[i], table)
-        _warn_dropped(out, previous, rel)  # once the new index has replaced the old one
+                    writer.add(info, table)
+        _warn_dropped(out, known, rel)  # once the new index has replaced the old one
     finally:
-        for reader in {id(r): r for r, _ in previous.values()}.values():
-            reader.close()
+        previous.close()
     return BuildReport(out, todo, [s for s in paths if s not in todo_set])
 
 
@@ -234,7 +276,7 @@ def _check_members(shard: str, table: ShardTable, max_member_size: int) -> None:
     )
 
 
-def _warn_dropped(out: Path, previous: dict[str, tuple[IndexReader, int]], rel: list[str]) -> None:
+def _warn_dropped(out: Path, previous: dict[str, int], rel: list[str]) -> None:
     """Log each shard of the existing index that the new shard list no longer names."""
     kept = set(rel)
     dropped = [path for path in previous if path not in kept]

@@ -94,6 +94,34 @@ def test_a_rebuild_with_nothing_changed_leaves_the_index_as_it_is(shards: list[P
     assert build_index(paths, index=index).scanned == [paths[2]]
 
 
+def test_incremental_rebuild_reopening_the_previous_index_equals_a_fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An incremental rebuild reopens the existing index as it takes shards from it (bounded memory at any
+    size): with a reopening every 7 samples, the rebuilt index holds what a fresh build of the same shards holds."""
+    import tarindex.build
+
+    paths = make_shard_set(tmp_path / "data", n_shards=6, per=5)
+    index = tmp_path / "data" / "i.tarindex"
+    build_index([str(p) for p in paths], index=index, workers=1)
+    with open(paths[3], "r+b") as f:  # other bytes in one shard: rescanned, the five others reused
+        f.seek(600)
+        f.write(b"X")
+    monkeypatch.setattr(tarindex.build, "_REOPEN_SAMPLES", 7)
+    report = build_index([str(p) for p in paths], index=index, workers=1)
+    assert report.scanned == [str(paths[3])] and len(report.reused) == 5
+    fresh = build_index([str(p) for p in paths], index=tmp_path / "data" / "fresh.tarindex", workers=1).path
+    got, want = IndexReader(index), IndexReader(fresh)
+    try:
+        assert [i.path for i in got.shards] == [i.path for i in want.shards]
+        a, b = got.decode(), want.decode()
+        for field in ("shard", "offset", "size", "nmembers", "member_offset", "member_size"):
+            assert getattr(a, field).tolist() == getattr(b, field).tolist(), field
+        assert [got.exts[e] for e in a.member_ext] == [want.exts[e] for e in b.member_ext]
+        assert [got.lookup(k) for k in ("s00i000", "s03i004", "s05i002")] == [want.lookup(k) for k in ("s00i000", "s03i004", "s05i002")]
+    finally:
+        got.close()
+        want.close()
+
+
 def test_progress_bar_on_a_terminal_shows_the_write_phase(shards: list[Path], tmp_path: Path) -> None:
     import pty
     import subprocess
