@@ -9,10 +9,11 @@ import operator
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from .index.reader import IndexReader
 from .index.writer import IndexWriter
 from .objstore import is_object_url
 from .opener import shard_name
+from .options import SourceOptions
 from .scan import scan_shard
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, shard_kind
 from .sources import is_url
@@ -139,10 +141,15 @@ def _die_with_parent() -> None:
 
 
 def _scanned(
-    shards: list[str], workers: int, executor: Executor | None, progress: Progress | None, max_member_size: int | None = None
+    shards: list[str],
+    workers: int,
+    executor: Executor | None,
+    progress: Progress | None,
+    max_member_size: int | None = None,
+    options: SourceOptions | None = None,
 ) -> Iterator[tuple[ShardInfo, ShardTable]]:
     """Scan results in shard order, as they complete (scanned on ``executor``, or in ``workers`` local processes)."""
-    scan = functools.partial(scan_shard, max_member_size=max_member_size)  # picklable: a module function and an int
+    scan = functools.partial(scan_shard, max_member_size=max_member_size, options=options)  # picklable: a module function and data
     with ExitStack() as stack:
         if executor is None and workers > 1 and len(shards) > 1:
             methods = multiprocessing.get_all_start_methods()
@@ -169,6 +176,9 @@ def build_index(
     progress: Progress | None = None,
     executor: Executor | None = None,
     max_member_size: int | None = None,
+    options: SourceOptions | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> BuildReport:
     """Index tar shards into one LMDB index file.
 
@@ -195,6 +205,11 @@ def build_index(
             offset). ``None`` (default): 8 GiB for shards of unknown length (URLs, zstd and gzip
             shards), a plain local tar's own size. Shards reused from the existing index are
             checked against it too, from their tables.
+        options: how URL shards are read (retries, timeouts; see :class:`~tarindex.options.SourceOptions`).
+        storage_options: object-store or fsspec client options (endpoint, credentials) for reading
+            and listing URL shards; overrides ``options.storage_options``. Never stored in the index.
+        headers: extra HTTP(S) request headers (e.g. ``Authorization``); overrides ``options.headers``.
+            Never stored in the index.
 
     Shards of the existing index that are no longer in the list are dropped
     from it, each with a logged warning naming it. When nothing changed (the
@@ -209,7 +224,11 @@ def build_index(
     if max_member_size is not None and max_member_size < 0:
         raise ValueError(f"max_member_size must be >= 0, not {max_member_size}")
     part = parse_part(part) if part is not None else None
-    paths = expand_shards(shards)
+    opts = (options or SourceOptions()).with_(
+        storage_options=dict(storage_options) if storage_options is not None else None,
+        headers=dict(headers) if headers is not None else None,
+    )
+    paths = expand_shards(shards, storage_options=dict(opts.storage_options) or None)
     if not paths:
         raise ShardNotFoundError("no shards given")
     if index is not None:
@@ -239,7 +258,7 @@ def build_index(
                 for s, r in zip(paths, rel):
                     _check_members(s, previous.table(known[r]), max_member_size)
             return BuildReport(out, [], list(paths))  # nothing changed (same shards, order and mtimes): the index stands
-        scans = _scanned(todo, workers or os.cpu_count() or 1, executor, progress, max_member_size)
+        scans = _scanned(todo, workers or os.cpu_count() or 1, executor, progress, max_member_size, opts)
         todo_set = set(todo)
         with IndexWriter(out, part=part) as writer:
             for s, r in zip(paths, rel):

@@ -26,6 +26,7 @@ from .errors import (
 from .grouping import Packer, SampleRecord, new_packer, pack_samples
 from .gzip import decompress_gzip
 from .gzip_random import decompress_indexed
+from .options import SourceOptions
 from .shards import FINGERPRINT_SPAN, fingerprint, fingerprint_stream
 from .sources import is_url, open_source
 from .tables import ShardInfo, ShardTable
@@ -161,13 +162,13 @@ def archive(
 # -- shards ------------------------------------------------------------------------
 
 
-def scan_shard(path: str, *, max_member_size: int | None = None) -> tuple[ShardInfo, ShardTable]:
+def scan_shard(path: str, *, max_member_size: int | None = None, options: SourceOptions | None = None) -> tuple[ShardInfo, ShardTable]:
     """Scan one shard (plain tar, or zstd by content) into its offset tables (``ShardInfo.path`` is ``path``).
 
     A URL (``http(s)://``, ``pipe:``, fsspec) is read once, sequentially
     (see :func:`scan_sequential`). A member over ``max_member_size`` is an error (default: 8 GiB,
     :data:`tarindex.tar.MAX_MEMBER_SIZE`, for a stream or a decompressed shard; for a plain
-    local file, only its own size).
+    local file, only its own size). ``options`` (headers, storage options, retries) apply to URLs.
 
     Raises:
         ShardNotFoundError: the shard does not exist.
@@ -175,7 +176,7 @@ def scan_shard(path: str, *, max_member_size: int | None = None) -> tuple[ShardI
         SourceError: a URL could not be read (after retries).
     """
     if is_url(path):
-        return scan_sequential(path, max_member_size=max_member_size)
+        return scan_sequential(path, max_member_size=max_member_size, options=options)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError as exc:
@@ -198,7 +199,9 @@ def scan_shard(path: str, *, max_member_size: int | None = None) -> tuple[ShardI
         os.close(fd)
 
 
-def scan_sequential(url: str, *, max_member_size: int | None = None) -> tuple[ShardInfo, ShardTable]:
+def scan_sequential(
+    url: str, *, max_member_size: int | None = None, options: SourceOptions | None = None
+) -> tuple[ShardInfo, ShardTable]:
     """Index a shard in one sequential pass over its stream (HTTP, ``pipe:``, fsspec, zstd or not).
 
     ``ShardInfo.size`` is the number of bytes read (the whole stream),
@@ -225,7 +228,7 @@ def scan_sequential(url: str, *, max_member_size: int | None = None) -> tuple[Sh
     rows: list[tuple[int, int, int, int]] = []
     points: list[bytes] = []
     end = ArchiveEnd()
-    with open_source(url) as source:
+    with open_source(url, options=options) as source:
         raw = archive(source, tapped, frames=rows, end=end, points=points)
         table = table_from_chunks(raw, url, max_member_size=max_member_size)
         end.set()

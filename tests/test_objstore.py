@@ -386,3 +386,36 @@ def test_azure_blob_build_read_changed_deleted(azure_env: AzureServer, tmp_path:
         fresh[12]
     with pytest.raises(ShardNotFoundError, match=rf"{url}/{paths[2].name}: no such shard"):
         fresh.__getitems__([25, 0])
+
+
+def test_build_with_the_endpoint_only_in_storage_options(s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No AWS_ENDPOINT_URL: the endpoint and credentials come from ``storage_options`` (API and CLI), for the
+    listing, the scans in worker processes and the reads; none of it is stored in the index."""
+    paths = make_shard_set(tmp_path / "data", 3, 6)
+    prefix = f"opts{next(_PREFIXES)}-{os.getpid()}"
+    client = _client(s3_server)
+    for p in paths:
+        client.upload_file(str(p), s3_server.bucket, f"{prefix}/{p.name}")
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    url = f"s3://{s3_server.bucket}/{prefix}"
+    store = {"endpoint_url": s3_server.endpoint, "key": "testing", "secret": "testing"}
+    index = tmp_path / "opts.tarindex"
+    report = build_index(f"{url}/train-*.tar", index=index, workers=2, storage_options=store)
+    assert report.scanned == [f"{url}/{p.name}" for p in paths]
+    ds = TarDataset(index, storage_options=store)
+    want = _oracle(paths)
+    assert len(ds) == len(want) and all(_same(ds[i], want[i]) for i in range(len(ds)))
+    assert s3_server.endpoint.encode() not in index.read_bytes() and b"testing" not in index.read_bytes()
+    from click.testing import CliRunner
+
+    from tarindex.cli.main import main
+
+    out = CliRunner().invoke(main, ["build", f"{url}/train-*.tar", "-o", str(tmp_path / "cli.tarindex"), "-q", "-w", "1",
+                                    "--storage-option", f"endpoint_url={s3_server.endpoint}", "--storage-option", "key=testing",
+                                    "--storage-option", "secret=testing"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert len(TarDataset(tmp_path / "cli.tarindex", storage_options=store)) == len(want)
+    out = CliRunner().invoke(main, ["build", f"{url}/train-*.tar", "-o", str(tmp_path / "none.tarindex"), "-q", "-w", "1"])
+    assert out.exit_code == 1 and out.output.startswith("tarindex: error: ") and len(out.output.strip().splitlines()) == 1, out.output

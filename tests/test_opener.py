@@ -122,11 +122,10 @@ def test_rebuild_in_place_then_forked_workers(tmp_path: Path, persistent: bool) 
 def test_reopened_shards_need_no_record_and_a_changed_one_is_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """More shards than stay open: a shard reopened after eviction, unchanged, is not looked up in the index
     again (its record block is decoded once); one that changed on disk meanwhile is a StaleIndexError."""
-    from tarindex.errors import StaleIndexError
-    from tarindex.index.reader import IndexReader
-
     import tarindex.index.reader
     import tarindex.index.writer
+    from tarindex.errors import StaleIndexError
+    from tarindex.index.reader import IndexReader
 
     paths = make_shard_set(tmp_path / "d", n_shards=8, per=5)
     monkeypatch.setattr(tarindex.index.writer, "SHARD_BLOCK", 2)  # records of 2 shards a block (the meta says so) ...

@@ -190,3 +190,31 @@ def test_nginx_is_the_upstream_when_installed(http_server: HTTPServer) -> None:
     if shutil.which("nginx") is None and not os.path.exists("/usr/sbin/nginx"):
         pytest.skip("nginx is not installed")
     assert http_server.kind == "nginx"
+
+
+def test_build_sends_the_headers_a_gated_server_requires(http_server: HTTPServer, tmp_path: Path) -> None:
+    """``build_index(headers=)`` and ``tarindex build -H``: the token reaches every scan (in worker processes
+    too); without it, exit 1 with one line naming the URL and the 401; the token is not in the index."""
+    if http_server.kind != "nginx":
+        pytest.skip("the gated location is nginx's (Python's http.server has none)")
+    from click.testing import CliRunner
+
+    from conftest import make_shard_set
+    from tarindex import TarDataset, build_index
+    from tarindex.cli.main import main
+
+    paths = make_shard_set(http_server.root / "gated" / tmp_path.name, 3, 5)
+    urls = [http_server.url(f"gated/{tmp_path.name}/{p.name}") for p in paths]
+    token = {"Authorization": "Bearer hf_test"}
+    index = build_index(urls, index=tmp_path / "gated.tarindex", workers=2, headers=token).path
+    local = TarDataset(build_index([str(p) for p in paths], index=tmp_path / "local.tarindex", workers=1).path)
+    ds = TarDataset(index, headers=token)
+    assert len(ds) == len(local) and all(ds[i] == {**local[i], "__url__": ds[i]["__url__"]} for i in range(len(ds)))
+    assert b"hf_test" not in index.read_bytes()
+    runner = CliRunner()
+    out = runner.invoke(main, ["build", *urls, "-o", str(tmp_path / "cli.tarindex"), "-q", "-H", "Authorization: Bearer hf_test"])
+    assert out.exit_code == 0, out.output
+    out = runner.invoke(main, ["build", *urls, "-o", str(tmp_path / "denied.tarindex"), "-q"])
+    assert out.exit_code == 1 and len(out.output.strip().splitlines()) == 1 and "401" in out.output and urls[0] in out.output, out.output
+    out = runner.invoke(main, ["build", *urls, "-o", str(tmp_path / "bad.tarindex"), "-H", "no colon"])
+    assert out.exit_code == 2 and "expected 'NAME: VALUE'" in out.output

@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import click
 
@@ -32,6 +33,33 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
         raise click.BadParameter(str(exc)) from None
 
 
+def _pairs(values: tuple[str, ...], sep: str, form: str) -> list[tuple[str, str]]:
+    """``NAME<sep>VALUE`` options as (name, value) pairs, both stripped."""
+    pairs = []
+    for value in values:
+        name, found, text = value.partition(sep)
+        if not found or not name.strip():
+            raise click.BadParameter(f"{value!r}: expected {form}")
+        pairs.append((name.strip(), text.strip()))
+    return pairs
+
+
+def _headers(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    return dict(_pairs(values, ":", "'NAME: VALUE'"))
+
+
+def _storage_options(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
+    import json
+
+    found: dict[str, Any] = {}
+    for key, text in _pairs(values, "=", "KEY=VALUE"):
+        try:
+            found[key] = json.loads(text)
+        except ValueError:
+            found[key] = text
+    return found
+
+
 @click.command("build")
 @click.argument("shards", nargs=-1, required=True)
 @click.option("-o", "--index", "index", type=click.Path(dir_okay=False), help="Index file (default: beside the shards).")
@@ -42,16 +70,32 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
     help="Refuse a shard with a member larger than SIZE (bytes, or 64M, 2G: powers of 1024). "
     "Default: 8G for URLs, zstd and gzip shards; a plain tar's own size.",
 )
+@click.option(
+    "-H", "--header", "headers", multiple=True, callback=_headers, metavar="'NAME: VALUE'",
+    help="An HTTP(S) request header for URL shards (repeatable), e.g. -H 'Authorization: Bearer ...'. Never stored in the index.",
+)
+@click.option(
+    "--storage-option", "storage_options", multiple=True, callback=_storage_options, metavar="KEY=VALUE",
+    help="An object-store or fsspec client option (repeatable), e.g. --storage-option endpoint_url=http://127.0.0.1:9000; "
+    "VALUE is read as JSON when it parses (numbers, true/false), else as text. Never stored in the index.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def command(
-    shards: tuple[str, ...], index: str | None, workers: int | None, part: tuple[int, int] | None, max_member_size: int | None, quiet: bool
+    shards: tuple[str, ...],
+    index: str | None,
+    workers: int | None,
+    part: tuple[int, int] | None,
+    max_member_size: int | None,
+    headers: dict[str, str],
+    storage_options: dict[str, Any],
+    quiet: bool,
 ) -> None:
     """Index SHARDS (paths, globs, brace patterns) into one LMDB index."""
     from ..build import build_index, part_slice
     from ..shards import expand_shards
     from ..sources import is_url
 
-    paths = expand_shards(shards)
+    paths = expand_shards(shards, storage_options=storage_options or None)
     url = next((p for p in paths if is_url(p)), None)
     if index is None and url is not None:  # no directory to put the index beside
         raise click.UsageError(f"{url}: URL shards need an index path: add -o INDEX")
@@ -65,7 +109,10 @@ def command(
                 bar.label = "writing index"
                 bar.render_progress()
 
-        report = build_index(paths, index=index, workers=workers, part=part, progress=progress, max_member_size=max_member_size)
+        report = build_index(
+            paths, index=index, workers=workers, part=part, progress=progress, max_member_size=max_member_size,
+            headers=headers, storage_options=storage_options,
+        )  # fmt: skip
     if not quiet:
         click.echo(f"{report.path}: {len(report.scanned)} shards scanned, {len(report.reused)} unchanged")
     _warn_slow_zstd(str(report.path))

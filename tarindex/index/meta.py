@@ -15,7 +15,7 @@ import lmdb
 from ..errors import IndexFormatError
 from .format import CONTENT_SUMMARY, FORMAT_VERSION, MAGIC, META_KEY, SHARD_SUMMARY, unseal
 
-__all__ = ["check_container", "check_meta", "read_meta"]
+__all__: list[str] = []  # internal module: the index reader and `tarindex info` use these names
 
 _LMDB_MAGIC = 0xBEEFC0DE
 
