@@ -18,7 +18,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urljoin, urlsplit
@@ -248,10 +248,11 @@ def _http_get(
         SourceError: more than 5 redirects.
         OSError, http.client.HTTPException: connection failures (the caller retries).
     """
+    origin = url
     for _ in range(_MAX_REDIRECTS + 1):
         conn, target = _http_connect(url, timeout, rcvbuf)
         try:
-            conn.request(method, target, headers=_request_headers(conn, headers))
+            conn.request(method, target, headers=_request_headers(conn, _headers_for(origin, url, headers)))
             resp = conn.getresponse()
         except BaseException:
             conn.close()
@@ -263,6 +264,18 @@ def _http_get(
             continue
         return conn, resp, url, target
     raise SourceError(url, offset, f"more than {_MAX_REDIRECTS} redirects")
+
+
+_CREDENTIALS = ("authorization", "cookie")
+
+
+def _headers_for(origin: str, url: str, headers: Mapping[str, str]) -> dict[str, str]:
+    """The caller's ``headers`` for a request to ``url`` after redirects from ``origin``: credentials
+    (``Authorization``, ``Cookie``) go to the host they were given for only, never to another one a
+    redirect names (a Hugging Face file's CDN, a presigned store URL), as browsers and requests do."""
+    if urlsplit(origin).netloc.lower() == urlsplit(url).netloc.lower():
+        return dict(headers)
+    return {k: v for k, v in headers.items() if k.lower() not in _CREDENTIALS}
 
 
 def _request_headers(conn: http.client.HTTPConnection | None, headers: dict[str, str]) -> dict[str, str]:
@@ -591,7 +604,7 @@ class RangeReader:
         self.mtime_ns = _http_mtime(first)
         # plain HTTP without a proxy: ranged reads on raw kept-alive sockets (docs/performance.md: several
         # times cheaper per request than http.client); the probe above took the redirects, if any
-        ours = {k: v for k, v in self.options.headers.items() if k.lower() not in ("range", "if-range")}
+        ours = {k: v for k, v in _headers_for(url, self._final, self.options.headers).items() if k.lower() not in ("range", "if-range")}
         self._raw = _raw_head(self._final, {**ours, **({"If-Range": self._validator} if self._validator else {})})
         final = urlsplit(self._final)
         self._address = (final.hostname or "localhost", final.port or 80)
@@ -616,7 +629,7 @@ class RangeReader:
         """One request, on an idle pooled connection to the server or a new one, with the caller's
         headers from the options; not retried here (but a pooled connection the server closed is
         replaced once)."""
-        headers = {**self.options.headers, **headers}
+        headers = {**_headers_for(self.url, self._final, self.options.headers), **headers}
         conn = _take_connection(self._final) if self._target else None
         if conn is not None:
             try:

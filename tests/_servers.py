@@ -82,6 +82,14 @@ http {{
         location /gated/ {{  # as a gated Hugging Face dataset: a token in Authorization, else 401
             if ($http_authorization != "Bearer hf_test") {{ return 401; }}
         }}
+        location /moved/ {{  # as the Hub's resolve URLs: the token checked, then a redirect to another host (a CDN)
+            if ($http_authorization != "Bearer hf_test") {{ return 401; }}
+            rewrite ^/moved/(.*)$ http://localhost:{port}/cdn/$1 redirect;
+        }}
+        location /cdn/ {{  # the CDN: a request that carries the token is refused (credentials never follow a redirect)
+            if ($http_authorization) {{ return 400; }}
+            alias {root}/;
+        }}
     }}
 }}
 """

@@ -218,3 +218,25 @@ def test_build_sends_the_headers_a_gated_server_requires(http_server: HTTPServer
     assert out.exit_code == 1 and len(out.output.strip().splitlines()) == 1 and "401" in out.output and urls[0] in out.output, out.output
     out = runner.invoke(main, ["build", *urls, "-o", str(tmp_path / "bad.tarindex"), "-H", "no colon"])
     assert out.exit_code == 2 and "expected 'NAME: VALUE'" in out.output
+
+
+def test_credentials_do_not_follow_a_redirect_to_another_host(http_server: HTTPServer, tmp_path: Path) -> None:
+    """A token given for one host is not sent to another one a redirect names (the Hub's resolve URLs answer
+    with a CDN's): the CDN here refuses any request with Authorization, on every read path."""
+    if http_server.kind != "nginx":
+        pytest.skip("the redirecting locations are nginx's")
+    data = os.urandom(300_000)
+    (http_server.root / f"{tmp_path.name}.bin").write_bytes(data)
+    url = http_server.url(f"moved/{tmp_path.name}.bin")
+    token = SourceOptions(headers={"Authorization": "Bearer hf_test"})
+    with pytest.raises(SourceError, match="401"):
+        RangeReader(url)
+    reader = RangeReader(url, token)
+    assert reader.read_at(7, 90_000) == data[7:90_007]
+    wanted = _ranges(20, 9_000, len(data))
+    assert RangeReader.read_many([(reader, o, n) for o, n in wanted], 4) == [data[o : o + n] for o, n in wanted]
+    with open_source(url, headers={"Authorization": "Bearer hf_test"}) as src:
+        assert b"".join(src) == data
+    cdn = http_server.url(f"cdn/{tmp_path.name}.bin").replace("127.0.0.1", "localhost")
+    with pytest.raises(SourceError, match="400"):  # the CDN does refuse a request that carries the token
+        RangeReader(cdn, token)

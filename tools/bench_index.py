@@ -158,10 +158,11 @@ def _cold(index: Path, n: int, conn: Any) -> None:
         hard = want
     except (ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    dataset_type = tarindex.TarDataset  # the module imported before the clock starts: the index's cost is timed
     _evict(index)
     before = _resident(index)
     t0 = time.perf_counter()
-    ds = tarindex.TarDataset(index, max_open_files=min(hard - 64, n // PER_SHARD + 1))
+    ds = dataset_type(index, max_open_files=min(hard - 64, n // PER_SHARD + 1))
     ds[i]
     t_open = time.perf_counter() - t0
     pages_open = _resident(index) - before
@@ -184,7 +185,10 @@ def _cold(index: Path, n: int, conn: Any) -> None:
     for k in keys:
         ds.index.lookup(k)
     t_get = (time.perf_counter() - t0) / len(keys)
-    order = np.random.default_rng(0).integers(0, n, 200_000).tolist()
+    n_shards = n // PER_SHARD  # samples of every `step`-th shard: as many shards as stay open at once (the fd limit)
+    step = -(-n_shards // max(1, min(hard - 1024, n_shards)))
+    rng = np.random.default_rng(0)
+    order = (rng.integers(0, n_shards // step, 200_000) * step * PER_SHARD + rng.integers(0, PER_SHARD, 200_000)).tolist()
     read = ds.read
     for j in order:  # warm: every block of the order read once
         read(j)
@@ -201,7 +205,7 @@ def _cold(index: Path, n: int, conn: Any) -> None:
     t_sampler = time.perf_counter() - t0
     conn.send(
         {"open_ms": t_open * 1e3, "open_kb": pages_open * mmap.PAGESIZE / 1024, "get_cold_ms": t_get_cold * 1e3,
-         "get_cold_pages": pages_get, "get_table_pages": pages_table, "get_us": t_get * 1e6, "read_us": best * 1e6, "sampler_s": t_sampler, "soft": soft}
+         "get_cold_pages": pages_get, "get_table_pages": pages_table, "get_us": t_get * 1e6, "read_us": best * 1e6, "sampler_s": t_sampler, "soft": soft, "step": step}
     )  # fmt: skip
 
 
@@ -289,7 +293,8 @@ def bench_index_scale(work: Path, sizes: list[int], n_parts: int, incremental: b
             (f"{label}: cold get(key) (ms)", cold["get_cold_ms"], f"{cold['get_cold_pages']} pages of the index read, {cold['get_table_pages']} of them for the key table "
              "(B-tree path and bucket: another key's lookup, its record block read first); target <= 2"),
             (f"{label}: warm get(key) (us)", cold["get_us"], ""),
-            (f"{label}: warm ds[i] (us)", cold["read_us"], f"{cold['read_us'] / ref:.2f}x the 1,000-sample index; target <= 1.5x"),
+            (f"{label}: warm ds[i] (us)", cold["read_us"], f"{cold['read_us'] / ref:.2f}x the 1,000-sample index; target <= 1.5x"
+             + (f" (samples of every {cold['step']}th shard: no more stay open under this machine's file limit)" if cold["step"] > 1 else "")),
             (f"{label}: ShardSampler start of epoch (s)", cold["sampler_s"], "rank 7 of 8"),
         ]
         if incremental:
