@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from . import hub
 from ._blockcache import BlockCache, CachedReader
 from ._network import FsspecSource, RangeReader, _Retrying
 from ._process import FORK
@@ -388,6 +389,8 @@ def _block_cache(cache_dir: str, cache_bytes: int) -> BlockCache:
 
 
 def _open_reader(url: str, *, size: int, etag: str | None, mtime_ns: int, options: SourceOptions) -> Any:
+    if hub.is_hub_url(url):  # the file's resolve URL, with the user's token: a plain HTTP(S) object
+        url, options = hub.resolve(url, options)
     scheme = url.partition("://")[0].lower()
     if scheme in ("http", "https"):
         reader = RangeReader(url, options)
@@ -603,6 +606,10 @@ def glob_urls(url: str, *, storage_options: Mapping[str, Any] | None = None) -> 
         SourceError: the store cannot be listed (no credentials, unreachable).
     """
     options = SourceOptions(storage_options=dict(storage_options or {}))
+    if hub.is_hub_url(url):  # the Hub's tree API, with the user's token
+        path = hub.parse(url).path
+        pattern, prefix = _glob_regex(path), url[: len(url) - len(path)]
+        return sorted(prefix + p for p in hub.files(url, options) if pattern.match(p))
     scheme, bucket, key = split_url(url)
     if scheme not in OBJECT_SCHEMES or not _obstore_usable():
         fs, path = _fsspec_fs(url, options if scheme not in OBJECT_SCHEMES else _fsspec_options(scheme, options))

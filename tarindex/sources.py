@@ -29,6 +29,8 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from . import hub
+
 # Re-exported for the package (`X as X`): importers reach every source through this module.
 from ._network import FsspecSource as FsspecSource
 from ._network import HTTPSource as HTTPSource
@@ -222,6 +224,8 @@ def _open(url: str, options: SourceOptions) -> Source:
         return StdinSource(url, block_size=options.block_size)
     if url.startswith("pipe:"):
         return PipeSource(url, block_size=options.block_size)
+    if hub.is_hub_url(url):  # the file's resolve URL, with the user's token
+        return HTTPSource(*hub.resolve(url, options))
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in ("http", "https"):
         return HTTPSource(url, options)

@@ -7,7 +7,9 @@ Imported by conftest.py so the fixtures are visible to every test module.
 from __future__ import annotations
 
 import http.server
+import json
 import os
+import re
 import shutil
 import socket
 import socketserver
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -593,3 +596,84 @@ def fault_proxy() -> Iterator[Callable[..., FaultProxy]]:
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+HUB_TOKEN = "hf_hub_test_token"
+
+
+@dataclass
+class HubServer:
+    """The Hugging Face Hub's two endpoints tarindex uses, on 127.0.0.1: the tree API (JSON, two entries a
+    page, the next page in ``Link``) and resolve URLs answered with a redirect to a CDN (nginx's ``/cdn/``,
+    under another host name, refusing any ``Authorization``), both requiring ``Bearer HUB_TOKEN``.
+    Repositories are directories ``root/{datasets,spaces,models}/ORG/NAME``; only the revision ``main`` exists."""
+
+    root: Path
+    cdn_port: int
+    port: int = 0
+    requests: int = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _hub_handler(state: HubServer) -> type[http.server.BaseHTTPRequestHandler]:
+    tree = re.compile(r"^/api/(datasets|models|spaces)/([^/]+/[^/]+)/tree/([^/]+)/?(.*)$")
+    resolve = re.compile(r"^/(datasets/|spaces/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _answer(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+            self.send_response(status)
+            for k, v in {"Content-Length": str(len(body)), **(headers or {})}.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            state.requests += 1
+            if self.headers.get("Authorization") != f"Bearer {HUB_TOKEN}":
+                return self._answer(401, b'{"error":"Invalid credentials"}')
+            url = urllib.parse.urlsplit(self.path)
+            path = urllib.parse.unquote(url.path)
+            if m := tree.match(path):
+                kind, repo, rev, sub = m.groups()
+                base = state.root / kind / repo
+                if rev != "main" or not (base / sub).is_dir():
+                    return self._answer(404, b'{"error":"not found"}')
+                entries = [
+                    {"type": "directory" if p.is_dir() else "file", "path": p.relative_to(base).as_posix(), "size": 0 if p.is_dir() else p.stat().st_size}
+                    for p in sorted((base / sub).rglob("*"))
+                ]
+                cursor = int(urllib.parse.parse_qs(url.query).get("cursor", ["0"])[0])
+                page, headers = entries[cursor : cursor + 2], {"Content-Type": "application/json"}
+                if cursor + 2 < len(entries):
+                    headers["Link"] = f'<{state.endpoint}{url.path}?recursive=true&cursor={cursor + 2}>; rel="next"'
+                return self._answer(200, json.dumps(page).encode(), headers)
+            if m := resolve.match(path):
+                kind, repo, rev, name = m.groups()
+                kind = kind or "models/"
+                if rev != "main" or not (state.root / kind / repo / name).is_file():
+                    return self._answer(404, b'{"error":"Entry not found"}')
+                return self._answer(302, headers={"Location": f"http://localhost:{state.cdn_port}/cdn/hub/{kind}{repo}/{name}"})
+            return self._answer(404)
+
+    return Handler
+
+
+@pytest.fixture
+def hub_server(http_server: HTTPServer) -> Iterator[HubServer]:
+    """A :class:`HubServer` whose files nginx serves as the CDN (skipped without nginx)."""
+    if http_server.kind != "nginx":
+        pytest.skip("the CDN's location is nginx's")
+    state = HubServer(http_server.root / "hub", http_server.port)
+    state.root.mkdir(exist_ok=True)
+    servers: list[_QuietServer] = []
+    state.port = _serve(servers, _hub_handler(state))
+    yield state
+    _shut(servers)

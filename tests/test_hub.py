@@ -1,0 +1,74 @@
+"""``hf://`` shards against a local server speaking the Hub's tree and resolve endpoints (tests/_servers.py):
+the user's token from HF_TOKEN or the token file, the redirect to a CDN that never sees it, build by glob,
+random reads, batches and streaming equal to tarfile's bytes."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from _servers import HUB_TOKEN, HubServer
+
+from conftest import make_shard_set
+from tarindex import TarDataset, TarStream, build_index
+from tarindex.errors import ShardNotFoundError, SourceError
+from tarindex.shards import expand_shards
+
+pytestmark = pytest.mark.usefixtures("impl")
+
+
+@pytest.fixture
+def repo(hub_server: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, list[Path]]:
+    """A dataset repository ``org/<test>`` with 5 shards under ``data/``; HF_ENDPOINT and HF_TOKEN set."""
+    name = f"set-{tmp_path.name}"
+    paths = make_shard_set(hub_server.root / "datasets" / "org" / name / "data", 5, 4)
+    (hub_server.root / "datasets" / "org" / name / "README.md").write_text("not a shard")
+    monkeypatch.setenv("HF_ENDPOINT", hub_server.endpoint)
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file but the test's
+    return f"hf://datasets/org/{name}", paths
+
+
+def test_build_by_glob_then_random_reads_batches_and_streams(repo: tuple[str, list[Path]], tmp_path: Path) -> None:
+    url, paths = repo
+    names = [f"{url}/data/{p.name}" for p in paths]
+    assert expand_shards(f"{url}/data/train-*.tar") == names  # the tree API, paged two entries at a time
+    assert expand_shards(f"{url}/**.tar") == names
+    index = build_index(f"{url}/data/train-*.tar", index=tmp_path / "hub.tarindex", workers=2).path
+    assert HUB_TOKEN.encode() not in index.read_bytes()
+    local = TarDataset(build_index([str(p) for p in paths], index=tmp_path / "local.tarindex", workers=1).path)
+    ds = TarDataset(index)
+    assert [s.path for s in ds.index.shards] == names and len(ds) == len(local)
+    order = list(range(len(ds)))
+    random.Random(0).shuffle(order)
+
+    def strip(sample: dict) -> dict:
+        return {k: v for k, v in sample.items() if k == "__key__" or not k.startswith("__")}
+
+    assert [strip(ds[i]) for i in order] == [strip(local[i]) for i in order]
+    assert [strip(s) for s in ds.__getitems__(order[:9])] == [strip(local[i]) for i in order[:9]]
+    streamed = [strip(s) for s in TarStream(names, decode=None)]
+    assert streamed == [strip(local[i]) for i in range(len(local))]
+
+
+def test_the_token_file_is_read_and_a_wrong_token_is_one_named_error(repo: tuple[str, list[Path]], tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    url, paths = repo
+    shard = f"{url}/data/{paths[0].name}"
+    monkeypatch.delenv("HF_TOKEN")
+    home = tmp_path / "hf-home"
+    home.mkdir()
+    (home / "token").write_text(HUB_TOKEN + "\n")  # what `huggingface-cli login` writes
+    assert len(build_index(shard, index=tmp_path / "file-token.tarindex", workers=1).scanned) == 1
+    (home / "token").write_text("hf_wrong")
+    with pytest.raises(SourceError, match=r"HTTP 401 .*access denied") as err:
+        build_index(shard, index=tmp_path / "wrong.tarindex", workers=1)
+    assert "hf_wrong" not in str(err.value) and "/resolve/main/data/" in str(err.value)
+    with pytest.raises(SourceError, match="HTTP 401"):
+        expand_shards(f"{url}/data/*.tar")
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)  # the environment wins over the file
+    ds = TarDataset(tmp_path / "file-token.tarindex")
+    assert ds[3]["__key__"] == "s00i003"
+    with pytest.raises(ShardNotFoundError):
+        build_index(f"{url}/data/nothing.tar", index=tmp_path / "none.tarindex", workers=1)
