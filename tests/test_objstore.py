@@ -417,5 +417,7 @@ def test_build_with_the_endpoint_only_in_storage_options(s3_server: S3Server, tm
                                     "--storage-option", "secret=testing"])  # fmt: skip
     assert out.exit_code == 0, out.output
     assert len(TarDataset(tmp_path / "cli.tarindex", storage_options=store)) == len(want)
-    out = CliRunner().invoke(main, ["build", f"{url}/train-*.tar", "-o", str(tmp_path / "none.tarindex"), "-q", "-w", "1"])
-    assert out.exit_code == 1 and out.output.startswith("tarindex: error: ") and len(out.output.strip().splitlines()) == 1, out.output
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # a fresh process: no client made earlier
+    proc = subprocess.run([sys.executable, "-m", "tarindex.cli.main", "build", f"{url}/train-*.tar", "-o", str(tmp_path / "none.tarindex"), "-q"],
+                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr.startswith("tarindex: error: ") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
