@@ -602,12 +602,28 @@ class RangeReader:
         self._validator = first.getheader("ETag") or first.getheader("Last-Modified")
         self.etag = first.getheader("ETag")
         self.mtime_ns = _http_mtime(first)
-        # plain HTTP without a proxy: ranged reads on raw kept-alive sockets (docs/performance.md: several
-        # times cheaper per request than http.client); the probe above took the redirects, if any
-        ours = {k: v for k, v in _headers_for(url, self._final, self.options.headers).items() if k.lower() not in ("range", "if-range")}
+        self._raw: bytes | None = None
+        self._address = ("localhost", 80)
+        self._go_raw()
+
+    def _go_raw(self) -> None:
+        """Plain HTTP without a proxy: ranged reads on raw kept-alive sockets (docs/performance.md: several
+        times cheaper per request than http.client) to the URL the probe's redirects, if any, led to."""
+        ours = {k: v for k, v in _headers_for(self.url, self._final, self.options.headers).items() if k.lower() not in ("range", "if-range")}
         self._raw = _raw_head(self._final, {**ours, **({"If-Range": self._validator} if self._validator else {})})
         final = urlsplit(self._final)
         self._address = (final.hostname or "localhost", final.port or 80)
+
+    def _expired(self, status: int) -> bool:
+        """A 401 or 403 from the URL a redirect named (a presigned or CDN URL, as the Hub's, that expired):
+        the original URL is asked again now and its new redirect taken; the caller then tries again
+        (``Transient``). ``False`` when there was no redirect (the error stands)."""
+        if status not in (401, 403) or self._final == self.url:
+            return False
+        self._final, self._target = self.url, ""
+        self._probe()
+        self._go_raw()
+        return True
 
     def _probe(self) -> http.client.HTTPResponse:
         conn, first = self._request({"Range": "bytes=0-0"}, 0)
@@ -678,6 +694,8 @@ class RangeReader:
                 if self._validator and (headers.get("etag") or headers.get("last-modified")) != self._validator:
                     raise StaleIndexError(self.url, "the server has a new version (ETag or Last-Modified)")
                 raise SourceError(self.url, offset, "the server does not answer Range requests")
+            if self._expired(status):
+                raise Transient(f"HTTP {status} from the redirected URL: redirected again")
             raise http_status_error(self.url, status, reason, headers.get("retry-after"), offset)
         try:
             data: bytes = conn.body(int(length))
@@ -721,6 +739,8 @@ class RangeReader:
             if self._validator and (resp.getheader("ETag") or resp.getheader("Last-Modified")) != self._validator:
                 raise StaleIndexError(self.url, "the server has a new version (ETag or Last-Modified)")
             raise SourceError(self.url, offset, "the server does not answer Range requests")
+        if self._expired(resp.status):
+            raise Transient(f"HTTP {resp.status} from the redirected URL: redirected again")
         raise http_status_error(self.url, resp.status, resp.reason, resp.getheader("Retry-After"), offset)
 
     def read_at(self, offset: int, size: int) -> bytes:

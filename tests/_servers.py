@@ -612,6 +612,11 @@ class HubServer:
     cdn_port: int
     port: int = 0
     requests: int = 0
+    resolves: int = 0
+    signed: bool = False
+    """Redirect to this server's own ``/signed/`` CDN (under the host name ``localhost``), whose URLs carry
+    ``sig=signature`` and answer 403 once ``signature`` changed (a presigned URL that expired)."""
+    signature: int = 1
 
     @property
     def endpoint(self) -> str:
@@ -635,12 +640,28 @@ def _hub_handler(state: HubServer) -> type[http.server.BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        def _signed(self, url: urllib.parse.SplitResult, path: str) -> None:
+            """The signed CDN: no Authorization, a current signature, one byte range (206)."""
+            if self.headers.get("Authorization"):
+                return self._answer(400, b"credentials sent to the CDN")
+            if urllib.parse.parse_qs(url.query).get("sig") != [str(state.signature)]:
+                return self._answer(403, b"signature expired")
+            data = (state.root / path[len("/signed/") :]).read_bytes()
+            m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+            if m is None:
+                return self._answer(200, data, {"ETag": '"v1"'})
+            start, end = int(m.group(1)), min(int(m.group(2) or len(data) - 1), len(data) - 1)
+            headers = {"ETag": '"v1"', "Content-Range": f"bytes {start}-{end}/{len(data)}"}
+            return self._answer(206, data[start : end + 1], headers)
+
         def do_GET(self) -> None:
             state.requests += 1
-            if self.headers.get("Authorization") != f"Bearer {HUB_TOKEN}":
-                return self._answer(401, b'{"error":"Invalid credentials"}')
             url = urllib.parse.urlsplit(self.path)
             path = urllib.parse.unquote(url.path)
+            if path.startswith("/signed/"):
+                return self._signed(url, path)
+            if self.headers.get("Authorization") != f"Bearer {HUB_TOKEN}":
+                return self._answer(401, b'{"error":"Invalid credentials"}')
             if m := tree.match(path):
                 kind, repo, rev, sub = m.groups()
                 base = state.root / kind / repo
@@ -660,7 +681,12 @@ def _hub_handler(state: HubServer) -> type[http.server.BaseHTTPRequestHandler]:
                 kind = kind or "models/"
                 if rev != "main" or not (state.root / kind / repo / name).is_file():
                     return self._answer(404, b'{"error":"Entry not found"}')
-                return self._answer(302, headers={"Location": f"http://localhost:{state.cdn_port}/cdn/hub/{kind}{repo}/{name}"})
+                state.resolves += 1
+                if state.signed:
+                    where = f"http://localhost:{state.port}/signed/{kind}{repo}/{name}?sig={state.signature}"
+                else:
+                    where = f"http://localhost:{state.cdn_port}/cdn/hub/{kind}{repo}/{name}"
+                return self._answer(302, headers={"Location": where})
             return self._answer(404)
 
     return Handler

@@ -72,3 +72,23 @@ def test_the_token_file_is_read_and_a_wrong_token_is_one_named_error(repo: tuple
     assert ds[3]["__key__"] == "s00i003"
     with pytest.raises(ShardNotFoundError):
         build_index(f"{url}/data/nothing.tar", index=tmp_path / "none.tarindex", workers=1)
+
+
+def test_an_expired_redirect_is_asked_for_again(repo: tuple[str, list[Path]], hub_server: HubServer, tmp_path: Path) -> None:
+    """The Hub's redirects are presigned and expire: a 403 from the URL a redirect named sends the reader
+    back to the resolve URL for a new one, on single reads and batches alike (nothing fails, nothing is wrong)."""
+    url, paths = repo
+    hub_server.signed = True
+    names = [f"{url}/data/{p.name}" for p in paths]
+    index = build_index(names, index=tmp_path / "signed.tarindex", workers=1).path
+    local = TarDataset(build_index([str(p) for p in paths], index=tmp_path / "local.tarindex", workers=1).path)
+    ds = TarDataset(index)
+    order = list(range(len(ds)))
+    random.Random(2).shuffle(order)
+    assert [ds[i]["bin"] for i in order[:6]] == [local[i]["bin"] for i in order[:6]]
+    before = hub_server.resolves
+    hub_server.signature += 1  # every URL handed out so far now answers 403
+    assert [ds[i]["bin"] for i in order[6:12]] == [local[i]["bin"] for i in order[6:12]]
+    hub_server.signature += 1
+    assert [s["bin"] for s in ds.__getitems__(order)] == [local[i]["bin"] for i in order]
+    assert hub_server.resolves > before  # asked again, not served from somewhere stale
