@@ -224,10 +224,7 @@ def build_index(
     if max_member_size is not None and max_member_size < 0:
         raise ValueError(f"max_member_size must be >= 0, not {max_member_size}")
     part = parse_part(part) if part is not None else None
-    opts = (options or SourceOptions()).with_(
-        storage_options=dict(storage_options) if storage_options is not None else None,
-        headers=dict(headers) if headers is not None else None,
-    )
+    opts = SourceOptions.given(options, storage_options=storage_options, headers=headers)
     paths = expand_shards(shards, storage_options=dict(opts.storage_options) or None)
     if not paths:
         raise ShardNotFoundError("no shards given")

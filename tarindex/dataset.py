@@ -142,10 +142,7 @@ class TarDataset:
             raise ValueError(f"verify must be 'stat' or 'fingerprint', not {verify!r}")
         self.verify: Check = verify
         self._gen = -1  # FORK[0] this object attached under; -1: not attached
-        self.options = (options or SourceOptions()).with_(
-            storage_options=dict(storage_options) if storage_options is not None else None,
-            headers=dict(headers) if headers is not None else None,
-        )
+        self.options = SourceOptions.given(options, storage_options=storage_options, headers=headers)
 
     # -- per-process state ----------------------------------------------------
     def _index_identity(self) -> tuple[int, ...]:

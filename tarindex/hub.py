@@ -35,7 +35,6 @@ __all__: list[str] = []  # internal module: sources and objstore use these names
 
 SCHEME = "hf://"
 _KINDS = {"datasets": "datasets/", "spaces": "spaces/"}  # anything else names a model repository
-_MAGIC = re.compile(r"[*?\[]")
 _LINK_NEXT = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 
 
@@ -109,18 +108,17 @@ def resolve(url: str, options: SourceOptions) -> tuple[str, SourceOptions]:
     return target, with_token(options)
 
 
-def files(url: str, options: SourceOptions) -> list[str]:
-    """The paths of every file of the repository under the directory above a glob's first wildcard
-    (recursively), from the Hub's tree API with the user's token; the caller matches the glob.
+def files(url: str, directory: str, options: SourceOptions) -> list[str]:
+    """The paths of every file of ``url``'s repository under ``directory`` (recursively), from the Hub's
+    tree API with the user's token; the caller matches its glob.
 
     Raises:
         SourceError: the repository cannot be listed (no access: 401/403; unreachable after the retries).
         ShardNotFoundError: no such repository or revision.
     """
     p = parse(url)
-    first = _MAGIC.search(p.path)
-    directory = p.path[: p.path.rfind("/", 0, first.start() if first else len(p.path)) + 1].rstrip("/")
-    listing = f"{endpoint()}/api/{p.kind or 'models/'}{p.repo}/tree/{quote(p.revision, safe='')}/{quote(directory)}?recursive=true"
+    where = quote(directory.rstrip("/"))
+    listing = f"{endpoint()}/api/{p.kind or 'models/'}{p.repo}/tree/{quote(p.revision, safe='')}/{where}?recursive=true"
     return _files(listing, with_token(options))
 
 

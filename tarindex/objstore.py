@@ -596,6 +596,12 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z")
 
 
+def _glob_directory(key: str) -> str:
+    """The deepest directory above a glob's first wildcard (``a/b/`` of ``a/b/c-*.tar``; ``""`` at the top)."""
+    first = _MAGIC.search(key)
+    return key[: key.rfind("/", 0, first.start() if first else len(key)) + 1]
+
+
 def glob_urls(url: str, *, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """The object URLs a glob (``s3://bucket/train-*.tar``) matches, sorted by name.
 
@@ -609,17 +615,15 @@ def glob_urls(url: str, *, storage_options: Mapping[str, Any] | None = None) -> 
     if hub.is_hub_url(url):  # the Hub's tree API, with the user's token
         path = hub.parse(url).path
         pattern, prefix = _glob_regex(path), url[: len(url) - len(path)]
-        return sorted(prefix + p for p in hub.files(url, options) if pattern.match(p))
+        return sorted(prefix + p for p in hub.files(url, _glob_directory(path), options) if pattern.match(p))
     scheme, bucket, key = split_url(url)
     if scheme not in OBJECT_SCHEMES or not _obstore_usable():
         fs, path = _fsspec_fs(url, options if scheme not in OBJECT_SCHEMES else _fsspec_options(scheme, options))
         prefix = url[: url.index("://") + 3]
         return sorted(prefix + p.lstrip("/") if not p.startswith(prefix) else p for p in fs.glob(path))
-    first = _MAGIC.search(key)
-    directory = key[: key.rfind("/", 0, first.start() if first else len(key)) + 1]
     pattern = _glob_regex(key)
     store, _ = _store(url, options)
-    return sorted(f"{scheme}://{bucket}/{path}" for path in _list(store, directory, url, options) if pattern.match(path))
+    return sorted(f"{scheme}://{bucket}/{path}" for path in _list(store, _glob_directory(key), url, options) if pattern.match(path))
 
 
 def _list(store: Any, directory: str, url: str, options: SourceOptions) -> list[str]:

@@ -51,6 +51,17 @@ class SourceOptions:
         """The retry policy these options describe."""
         return RetryPolicy(retries=max(0, self.retries), backoff=self.backoff)
 
+    @classmethod
+    def given(
+        cls, options: SourceOptions | None, *, storage_options: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None
+    ) -> SourceOptions:
+        """``options`` (or the defaults) with the ``storage_options=`` and ``headers=`` a caller gave beside them,
+        which win: what ``TarDataset`` and ``build_index`` take."""
+        return (options or cls()).with_(
+            storage_options=dict(storage_options) if storage_options is not None else None,
+            headers=dict(headers) if headers is not None else None,
+        )
+
     def with_(self, **changes: Any) -> SourceOptions:
         """A copy with ``changes`` applied (``None`` values ignored)."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
