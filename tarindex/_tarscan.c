@@ -1,87 +1,94 @@
-/* The tar header walk's common case and the packer that groups members while the walk goes, in C.
+/* The Python face of the tar walk (_tarwalk.c) and the packer that groups members while the walk goes.
  *
- * Part of the optional _speedups extension (module init in _speedups.c calls tarscan_add). The
- * Python walker, tarindex.tar._walk, stays the authority on everything unusual; the references are
- * tarindex.grouping.TablePacker and tarindex.tar.iter_tar + tarindex.grouping.group_members.
+ * Part of the optional _speedups extension (module init in _speedups.c calls tarscan_add). Here are the
+ * sinks (entry tuples; offset tables or sample dicts) and the cursors' GIL hooks; the walk itself, its
+ * cursors and every rule of it are in _tarwalk.c. The Python walker, tarindex.tar._walk, stays the
+ * authority on everything unusual; the references are tarindex.grouping.TablePacker and
+ * tarindex.tar.iter_tar + tarindex.grouping.group_members.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
-#include <poll.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
-#include "_tarcore.h"
 #include "_tarscan.h"
+#include "_tarwalk.h"
 
 static PyObject *k_key, *k_url, *k_index; /* "__key__", "__url__", "__index__", interned by tarscan_add */
 
-/* ---- the walk over a buffer ------------------------------------------------------------
+/* The cursors' blocking reads run without the GIL. */
+static void *gil_release(void) { return PyEval_SaveThread(); }
+static void gil_take(void *t) { PyEval_RestoreThread((PyThreadState *)t); }
+
+/* ---- scan_headers: the walk over a buffer, entry tuples out ---------------------------------
  *
  * scan_headers(buf, pos, base, with_data, limit) -> (entries, pos, last_header, last_size)
  *
- * Walks consecutive members from buf[pos:] with the header step (tar_step, _tarcore.c: checksums first,
- * PAX 'x' and GNU 'L'/'K' headers applied) and returns the regular members as
+ * Walks consecutive members from buf[pos:] and returns the regular members as
  * (name, header_offset, data_offset, size, data-or-None) with absolute offsets (base + position),
  * the position after the last member walked (its padded data may end past the buffer), and that
- * member's first header position and size (for the caller's truncation error).
+ * member's first header position and size (for the caller's truncation error); at most `limit` entries.
  * It stops, without consuming it, at the first member the step does not vouch for (a zero block, a
  * global PAX header, a sparse member, a damaged header or record: tarindex.tar._walk judges those and
  * names every error), whose headers do not fit in the buffer, or (with_data) whose data does not.
  */
+typedef struct {
+    PyObject *entries, *data; /* data: the member's bytes being filled */
+    Py_ssize_t limit;
+    int with_data;
+} Entries;
+
+static int entry_put(Entries *e, const tar_member *m, uint64_t h, uint64_t d, PyObject *data) {
+    PyObject *name = PyUnicode_DecodeUTF8((const char *)m->name, (Py_ssize_t)m->name_len, "surrogateescape");
+    PyObject *entry = name ? Py_BuildValue("(NKKKO)", name, (unsigned long long)h, (unsigned long long)d, (unsigned long long)m->size, data)
+                           : NULL;
+    int rc = entry ? PyList_Append(e->entries, entry) : -1;
+    Py_XDECREF(entry);
+    return rc;
+}
+
+static int entries_member(void *ctx, const tar_member *m, uint64_t h, uint64_t d, uint64_t cap, unsigned char **dst) {
+    Entries *e = ctx;
+    if (!e->with_data) return entry_put(e, m, h, d, Py_None);
+    if (!(e->data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap))) return -1; /* cap: the size, in hand */
+    *dst = (unsigned char *)PyBytes_AS_STRING(e->data);
+    return 0;
+}
+
+static int entries_commit(void *ctx, const tar_member *m, uint64_t h, uint64_t d) {
+    Entries *e = ctx;
+    int rc = entry_put(e, m, h, d, e->data);
+    Py_CLEAR(e->data);
+    return rc;
+}
+
+static int entries_stop(void *ctx) {
+    Entries *e = ctx;
+    return PyList_GET_SIZE(e->entries) >= e->limit;
+}
+
 static PyObject *scan_headers(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos, limit;
     long long base;
     int with_data;
     if (!PyArg_ParseTuple(args, "y*nLpn", &view, &pos, &base, &with_data, &limit)) return NULL;
-    const unsigned char *buf = view.buf;
-    Py_ssize_t end = view.len;
-    PyObject *entries = PyList_New(0);
-    Py_ssize_t last_at = pos;
-    uint64_t last_size = 0;
-    if (!entries) goto fail;
-    while (pos >= 0 && pos + 512 <= end && PyList_GET_SIZE(entries) < limit) {
-        tar_member m;
-        size_t need;
-        if (tar_step(buf + pos, (size_t)(end - pos), &m, &need) != TAR_MEMBER) break;
-        uint64_t size = m.size, padded = (size + 511) & ~(uint64_t)511;
-        Py_ssize_t data = pos + (Py_ssize_t)m.data;
-        if (padded > (uint64_t)PY_SSIZE_T_MAX - (uint64_t)data) break;
-        if (m.regular) {
-            if (with_data && (uint64_t)(end - data) < size) break;
-            PyObject *name = PyUnicode_DecodeUTF8((const char *)m.name, (Py_ssize_t)m.name_len, "surrogateescape");
-            PyObject *payload = with_data ? PyBytes_FromStringAndSize((const char *)buf + data, (Py_ssize_t)size)
-                                          : (Py_INCREF(Py_None), Py_None);
-            PyObject *entry = (name && payload)
-                                  ? Py_BuildValue("(NLLKN)", name, base + pos, base + data, (unsigned long long)size, payload)
-                                  : NULL;
-            if (!entry) {
-                if (!name || !payload) {
-                    Py_XDECREF(name);
-                    Py_XDECREF(payload);
-                }
-                goto fail;
-            }
-            int rc = PyList_Append(entries, entry);
-            Py_DECREF(entry);
-            if (rc < 0) goto fail;
-        }
-        last_at = pos;
-        last_size = size;
-        pos = data + (Py_ssize_t)padded;
+    Entries e = {PyList_New(0), NULL, limit, with_data};
+    tar_sink sink = {&e, with_data, entries_member, NULL, entries_commit, entries_stop, NULL};
+    tar_cursor c;
+    tar_walk_state w = {.max_member = TAR_MAX_SIZE, .last_at = (uint64_t)base + (uint64_t)pos};
+    tar_cursor_buffer(&c, view.buf, (size_t)view.len, (size_t)pos, (uint64_t)base);
+    int rc = e.entries ? tar_walk(&c, &sink, &w) : TAR_WALK_SINK;
+    PyBuffer_Release(&view);
+    Py_XDECREF(e.data);
+    if (rc != TAR_WALK_STOP) {
+        Py_XDECREF(e.entries);
+        return NULL;
     }
-    PyBuffer_Release(&view);
-    return Py_BuildValue("(NnnK)", entries, pos, last_at, (unsigned long long)last_size);
-fail:
-    Py_XDECREF(entries);
-    PyBuffer_Release(&view);
-    return NULL;
+    return Py_BuildValue("(NnnK)", e.entries, (Py_ssize_t)(c.at - (uint64_t)base), (Py_ssize_t)(w.last_at - (uint64_t)base),
+                         (unsigned long long)w.last_size);
 }
-
 
 /* ---- members -> offset tables or sample dicts, while the walk goes -----------------------
  *
@@ -176,7 +183,9 @@ typedef struct {
     PyObject *offsets;    /* ... and their offsets */
     PyObject *sample;     /* sample dicts: the one being filled */
     uint64_t held;        /* sample dicts: data bytes added since the last take() */
-    unsigned char *win;   /* scan_file's window */
+    unsigned char *win;   /* the file and stream walks' window (TAR_WINDOW_LARGE bytes) */
+    PyObject *pending;    /* sample dicts: the bytes of the member the walk is filling */
+    long long limit;      /* sample dicts: the walk stops once this many data bytes are held (< 0: never) */
     Grow s_off, s_size, s_n, m_ext, m_off, m_size, key;
     int has_key, done;
     uint64_t start, end, samples;
@@ -209,6 +218,7 @@ static int Packer_clear(Packer *self) {
     Py_CLEAR(self->completed);
     Py_CLEAR(self->offsets);
     Py_CLEAR(self->sample);
+    Py_CLEAR(self->pending);
     return 0;
 }
 
@@ -466,328 +476,146 @@ out:
     return rc;
 }
 
-/* The data of a member at buf[data:], or NULL with no error set when it does not fit (end). */
-static PyObject *member_data(const unsigned char *buf, Py_ssize_t end, Py_ssize_t data, uint64_t size) {
-    if ((uint64_t)(end - data) < size) return NULL;
-    return PyBytes_FromStringAndSize((const char *)buf + data, (Py_ssize_t)size);
+/* ---- the Packer as the walk's sink ---- */
+
+static int packer_member(void *ctx, const tar_member *m, uint64_t h, uint64_t d, uint64_t cap, unsigned char **dst) {
+    Packer *self = ctx;
+    if (!self->url) return pack(self, (const char *)m->name, (Py_ssize_t)m->name_len, NULL, h, d, m->size, NULL);
+    if (!(self->pending = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap))) return -1;
+    *dst = (unsigned char *)PyBytes_AS_STRING(self->pending);
+    return 0;
 }
 
+static unsigned char *packer_grow(void *ctx, uint64_t cap) {
+    Packer *self = ctx;
+    return _PyBytes_Resize(&self->pending, (Py_ssize_t)cap) < 0 ? NULL : (unsigned char *)PyBytes_AS_STRING(self->pending);
+}
+
+static int packer_commit(void *ctx, const tar_member *m, uint64_t h, uint64_t d) {
+    Packer *self = ctx;
+    int rc = pack(self, (const char *)m->name, (Py_ssize_t)m->name_len, NULL, h, d, m->size, self->pending);
+    Py_CLEAR(self->pending);
+    return rc;
+}
+
+static int packer_stop(void *ctx) {
+    Packer *self = ctx;
+    return self->limit >= 0 && (self->held >= (uint64_t)self->limit || self->error); /* the caller takes the samples */
+}
+
+static int packer_ready(void *ctx) {
+    Packer *self = ctx;
+    return self->completed && PyList_GET_SIZE(self->completed) > 0;
+}
+
+/* The walk into this packer, members up to max_member bytes: tar_walk's result (an error set when < 0). */
+static int packer_walk(Packer *self, tar_cursor *c, tar_walk_state *w, long long limit, unsigned long long max_member) {
+    tar_sink sink = {self, self->url != NULL, packer_member, packer_grow, packer_commit, packer_stop, packer_ready};
+    self->limit = self->url ? limit : -1;
+    *w = (tar_walk_state){.max_member = max_member, .last_at = c->at};
+    int rc = tar_walk(c, &sink, w);
+    if (rc == TAR_WALK_IOERR) PyErr_SetFromErrno(PyExc_OSError);
+    return rc;
+}
+
+/* scan(buf, pos, base[, limit[, max_member]]): the walk over a buffer. */
 static PyObject *Packer_scan(Packer *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos;
     long long base, limit = -1;
     unsigned long long max_member = TAR_MAX_SIZE;
     if (!ready(self) || !PyArg_ParseTuple(args, "y*nL|LK", &view, &pos, &base, &limit, &max_member)) return NULL;
-    const unsigned char *buf = view.buf;
-    Py_ssize_t end = view.len, last_at = pos;
-    uint64_t last_size = 0;
-    while (pos >= 0 && pos + 512 <= end) {
-        tar_member m;
-        size_t need;
-        if (tar_step(buf + pos, (size_t)(end - pos), &m, &need) != TAR_MEMBER) break;
-        uint64_t size = m.size, padded = (size + 511) & ~(uint64_t)511;
-        Py_ssize_t data = pos + (Py_ssize_t)m.data;
-        if (padded > (uint64_t)PY_SSIZE_T_MAX - (uint64_t)data || size > max_member) break; /* over: the Python walker names it */
-        if (m.regular) {
-            PyObject *bytes = NULL;
-            if (self->url && !(bytes = member_data(buf, end, data, size))) {
-                if (PyErr_Occurred()) goto fail;
-                break; /* the data runs past the buffer: the Python walker joins it */
-            }
-            int rc = pack(self, (const char *)m.name, (Py_ssize_t)m.name_len, NULL, (uint64_t)(base + pos), (uint64_t)(base + data), size, bytes);
-            Py_XDECREF(bytes);
-            if (rc < 0) goto fail;
-        }
-        last_at = pos;
-        last_size = size;
-        pos = data + (Py_ssize_t)padded;
-        if (self->url && limit >= 0 && (self->held >= (uint64_t)limit || self->error)) break; /* the caller takes the samples */
-    }
+    tar_cursor c;
+    tar_walk_state w;
+    tar_cursor_buffer(&c, view.buf, (size_t)view.len, (size_t)pos, (uint64_t)base);
+    int rc = packer_walk(self, &c, &w, limit, max_member);
     PyBuffer_Release(&view);
-    return Py_BuildValue("(nnK)", pos, last_at, (unsigned long long)last_size);
-fail:
-    PyBuffer_Release(&view);
-    return NULL;
+    Py_CLEAR(self->pending);
+    if (rc != TAR_WALK_STOP) return NULL;
+    return Py_BuildValue("(nnK)", (Py_ssize_t)(c.at - (uint64_t)base), (Py_ssize_t)(w.last_at - (uint64_t)base),
+                         (unsigned long long)w.last_size);
 }
 
-#define WINDOW_LARGE (64 << 10) /* headers of small members: several per read */
-#define WINDOW_SMALL (8 << 10)  /* after a member larger than this outgrew the window: little data read twice; a
-                                   * sample's small members with a PAX header each fit */
-
-/* The next window's size once a member of `padded` bytes (padding included) ended, `in_hand` of its
- * data bytes having come with its header's window: both walks (file and stream) follow this rule. */
-static size_t next_window(uint64_t in_hand, uint64_t padded) {
-    return in_hand < padded && padded > WINDOW_SMALL ? WINDOW_SMALL : WINDOW_LARGE;
-}
-
-/* pread all of it unless the file ends (GIL released); the bytes read, or -1 with errno. */
-static Py_ssize_t pread_full(int fd, void *buf, size_t n, uint64_t offset) {
-    size_t got = 0;
-    ssize_t r = 0;
-    Py_BEGIN_ALLOW_THREADS
-    while (got < n) {
-        r = pread(fd, (char *)buf + got, n - got, (off_t)(offset + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
+/* The caller's bytes buf[pos:] as the first view of a file or stream walk (sample dicts only); 0 with an
+ * error set, or with *none set when the walk cannot start there (not a block in hand). */
+static int walk_start(Packer *self, Py_buffer *view, Py_ssize_t pos, int *none) {
+    if (!self->url) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_RuntimeError, "the walk over a file or stream makes sample dicts: Packer(..., url, index)");
+        return 0;
     }
-    Py_END_ALLOW_THREADS
-    return r < 0 ? -1 : (Py_ssize_t)got;
+    *none = pos < 0 || pos + TAR_BLOCK > view->len;
+    if (!*none && !self->win && !(self->win = PyMem_Malloc(TAR_WINDOW_LARGE))) {
+        PyBuffer_Release(view);
+        PyErr_NoMemory();
+        return 0;
+    }
+    return 1;
 }
 
+/* scan_file(fd, offset, size, limit, buf, pos[, max_member]): the walk over a file read with pread,
+ * from `offset`, whose bytes the caller has at buf[pos:]. */
 static PyObject *Packer_scan_file(Packer *self, PyObject *args) {
-    int fd;
-    unsigned long long offset, file_size;
+    int fd, none;
+    unsigned long long offset, file_size, max_member = TAR_MAX_SIZE;
     long long limit;
     Py_buffer view;
     Py_ssize_t pos;
-    unsigned long long max_member = TAR_MAX_SIZE;
     if (!ready(self) || !PyArg_ParseTuple(args, "iKKLy*n|K", &fd, &offset, &file_size, &limit, &view, &pos, &max_member)) return NULL;
-    tar_member first;
-    size_t need;
-    int plain = pos >= 0 && pos + 512 <= view.len && tar_step((const unsigned char *)view.buf + pos, (size_t)(view.len - pos), &first, &need) != TAR_DEFER;
+    if (!walk_start(self, &view, pos, &none)) return NULL;
+    if (none) {
+        PyBuffer_Release(&view);
+        return Py_BuildValue("(KKK)", offset, offset, 0ULL);
+    }
+    tar_cursor c;
+    tar_walk_state w;
+    tar_cursor_file(&c, fd, file_size, self->win, view.buf, (size_t)view.len, (size_t)pos, offset);
+    c.unlock = gil_release;
+    c.relock = gil_take;
+    int rc = packer_walk(self, &c, &w, limit, max_member);
     PyBuffer_Release(&view);
-    if (!plain) return Py_BuildValue("(KKK)", offset, offset, 0ULL); /* the caller's header is the Python walker's */
-    if (!self->url) {
-        PyErr_SetString(PyExc_RuntimeError, "scan_file makes sample dicts: Packer(..., url, index)");
-        return NULL;
-    }
-    if (!self->win && !(self->win = PyMem_Malloc(WINDOW_LARGE))) return PyErr_NoMemory();
-    unsigned long long wbase = offset, last_at = offset, last_size = 0;
-    Py_ssize_t wlen = 0, want = WINDOW_LARGE;
-    size_t headers = 512; /* the bytes the next member's headers need in the window */
-    while (self->held < (uint64_t)limit && !self->error) {
-        if (offset < wbase || offset + headers > wbase + (unsigned long long)wlen) { /* the next member: a new window */
-            wbase = offset;
-            wlen = pread_full(fd, self->win, (size_t)(want > (Py_ssize_t)headers ? want : (Py_ssize_t)headers), offset);
-            if (wlen < 0) return PyErr_SetFromErrno(PyExc_OSError);
-            if ((size_t)wlen < headers) break; /* the end of the file: the Python walker says what is missing */
-        }
-        const unsigned char *h = self->win + (offset - wbase);
-        tar_member m;
-        int k = tar_step(h, (size_t)(wbase + (unsigned long long)wlen - offset), &m, &need);
-        if (k == TAR_SHORT && need <= WINDOW_LARGE && need > headers) { /* extension headers: a window that holds them */
-            headers = need;
-            continue;
-        }
-        headers = 512;
-        if (k != TAR_MEMBER) break;
-        uint64_t size = m.size, padded = (size + 511) & ~(uint64_t)511, data = offset + m.data;
-        if (size > (uint64_t)PY_SSIZE_T_MAX || padded > file_size || data > file_size - padded || size > max_member)
-            break; /* truncated or over max_member: Python says so */
-        Py_ssize_t in_window = (Py_ssize_t)(wbase + (unsigned long long)wlen - data); /* >= 0: the headers fit */
-        want = (Py_ssize_t)next_window((uint64_t)in_window, padded);
-        if (m.regular) {
-            PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
-            if (!bytes) return NULL;
-            Py_ssize_t head = (uint64_t)in_window < size ? in_window : (Py_ssize_t)size;
-            memcpy(PyBytes_AS_STRING(bytes), self->win + (data - wbase), (size_t)head);
-            if ((uint64_t)head < size) { /* the rest straight from the file into the member's bytes */
-                Py_ssize_t got = pread_full(fd, PyBytes_AS_STRING(bytes) + head, (size_t)(size - (uint64_t)head), data + (uint64_t)head);
-                if (got < 0 || (uint64_t)got < size - (uint64_t)head) {
-                    Py_DECREF(bytes);
-                    if (got < 0) return PyErr_SetFromErrno(PyExc_OSError);
-                    break; /* truncated: the Python walker says so */
-                }
-            }
-            int rc = pack(self, (const char *)m.name, (Py_ssize_t)m.name_len, NULL, offset, data, size, bytes);
-            Py_DECREF(bytes);
-            if (rc < 0) return NULL;
-        }
-        last_at = offset;
-        last_size = size;
-        offset = data + padded;
-    }
-    return Py_BuildValue("(KKK)", offset, last_at, last_size);
+    Py_CLEAR(self->pending); /* a member cut short by the file's end: the Python walker says so */
+    if (rc < 0) return NULL;
+    return Py_BuildValue("(KKK)", (unsigned long long)c.at, (unsigned long long)w.last_at, (unsigned long long)w.last_size);
 }
 
-#define GROW_FIRST (16 << 20) /* past this, a member of a stream of unknown length grows as its data arrives */
-
-/* ---- scan_fd: the walk over a socket or pipe, read with read() ---------------------------
- *
- * A stream cannot be read twice, so bytes already received stay in a window (self->win) until the
- * walk consumes them, and the call returns what it holds unconsumed for the Python walker. */
-
-typedef struct {
-    int fd, timeout_ms;           /* timeout_ms < 0: wait for ever */
-    long long remaining;          /* bytes the stream may still deliver; < 0: until the end */
-    unsigned long long received;  /* bytes read in this call */
-    int yield_ok;                 /* samples are ready: return rather than wait for more bytes */
-    int blocking;                 /* a blocking descriptor (a pipe): readiness is asked with poll() */
-    int timed_out;                /* poll() waited timeout_ms for nothing */
-} FdReader;
-
-/* One read() of up to n bytes (GIL released by the caller), waiting with poll() on a non-blocking
- * descriptor (a Python socket with a timeout), unless yield_ok: then the samples ready go to the
- * consumer first, and the kernel keeps receiving meanwhile. 0 when nothing came: the end, an error,
- * a timeout, a signal, or nothing yet with yield_ok; the caller returns to Python, whose own read of
- * the stream then says which. */
-static Py_ssize_t fd_read(FdReader *s, char *p, size_t n) {
-    if (s->remaining >= 0 && (unsigned long long)s->remaining < n) n = (size_t)s->remaining;
-    if (n == 0) return 0;
-    if (s->yield_ok && s->blocking) {
-        struct pollfd now = {s->fd, POLLIN, 0};
-        if (poll(&now, 1, 0) == 0) return 0; /* nothing yet: the samples ready go first */
-    }
-    for (;;) {
-        ssize_t r = read(s->fd, p, n);
-        if (r > 0) {
-            s->received += (unsigned long long)r;
-            if (s->remaining >= 0) s->remaining -= r;
-            return r;
-        }
-        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || s->yield_ok) return 0; /* EINTR: Python's handlers */
-        struct pollfd pfd = {s->fd, POLLIN, 0};
-        int k = poll(&pfd, 1, s->timeout_ms);
-        s->timed_out = k == 0;
-        if (k <= 0) return 0;
-    }
-}
-
-/* Read until n bytes are in p or the stream stops (GIL released); the bytes read. */
-static size_t fd_read_full(FdReader *s, char *p, size_t n) {
-    size_t got = 0;
-    Py_BEGIN_ALLOW_THREADS
-    while (got < n) {
-        Py_ssize_t r = fd_read(s, p + got, n - got);
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    Py_END_ALLOW_THREADS
-    return got;
-}
-
-/* Bring the window up to `least` bytes (a member's headers): *src and *avail are the unconsumed bytes
- * (fewer than `least`, moved to the window's start), *skip bytes of the stream come first and are dropped.
- * Reads at most `want` (>= least) bytes of window (GIL released). 0 on success, -1 when the stream stopped first. */
-static int fd_fill(FdReader *s, unsigned char *win, const unsigned char **src, size_t *avail, uint64_t *skip, size_t want,
-                       size_t least) {
-    memmove(win, *src, *avail);
-    *src = win;
-    int ok = 1;
-    Py_BEGIN_ALLOW_THREADS
-    while (*skip > 0 || *avail < least) {
-        Py_ssize_t r = fd_read(s, (char *)win + *avail, want - *avail);
-        if (r <= 0) {
-            ok = 0;
-            break;
-        }
-        size_t drop = *skip < (uint64_t)r ? (size_t)*skip : (size_t)r;
-        if (drop) memmove(win + *avail, win + *avail + drop, (size_t)r - drop);
-        *skip -= drop;
-        *avail += (size_t)r - drop;
-    }
-    Py_END_ALLOW_THREADS
-    return ok ? 0 : -1;
-}
-
+/* scan_fd(fd, timeout_ms, remaining, limit, buf, pos, base[, max_member]): the walk over a socket or pipe
+ * after the caller's bytes buf[pos:] at base + pos; returns what it received and did not walk. */
 static PyObject *Packer_scan_fd(Packer *self, PyObject *args) {
-    FdReader s = {.received = 0, .yield_ok = 0, .blocking = 0, .timed_out = 0};
-    long long limit;
-    unsigned long long base;
+    int fd, timeout_ms, none;
+    long long remaining, limit;
+    unsigned long long base, max_member = TAR_MAX_SIZE;
     Py_buffer view;
     Py_ssize_t pos;
-    unsigned long long max_member = TAR_MAX_SIZE;
     if (!ready(self) ||
-        !PyArg_ParseTuple(args, "iiLLy*nK|K", &s.fd, &s.timeout_ms, &s.remaining, &limit, &view, &pos, &base, &max_member))
+        !PyArg_ParseTuple(args, "iiLLy*nK|K", &fd, &timeout_ms, &remaining, &limit, &view, &pos, &base, &max_member))
         return NULL;
-    tar_member m;
-    size_t need;
-    if (pos < 0 || pos + 512 > view.len || tar_step((const unsigned char *)view.buf + pos, (size_t)(view.len - pos), &m, &need) == TAR_DEFER) {
-        PyBuffer_Release(&view); /* the caller's header is the Python walker's */
-        return Py_BuildValue("(KOKKKKO)", base + (unsigned long long)pos, Py_None, base + (unsigned long long)pos, 0ULL, 0ULL, 0ULL,
-                             Py_False);
-    }
-    if (!self->url) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_RuntimeError, "scan_fd makes sample dicts: Packer(..., url, index)");
-        return NULL;
-    }
-    if (!self->win && !(self->win = PyMem_Malloc(WINDOW_LARGE))) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
-    }
-    int flags = fcntl(s.fd, F_GETFL);
-    s.blocking = flags >= 0 && !(flags & O_NONBLOCK);
-    /* src[0:avail]: unconsumed bytes at absolute offset `at` (the caller's buffer, then the window);
-     * `skip` bytes after them (padding) are still to be read and dropped */
-    const unsigned char *src = (const unsigned char *)view.buf + pos;
-    size_t avail = (size_t)(view.len - pos), want = WINDOW_LARGE;
-    uint64_t at = base + (uint64_t)pos, skip = 0, last_at = 0, last_size = 0;
+    if (!walk_start(self, &view, pos, &none)) return NULL;
+    uint64_t start = base + (uint64_t)pos;
+    tar_cursor c;
+    tar_walk_state w;
+    tar_cursor_stream(&c, fd, timeout_ms, remaining, self->win, view.buf, none ? 0 : (size_t)view.len, none ? 0 : (size_t)pos, start);
+    c.unlock = gil_release;
+    c.relock = gil_take;
+    int rc = none ? TAR_WALK_STOP : packer_walk(self, &c, &w, limit, max_member);
     PyObject *tail = NULL;
-    size_t headers = 512; /* the bytes the next member's headers need in hand */
-    while (self->held < (uint64_t)limit && !self->error) {
-        if (skip > 0 || avail < headers) { /* between members: completed samples need not wait for the network */
-            s.yield_ok = PyList_GET_SIZE(self->completed) > 0;
-            int rc = fd_fill(&s, self->win, &src, &avail, &skip, want > headers ? want : headers, headers);
-            s.yield_ok = 0;
-            if (rc < 0) break;
-        }
-        const unsigned char *h = src;
-        int k = tar_step(h, avail, &m, &need);
-        if (k == TAR_SHORT && need <= WINDOW_LARGE && need > headers) { /* extension headers: read until they are in hand */
-            headers = need;
-            continue;
-        }
-        headers = 512;
-        if (k != TAR_MEMBER) break;
-        uint64_t size = m.size, padded = (size + 511) & ~(uint64_t)511;
-        size_t here = avail - m.data; /* data bytes after the headers in hand */
-        uint64_t fetched = 0;      /* data bytes read past them, straight into the member */
-        if (size > (uint64_t)PY_SSIZE_T_MAX || (s.remaining >= 0 && size > (uint64_t)here + (uint64_t)s.remaining) ||
-            size > max_member)
-            break; /* more than the stream holds or may hold: the Python walker says what is wrong */
-        if (m.regular) {
-            /* a stream of unknown length: the member's bytes grow as its data arrives, never more than came */
-            uint64_t cap = s.remaining < 0 && size > (uint64_t)here + GROW_FIRST ? (uint64_t)here + GROW_FIRST : size;
-            PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
-            if (!bytes) goto fail;
-            size_t head = (uint64_t)here < size ? here : (size_t)size;
-            memcpy(PyBytes_AS_STRING(bytes), h + m.data, head);
-            while ((uint64_t)head + fetched < size) { /* the rest straight from the stream into the member's bytes */
-                if ((uint64_t)head + fetched == cap) {
-                    cap = cap * 2 < size ? cap * 2 : size;
-                    if (_PyBytes_Resize(&bytes, (Py_ssize_t)cap) < 0) goto fail; /* bytes is NULL then */
-                }
-                size_t need = (size_t)(cap - (uint64_t)head - fetched);
-                size_t got = fd_read_full(&s, PyBytes_AS_STRING(bytes) + head + fetched, need);
-                fetched += got;
-                if (got < need) { /* stopped: hand back the headers and the data so far */
-                    tail = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(m.data + head + fetched));
-                    if (tail) {
-                        memcpy(PyBytes_AS_STRING(tail), h, m.data);
-                        memcpy(PyBytes_AS_STRING(tail) + m.data, PyBytes_AS_STRING(bytes), head + fetched);
-                    }
-                    Py_DECREF(bytes);
-                    if (!tail) goto fail;
-                    src = NULL;
-                    avail = 0;
-                    break;
-                }
-            }
-            if (tail) break;
-            int rc = pack(self, (const char *)m.name, (Py_ssize_t)m.name_len, NULL, at, at + m.data, size, bytes);
-            Py_DECREF(bytes);
-            if (rc < 0) goto fail;
-        }
-        last_at = at;
-        last_size = size;
-        size_t used = (uint64_t)here < padded ? here : (size_t)padded;
-        skip = padded - (uint64_t)used - fetched;
-        src += m.data + used;
-        avail = here - used;
-        at += m.data + padded;
-        want = next_window((uint64_t)here, padded);
+    uint64_t tail_at = c.at - c.skip; /* when skip > 0, nothing is in view */
+    if (rc == TAR_WALK_PARTIAL && (tail = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(w.m.data + w.got)))) {
+        tail_at = c.at; /* the member's headers and the data so far */
+        memcpy(PyBytes_AS_STRING(tail), c.p, w.m.data);
+        memcpy(PyBytes_AS_STRING(tail) + w.m.data, PyBytes_AS_STRING(self->pending), (size_t)w.got);
+    } else if (rc == TAR_WALK_STOP && (c.received || c.at != start)) {
+        tail = PyBytes_FromStringAndSize((const char *)c.p, (Py_ssize_t)c.avail);
+    } else if (rc == TAR_WALK_STOP) { /* nothing read, nothing walked: the caller's bytes stay */
+        Py_INCREF(Py_None);
+        tail = Py_None;
     }
-    /* the unconsumed bytes start at `at - skip` when skip > 0 (then none are in hand) */
-    uint64_t tail_at = tail ? at : at - skip;
-    if (!tail && !(tail = PyBytes_FromStringAndSize(avail ? (const char *)src : "", (Py_ssize_t)avail))) goto fail;
     PyBuffer_Release(&view);
-    return Py_BuildValue("(KNKKKKO)", (unsigned long long)tail_at, tail, (unsigned long long)at, (unsigned long long)last_at,
-                         (unsigned long long)last_size, s.received, s.timed_out ? Py_True : Py_False);
-fail:
-    PyBuffer_Release(&view);
-    return NULL;
+    Py_CLEAR(self->pending);
+    if (!tail) return NULL;
+    return Py_BuildValue("(KNKKKKO)", (unsigned long long)tail_at, tail, (unsigned long long)c.at,
+                         (unsigned long long)(none ? 0 : w.last_at), (unsigned long long)(none ? 0 : w.last_size),
+                         (unsigned long long)c.received, c.timed_out ? Py_True : Py_False);
 }
 
 static PyObject *Packer_add(Packer *self, PyObject *args) {
