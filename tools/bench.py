@@ -4,7 +4,8 @@ Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,
 ``--sets jpeg-ustar,jpeg-wds,jpeg-posix,jpeg-gnu``: the first shards of a set as they are and rewritten by
 webdataset's TarWriter, GNU tar --format=posix and GNU tar with long names (``WRITERS``).
 Every part but ``remote``, ``member`` and ``batches`` runs by default; ``--only`` picks some (``walk``: the tar walk alone, TarStream and
-index tables, in one process; ``--only remote``: random access over loopback nginx with 20 ms added per
+index tables, in one process; ``--only walk --trees A,B``: the walk of two source trees over each cursor, alternated
+processes, tools/bench_walk.py; ``--only remote``: random access over loopback nginx with 20 ms added per
 request, tools/bench_remote.py; ``--only member``: peak memory of one 1 GiB member streamed from a
 .tar.zst and a .tar.gz, tools/bench_limits.py; ``--only batches``: the walk's batch size against two streams
 read one after the other, alternated and mixed, and over nginx; ``--only gzip``: .tar.gz shards through seek points on the first 2
@@ -942,6 +943,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="1e6,1e7", help="scale: index sizes in samples (tools/bench_index.py; 1e8: 100,000 shards)")
     ap.add_argument("--parts", type=int, default=10, help="scale: parts written, then merged, per size")
     ap.add_argument("--many-shards", type=int, default=500_000, help="scale: shards of the index whose open is timed (0: none)")
+    ap.add_argument("--trees", default="", help="walk: two source trees A,B (each built in place), compared in alternated processes (tools/bench_walk.py)")
+    ap.add_argument("--rounds", type=int, default=3, help="walk --trees: alternated rounds (best of)")
     args = ap.parse_args()
     ZSTD_SHARDS[0] = args.zstd_shards
     only = set(args.only.split(","))
@@ -950,6 +953,8 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.2f}; peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB")
     print("| measurement | value | ratio |\n|---|---|---|")
+    trees = [t for t in args.trees.split(",") if t]
+    walk_sets: dict[str, list[str]] = {}
     for name in filter(None, args.sets.split(",")):  # --sets '': only what needs no set (scale)
         base_name, _, writer = name.partition("-")
         n_shards, per, size = SPECS[base_name]
@@ -957,7 +962,16 @@ def main() -> None:
         if writer:
             print(f"{name}: {WRITERS[writer]}; {VARIANT_SHARDS} shards of the {base_name} set")
             paths = make_variant(args.dir / name, paths, name, writer)
+        if trees and only == {"walk"}:
+            walk_sets[name] = paths
+            continue
         for label, value, ratio in run_set(name, paths, only, work):
+            print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
+    if walk_sets:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_walk import compare
+
+        for label, value, ratio in compare(trees, walk_sets, args.rounds):
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
     if "scale" in only:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
