@@ -1,7 +1,7 @@
 """Damaged tar archives and every way tarindex walks them (for the integrity tests and the fuzzer).
 
 A way is one cursor (a whole buffer, 700-byte chunks, a file read with ``pread``, a pipe the C
-walk reads itself) times one sink (members, an index table, sample dicts); :func:`outcomes` runs
+walk reads itself, of unknown or declared length) times one sink (members, an index table, sample dicts); :func:`outcomes` runs
 every way in the C and the pure-Python implementation and gives, per way, the result or the
 error (type and message).
 """
@@ -127,9 +127,11 @@ def _gnu_names_end(buf: bytes, m: tarfile.TarInfo) -> bool:
 
 
 class PipeFeed:
-    """A :class:`tarindex.tar.DirectSource` over an ``os.pipe`` that a thread fills with ``data``."""
+    """A :class:`tarindex.tar.DirectSource` over an ``os.pipe`` that a thread fills with ``data``;
+    ``sized``: it declares the bytes left (as HTTP's Content-Length does), else the length is unknown."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, sized: bool = False) -> None:
+        self.left = len(data) if sized else -1
         self.r, w = os.pipe()
         self.thread = threading.Thread(target=self._write, args=(w, data), daemon=True)
         self.thread.start()
@@ -146,13 +148,16 @@ class PipeFeed:
             os.close(w)
 
     def read(self, n: int, /) -> bytes:
-        return os.read(self.r, n)
+        got = os.read(self.r, n)
+        self.advance(len(got))
+        return got
 
     def direct(self) -> tuple[int, int, int]:
-        return self.r, -1, -1
+        return self.r, self.left, -1
 
     def advance(self, n: int, timed_out: bool = False, /) -> None:
-        pass
+        if self.left >= 0:
+            self.left -= n
 
     def close(self) -> None:
         os.close(self.r)
@@ -194,13 +199,15 @@ def _table(table: Any) -> dict[str, Any]:
 
 WAYS = ("members-buffer", "members-chunks", "members-file", "table-buffer", "table-chunks", "table-file",
         "samples-chunks", "samples-file", "samples-pipe")  # fmt: skip
+ALL_WAYS = (*WAYS, "samples-sized")
+"""``WAYS`` and a pipe of declared length (the bound of an HTTP body), which the fuzzer runs too."""
 
 
 def run(way: str, buf: bytes, path: Path, max_member_size: int | None = None) -> Any:
     """One way over ``buf`` (also written at ``path``): its result, or ``("error", type, message, offset)``."""
     url = str(path)
     fd = os.open(path, os.O_RDONLY) if way.endswith("-file") else -1
-    feed = PipeFeed(buf) if way == "samples-pipe" else None
+    feed = PipeFeed(buf, sized=way == "samples-sized") if way in ("samples-pipe", "samples-sized") else None
     try:
         if way == "members-buffer":
             return [(e[0], e[4]) for e in iter_tar((buf,), url, with_data=True, max_member_size=max_member_size)]
@@ -218,7 +225,7 @@ def run(way: str, buf: bytes, path: Path, max_member_size: int | None = None) ->
             return list(iter_samples(_chunks(buf), url, max_member_size=max_member_size))
         if way == "samples-file":
             return list(iter_samples(fd, url, max_member_size=max_member_size))
-        if way == "samples-pipe":
+        if way in ("samples-pipe", "samples-sized"):
             assert feed is not None
             first = feed.read(BLOCK)
             return list(iter_samples(DirectArchive(feed, first), url, max_member_size=max_member_size))

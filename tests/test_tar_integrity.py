@@ -22,6 +22,7 @@ from _tarmut import (
     member,
     outcomes,
     pax_record,
+    run,
     set_field,
     tarfile_view,
 )
@@ -205,14 +206,36 @@ def test_huge_member_on_a_pipe_is_refused_before_allocation(tmp_path: Path) -> N
     head = header(b"huge.bin", 7 << 30)
     buf = GOOD[0] + bytes(head) + bytes(300_000)
     path = tmp_path / "huge.tar"
-    got = outcomes(buf, path, ways=("samples-pipe", "samples-chunks", "members-chunks", "samples-file"))
+    got = outcomes(buf, path, ways=("samples-pipe", "samples-sized", "samples-chunks", "members-chunks", "samples-file"))
     for (which, way), result in got.items():
         assert result[:2] == ("error", "CorruptArchiveError") and "huge.tar" in result[2], (which, way, result)
         assert result[3] == len(GOOD[0]) and "needs 7516192768 bytes" in result[2], (which, way, result)
-    got = outcomes(buf, path, ways=("samples-pipe", "samples-chunks", "members-chunks"), max_member_size=1 << 20)
+    got = outcomes(buf, path, ways=("samples-pipe", "samples-sized", "samples-chunks", "members-chunks"), max_member_size=1 << 20)
     for (which, way), result in got.items():
         assert "over max_member_size (1048576 bytes)" in result[2] and result[3] == len(GOOD[0]), (which, way, result)
     assert MAX_MEMBER_SIZE == 8 << 30
+
+
+def test_large_member_on_a_pipe_grows_as_it_arrives(tmp_path: Path) -> None:
+    """A 33 MiB member over a pipe of unknown length (its bytes grown twice as the data arrives), of declared
+    length and from a file; the archive cut inside a member's padding and inside the large member's data:
+    the same samples, or the same named error, in C and Python (one way at a time: little memory held)."""
+    big = bytes(range(256)) * ((33 << 20) // 256) + b"tail!"
+    buf = GOOD[0] + member(b"a.bin", big) + member(b"b.txt", b"x" * 700) + bytes(1024)
+    path = tmp_path / "big.tar"
+    cuts = ((len(buf) - 1024 - 100, len(GOOD[0]) + BLOCK + len(big) + 507), (len(GOOD[0]) + BLOCK + (20 << 20), len(GOOD[0])))
+    for which in ("c", "python"):
+        with impl(which):
+            for way in ("samples-pipe", "samples-sized", "samples-file"):
+                path.write_bytes(buf)
+                samples = [sorted((k, v) for k, v in s.items() if not k.startswith("__")) for _, s in run(way, buf, path)]
+                assert samples == [[("bin", big), ("txt", b"alpha" * 30)], [("txt", b"x" * 700)]], (which, way)
+                del samples
+                for cut, at in cuts:  # inside b.txt's padding, inside a.bin's data
+                    path.write_bytes(buf[:cut])
+                    result = run(way, buf[:cut], path)
+                    assert result[:2] == ("error", "CorruptArchiveError"), (which, way, cut)
+                    assert result[3] == at and "truncated archive" in result[2], (which, way, result)
 
 
 def test_sink_without_scan_gets_every_member(tmp_path: Path) -> None:
