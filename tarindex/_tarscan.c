@@ -117,7 +117,8 @@ static PyObject *scan_headers(PyObject *self, PyObject *args) {
  *       says which. Between members, once samples are complete, it returns rather than wait for the
  *       stream (a socket answered EAGAIN, or poll() says a pipe has nothing yet): the consumer gets
  *       them at once.
- *   All three stop once `limit` data bytes are done, or at a repeated extension, and leave a member over
+ *   All three are tar_walk (_tarwalk.c) over a buffer, file or stream cursor with this packer as the sink: they
+ *   stop once `limit` data bytes are done, or at a repeated extension, and leave a member over
  *   `max_member` bytes (default TAR_MAX_SIZE; the caller's max_member_size) to the Python walker, which names it.
  *   take() -> ([sample_offset, ...], [dict, ...]) completed so far (no tuple per sample: the cyclic GC
  *       tracks tuples of dicts, and 16 MiB of small samples lived long enough to cost full collections); raises the recorded duplicate once

@@ -944,7 +944,7 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=10, help="scale: parts written, then merged, per size")
     ap.add_argument("--many-shards", type=int, default=500_000, help="scale: shards of the index whose open is timed (0: none)")
     ap.add_argument("--trees", default="", help="walk: two source trees A,B (each built in place), compared in alternated processes (tools/bench_walk.py)")
-    ap.add_argument("--rounds", type=int, default=3, help="walk --trees: alternated rounds (best of)")
+    ap.add_argument("--rounds", type=int, default=10, help="walk --trees: passes per walk and tree, asked in turn (best of)")
     args = ap.parse_args()
     ZSTD_SHARDS[0] = args.zstd_shards
     only = set(args.only.split(","))

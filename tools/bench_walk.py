@@ -1,10 +1,11 @@
 """The tar walk of two source trees side by side: ``python tools/bench.py --only walk --trees A,B``.
 
-Each round runs one child process per tree (``PYTHONPATH=tree``), alternating A, B, A, B, ...; a child
-times every walk of every set once (after one untimed pass that warms the page cache and imports) and
-prints its seconds; the parent keeps the best of the rounds per tree and prints B's speed as a ratio of
-A's (> 1: B is faster). The walks, one per cursor of the C walk: ``TarStream`` over local files (the file
-read with ``pread``), over ``pipe:cat`` (the pipe read with ``read``), the index tables of every shard
+One child process per tree (``PYTHONPATH=tree``) stays up, its walks ready; the parent asks them in turn
+for one timed pass of one walk of one set, A then B, then B then A, for every walk and set, ``rounds``
+times (each child warms the page cache and its imports first), so a change of the machine's load falls
+on both trees alike; it keeps the best pass per tree and prints B's speed as a ratio of A's (> 1: B is
+faster). The walks, one per cursor of the C walk: ``TarStream`` over local files (the file read with
+``pread``), over ``pipe:cat`` (the pipe read with ``read``), the index tables of every shard
 (``scan_shard``: the packer over a buffer), and ``iter_tar`` over each shard's bytes in memory (entries).
 """
 
@@ -42,40 +43,53 @@ def _walks(paths: list[str]) -> dict[str, Callable[[], object]]:
 
 
 def child(sets: dict[str, list[str]]) -> None:
-    """One pass of every walk of every set, timed: a JSON object {set: {walk: seconds}} on stdout."""
+    """Serve timed passes: a line ``set walk`` on stdin, its seconds on stdout; ``ready`` once warm."""
     import tarindex
 
     _ = tarindex.TarStream  # imports torch before anything is timed
-    out: dict[str, dict[str, float]] = {}
-    for name, paths in sets.items():
-        walks = _walks(paths)
-        for fn in walks.values():
+    walks = {name: _walks(paths) for name, paths in sets.items()}
+    for by_walk in walks.values():
+        for fn in by_walk.values():
             fn()  # warm
-        out[name] = {}
-        for walk, fn in walks.items():
-            t0 = time.perf_counter()
-            fn()
-            out[name][walk] = time.perf_counter() - t0
-    print(json.dumps(out))
+    print("ready", flush=True)
+    for line in sys.stdin:
+        name, walk = line.rstrip("\n").split(" ", 1)
+        t0 = time.perf_counter()
+        walks[name][walk]()
+        print(time.perf_counter() - t0, flush=True)
 
 
 def compare(trees: list[str], sets: dict[str, list[str]], rounds: int) -> list[tuple[str, float, str]]:
-    """Rows ``(label, MB/s of the last tree, ratio to the first)`` from ``rounds`` alternated rounds."""
+    """Rows ``(label, MB/s of the last tree, ratio to the first)``, best of ``rounds`` passes asked in turn."""
+    procs = {
+        tree: subprocess.Popen(
+            [sys.executable, __file__, "--child", json.dumps(sets)],
+            env={**os.environ, "PYTHONPATH": tree},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for tree in trees
+    }
     best: dict[tuple[str, str, str], float] = {}
-    for _ in range(rounds):
-        for tree in trees:
-            env = {**os.environ, "PYTHONPATH": tree}
-            got = subprocess.run(
-                [sys.executable, __file__, "--child", json.dumps(sets)],
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            for name, times in json.loads(got.splitlines()[-1]).items():
-                for walk, seconds in times.items():
-                    key = (tree, name, walk)
-                    best[key] = min(best.get(key, float("inf")), seconds)
+    try:
+        for p in procs.values():
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        for r in range(rounds):
+            for name in sets:
+                for walk in WALKS:
+                    for tree in trees if r % 2 == 0 else trees[::-1]:
+                        p = procs[tree]
+                        assert p.stdin is not None and p.stdout is not None
+                        p.stdin.write(f"{name} {walk}\n")
+                        p.stdin.flush()
+                        seconds = float(p.stdout.readline())
+                        best[tree, name, walk] = min(best.get((tree, name, walk), float("inf")), seconds)
+    finally:
+        for p in procs.values():
+            if p.stdin is not None:
+                p.stdin.close()
+            p.wait()
     first, last = trees[0], trees[-1]
     rows = []
     for name, paths in sets.items():
