@@ -81,9 +81,10 @@ typedef struct {
 /* Walk members from c->at while the sink takes them. Nothing is read unless the view holds a block. */
 int tar_walk(tar_cursor *c, const tar_sink *s, tar_walk_state *w);
 
-/* The cursors: over buf[pos:len] at absolute offset base; over a file of `size` bytes, the view being the
- * caller's bytes buf[pos:len] at `at`; over a stream (at most `remaining` bytes more, < 0: to the end) after
- * the caller's bytes buf[pos:len] at `at`. `win` (TAR_WINDOW_LARGE bytes) is the window of the last two. */
+/* The cursors: over buf[pos:len], buf[0] being at absolute offset base; over a file of `size` bytes, the
+ * first view the caller's bytes buf[pos:len], at absolute offset `at`; over a stream (at most `remaining`
+ * bytes more, < 0: to the end) after the caller's bytes buf[pos:len] at `at`. `win` (TAR_WINDOW_LARGE
+ * bytes) is the window of the last two. */
 void tar_cursor_buffer(tar_cursor *c, const unsigned char *buf, size_t len, size_t pos, uint64_t base);
 void tar_cursor_file(tar_cursor *c, int fd, uint64_t size, unsigned char *win, const unsigned char *buf, size_t len, size_t pos,
                      uint64_t at);
