@@ -38,7 +38,7 @@ typedef struct {
     int ncols;
     PyObject *blocks;   /* blocks(b) -> memoryview of record block b, checked (tarindex/index/records.py) */
     PyObject **bobj;    /* per block: the memoryview, once asked for (keeps the map alive with its source) */
-    const char **bptr;  /* per block: its bytes */
+    struct Block **bhead; /* per block: its header, copied out of the map when the block is first read */
     Py_ssize_t per, n_blocks; /* samples per block */
     Py_ssize_t n, n_exts, n_shards;
     PyObject *exts;     /* tuple of str */
@@ -54,6 +54,22 @@ typedef struct {
     const int32_t *fds; /* opener.fds: per shard, the plain descriptor open here, or -1 */
     uint32_t *busy;     /* opener.busy: per shard, reads in progress here; [n_shards]: handles waiting to close */
 } Reader;
+
+/* A record block's header (layout: tarindex/index/records.py), copied out of the map when the block is first
+ * read, with what a read derives from it. A warm read then touches the map only at its row and key bytes: at
+ * 100M samples the header's page was a second TLB and cache miss per read (half of the C read's own time). */
+typedef struct Block {
+    const char *rows;           /* the block's rows, in the map */
+    const char *heap;           /* the key heap after them (key_mode 0), in the map */
+    Py_ssize_t rowlen, key_at;  /* bytes per row; the key column's place in a row */
+    uint32_t m, npat, plen, heap_len;
+    int mode, digits;
+    const uint64_t *bases;      /* 5 + 2m column bases (below) */
+    const unsigned char *w;     /* 5 + 2m column widths (below) */
+    const char *pats;           /* npat patterns of 1 + m u16 (below) */
+    const char *prefix;         /* the keys' common prefix, plen bytes (below) */
+    uint64_t tail[];            /* bases, patterns, widths, prefix */
+} Block;
 
 /* One sample's record, decoded from its block's row and checked. */
 typedef struct {
@@ -130,7 +146,9 @@ static void Reader_dealloc(Reader *self) {
     if (self->bobj)
         for (Py_ssize_t b = 0; b < self->n_blocks; b++) Py_XDECREF(self->bobj[b]);
     PyMem_Free(self->bobj);
-    PyMem_Free(self->bptr);
+    if (self->bhead)
+        for (Py_ssize_t b = 0; b < self->n_blocks; b++) PyMem_Free(self->bhead[b]);
+    PyMem_Free(self->bhead);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -203,17 +221,50 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     self->n_exts = PyTuple_GET_SIZE(self->exts);
     self->n_shards = PyList_GET_SIZE(self->urls);
     self->bobj = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(PyObject *)); /* pages touched as blocks are read */
-    self->bptr = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(char *));
-    if (!self->bobj || !self->bptr) {
+    self->bhead = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(Block *));
+    if (!self->bobj || !self->bhead) {
         PyErr_NoMemory();
         return -1;
     }
     return adopt_opener(self, opener);
 }
 
-/* Block b's bytes: asked of `blocks` once (it checks the block's checksum and layout), then kept. */
-static const char *block(Reader *self, Py_ssize_t b) {
-    if (!self->bptr[b]) {
+/* Block b's header, from its bytes `b` (checked by `blocks`: the header, columns and patterns fit). */
+static Block *copy_head(const char *b) {
+    uint32_t m = ld32(b + 4), npat = ld32(b + 8), plen = ld32(b + 14);
+    size_t ncols = 5 + 2 * (size_t)m, npats = 2 * (size_t)npat * (m + 1);
+    Block *h = PyMem_Malloc(sizeof(Block) + 8 * ncols + npats + ncols + plen);
+    if (!h) return (Block *)PyErr_NoMemory();
+    const unsigned char *w = (const unsigned char *)b + BLOCK_HEAD;
+    const char *bases = b + BLOCK_HEAD + ncols, *pats = bases + 8 * ncols, *prefix = pats + npats;
+    char *tail = (char *)h->tail;
+    memcpy(tail, bases, 8 * ncols);
+    memcpy(tail + 8 * ncols, pats, npats);
+    memcpy(tail + 8 * ncols + npats, w, ncols);
+    memcpy(tail + 8 * ncols + npats + ncols, prefix, plen);
+    h->bases = (const uint64_t *)tail;
+    h->pats = tail + 8 * ncols;
+    h->w = (const unsigned char *)tail + 8 * ncols + npats;
+    h->prefix = tail + 8 * ncols + npats + ncols;
+    h->m = m;
+    h->npat = npat;
+    h->plen = plen;
+    h->heap_len = ld32(b + 18);
+    h->mode = (unsigned char)b[12];
+    h->digits = (unsigned char)b[13];
+    h->rowlen = h->key_at = 0;
+    for (size_t c = 0; c < ncols; c++) {
+        if (c == 4) h->key_at = h->rowlen;
+        h->rowlen += w[c];
+    }
+    h->rows = prefix + plen;
+    h->heap = h->rows + (size_t)ld32(b) * (size_t)h->rowlen;
+    return h;
+}
+
+/* Block b's header: its bytes asked of `blocks` once (it checks the block's checksum and layout), then kept. */
+static const Block *block(Reader *self, Py_ssize_t b) {
+    if (!self->bhead[b]) {
         PyObject *view = PyObject_CallFunction(self->blocks, "n", b);
         if (!view) return NULL;
         if (!PyMemoryView_Check(view) || !PyBuffer_IsContiguous(PyMemoryView_GET_BUFFER(view), 'C')) {
@@ -221,14 +272,17 @@ static const char *block(Reader *self, Py_ssize_t b) {
             PyErr_SetString(PyExc_TypeError, "blocks() must return a contiguous memoryview");
             return NULL;
         }
-        if (self->bptr[b]) { /* another thread got it meanwhile */
+        Block *h = self->bhead[b] ? NULL : copy_head(PyMemoryView_GET_BUFFER(view)->buf);
+        if (self->bhead[b] || !h) { /* another thread got it meanwhile, or no memory */
             Py_DECREF(view);
+            if (!h) return self->bhead[b];
+            PyMem_Free(h);
         } else {
             self->bobj[b] = view;
-            self->bptr[b] = PyMemoryView_GET_BUFFER(view)->buf;
+            self->bhead[b] = h;
         }
     }
-    return self->bptr[b];
+    return self->bhead[b];
 }
 
 static const uint64_t POW10[20] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL, 100000000ULL,
@@ -243,41 +297,33 @@ static inline uint64_t round512(uint64_t x) { return (x + 511) & ~(uint64_t)511;
  * checked when it was first read. Returns 0, -1 (an error set) or -2 (a damaged record: the Python path
  * makes the same checks, and its error names the index file). */
 static int load(Reader *self, Py_ssize_t i, Record *r) {
-    const char *b = block(self, i / self->per);
+    const Block *b = block(self, i / self->per);
     if (!b) return -1;
     Py_ssize_t j = i % self->per;
-    uint32_t m = ld32(b + 4), npat = ld32(b + 8), plen = ld32(b + 14), heap_len = ld32(b + 18);
-    int mode = (unsigned char)b[12];
-    Py_ssize_t ncols = 5 + 2 * (Py_ssize_t)m;
-    const unsigned char *w = (const unsigned char *)b + BLOCK_HEAD;
-    const char *bases = b + BLOCK_HEAD + ncols, *pats = bases + 8 * ncols;
-    r->prefix = pats + 2 * (size_t)npat * (m + 1);
-    r->plen = plen;
-    const char *rows = r->prefix + plen;
-    Py_ssize_t rowlen = 0, key_at = 0;
-    for (Py_ssize_t c = 0; c < ncols; c++) {
-        if (c == 4) key_at = rowlen;
-        rowlen += w[c];
-    }
-    const char *row = rows + j * rowlen, *p = row;
+    uint32_t m = b->m, npat = b->npat;
+    const unsigned char *w = b->w;
+    const uint64_t *bases = b->bases;
+    r->prefix = b->prefix;
+    r->plen = b->plen;
+    const char *row = b->rows + j * b->rowlen, *p = row;
     uint64_t f[5];
     for (int c = 0; c < 5; c++) {
-        f[c] = ld64(bases + 8 * c) + ldw(p, w[c]);
+        f[c] = bases[c] + ldw(p, w[c]);
         p += w[c];
     }
     if (f[0] >= (uint64_t)self->n_shards || f[3] >= npat) goto bad;
     r->shard = (uint32_t)f[0];
     r->offset = f[1];
-    const char *pat = pats + 2 * (size_t)f[3] * (m + 1);
+    const char *pat = b->pats + 2 * (size_t)f[3] * (m + 1);
     uint16_t count = ld16(pat);
     r->nm = count;
     uint64_t pos = 0;
     if (count <= MAX_MEMBERS) {
         for (Py_ssize_t k = 0; k < count; k++) {
             uint64_t predicted = k ? round512(pos) + 512 : 512;
-            uint64_t mo = predicted + ld64(bases + 8 * (5 + 2 * k)) + ldw(p, w[5 + 2 * k]);
+            uint64_t mo = predicted + bases[5 + 2 * k] + ldw(p, w[5 + 2 * k]);
             p += w[5 + 2 * k];
-            uint64_t ms = ld64(bases + 8 * (6 + 2 * k)) + ldw(p, w[6 + 2 * k]);
+            uint64_t ms = bases[6 + 2 * k] + ldw(p, w[6 + 2 * k]);
             p += w[6 + 2 * k];
             if (mo < pos) goto bad;
             r->mo[k] = mo;
@@ -292,17 +338,17 @@ static int load(Reader *self, Py_ssize_t i, Record *r) {
     if (r->size > PY_SSIZE_T_MAX) goto bad;
     for (Py_ssize_t k = 0; k < count; k++)
         if (r->mo[k] > r->size || r->ms[k] > r->size - r->mo[k]) goto bad;
-    if (mode == 1) {
-        r->digits = (unsigned char)b[13];
+    if (b->mode == 1) {
+        r->digits = b->digits;
         r->number = f[4] + (uint64_t)j;
         if (r->digits < 20 && r->number >= POW10[r->digits]) goto bad;
         r->suffix = NULL;
         r->slen = 0;
     } else {
-        uint64_t start = j ? ld64(bases + 32) + ldw(row - rowlen + key_at, w[4]) : 0;
-        if (start > f[4] || f[4] > heap_len) goto bad;
+        uint64_t start = j ? bases[4] + ldw(row - b->rowlen + b->key_at, w[4]) : 0;
+        if (start > f[4] || f[4] > b->heap_len) goto bad;
         r->digits = 0;
-        r->suffix = rows + (size_t)ld32(b) * rowlen + start; /* the heap follows the rows */
+        r->suffix = b->heap + start;
         r->slen = (Py_ssize_t)(f[4] - start);
     }
     return 0;
@@ -543,6 +589,8 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
         Py_XDECREF(index);
         return out;
     }
+    __builtin_prefetch(PyList_GET_ITEM(self->urls, r.shard), 1); /* the sample's __url__, written after the read: in
+                                                                    * cache by then, not one more miss (one str per shard) */
     PyObject *handle = NULL, *out = NULL;
     /* From here to the end of the read, the opener closes no handle of this shard (other threads may evict
      * it meanwhile: it is closed once the count is back to zero). */

@@ -21,7 +21,7 @@ from .errors import (
     TarIndexError,
     shown,
 )
-from .identity import Check, Checked, check_shard
+from .identity import Check, Checked, check_shard, open_shard
 from .index.reader import IndexReader
 from .objstore import is_remote_reader, read_many
 from .opener import ShardNames, ShardOpener, open_gzip_shard, open_url, open_zstd_shard
@@ -214,7 +214,7 @@ class TarDataset:
             points = self.index.gzip_points(shard) if info.compression == "gzip" else None
             return open_url(path, info, self.index.frame_table(shard), self.options, points=points)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_shard(path)
         except FileNotFoundError as exc:
             raise ShardNotFoundError(f"{path}: shard named by {self.index_path} is missing") from exc
         try:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -74,3 +77,59 @@ def test_rewrite_keeping_size_and_mtime(tmp_path: Path) -> None:
     assert CliRunner().invoke(main, ["verify", str(index)]).exit_code == 1
     with pytest.raises(ValueError, match="verify must be"):
         tarindex.TarDataset(index, verify="deep")  # type: ignore[arg-type]
+
+
+def _fd_flags(fd: int) -> int:
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return int(next(line.split()[1] for line in f if line.startswith("flags:")), 8)
+
+
+@pytest.mark.skipif(not hasattr(os, "O_NOATIME"), reason="O_NOATIME is Linux's")
+def test_random_reads_leave_access_times(tmp_path: Path) -> None:
+    """Shards opened for random reads skip the access-time update (O_NOATIME, the owner's files): a shard's
+    atime stays where it was, where a plain read of the same file moves it (relatime: atime older than mtime)."""
+    shard = make_shard_set(tmp_path, 1)[0]
+    index = tarindex.build_index(str(shard)).path
+    st = os.stat(shard)
+    old = st.st_mtime_ns - 10**9 * 86400 * 3
+    os.utime(shard, ns=(old, st.st_mtime_ns))
+    ds = tarindex.TarDataset(index)
+    assert [s["__key__"] for s in (ds[i] for i in range(len(ds)))]
+    fd = ds._opener.fds[0]
+    assert fd >= 0 and _fd_flags(fd) & os.O_NOATIME
+    assert os.stat(shard).st_atime_ns == old
+    with open(shard, "rb") as f:  # the control: this file system does update access times
+        f.read()
+    assert os.stat(shard).st_atime_ns != old
+
+
+@pytest.mark.skipif(not hasattr(os, "O_NOATIME") or os.geteuid() != 0, reason="needs O_NOATIME and another user to read as")
+def test_shards_of_another_user_open_without_noatime() -> None:
+    """The system refuses O_NOATIME on a file the reader does not own (EPERM): the shard opens plainly and reads."""
+    root = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own directories are closed to other users
+    try:
+        _read_as_nobody(root)
+    finally:
+        shutil.rmtree(root)
+
+
+def _read_as_nobody(root: Path) -> None:
+    root.chmod(0o755)
+    shard = make_shard_set(root, 1)[0]
+    index = tarindex.build_index(str(shard)).path
+    expected = read_all(index)
+    script = (
+        "import os, sys, tarindex\n"
+        "ds = tarindex.TarDataset(sys.argv[1])\n"  # modules imported as root: this user may not read the interpreter's tree
+        "ds.index.record(0)\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+        "print(repr([ds[i]['bin'] for i in range(len(ds))]))\n"
+        "fd = ds._opener.fds[0]\n"
+        "flags = next(int(l.split()[1], 8) for l in open(f'/proc/self/fdinfo/{fd}') if l.startswith('flags:'))\n"
+        "print(bool(flags & os.O_NOATIME))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(index)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.split("\n")
+    assert out[0] == repr(expected)
+    assert out[1] == "False"

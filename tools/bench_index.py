@@ -149,20 +149,13 @@ def _evict(path: Path) -> None:
 
 
 def _cold(index: Path, n: int, conn: Any) -> None:
-    """Cold open + first sample, cold get, warm reads and gets, sampler start; in a fresh process."""
+    """Cold open + first sample, cold get, warm gets, sampler start; in a fresh process."""
     i, key = n * 2 // 3 + 17, f"{(n // 3) // PER_SHARD:06d}{(n // 3) % PER_SHARD:04d}"
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # every shard open at once: reads measure the index
-    want = max(hard, n // PER_SHARD + 1024)
-    try:  # above the hard limit where allowed (root): 100,000 shards need more than a default of 20,000
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
-        hard = want
-    except (ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     dataset_type = tarindex.TarDataset  # the module imported before the clock starts: the index's cost is timed
     _evict(index)
     before = _resident(index)
     t0 = time.perf_counter()
-    ds = dataset_type(index, max_open_files=min(hard - 64, n // PER_SHARD + 1))
+    ds = dataset_type(index)
     ds[i]
     t_open = time.perf_counter() - t0
     pages_open = _resident(index) - before
@@ -185,19 +178,6 @@ def _cold(index: Path, n: int, conn: Any) -> None:
     for k in keys:
         ds.index.lookup(k)
     t_get = (time.perf_counter() - t0) / len(keys)
-    n_shards = n // PER_SHARD  # samples of every `step`-th shard: as many shards as stay open at once (the fd limit)
-    step = -(-n_shards // max(1, min(hard - 1024, n_shards)))
-    rng = np.random.default_rng(0)
-    order = (rng.integers(0, n_shards // step, 200_000) * step * PER_SHARD + rng.integers(0, PER_SHARD, 200_000)).tolist()
-    read = ds.read
-    for j in order:  # warm: every block of the order read once
-        read(j)
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for j in order:
-            read(j)
-        best = min(best, (time.perf_counter() - t0) / len(order))
     t0 = time.perf_counter()
     sampler = tarindex.ShardSampler(ds, 8, 7, seed=1)
     sampler.set_epoch(3)
@@ -205,7 +185,7 @@ def _cold(index: Path, n: int, conn: Any) -> None:
     t_sampler = time.perf_counter() - t0
     conn.send(
         {"open_ms": t_open * 1e3, "open_kb": pages_open * mmap.PAGESIZE / 1024, "get_cold_ms": t_get_cold * 1e3,
-         "get_cold_pages": pages_get, "get_table_pages": pages_table, "get_us": t_get * 1e6, "read_us": best * 1e6, "sampler_s": t_sampler, "soft": soft, "step": step}
+         "get_cold_pages": pages_get, "get_table_pages": pages_table, "get_us": t_get * 1e6, "sampler_s": t_sampler}
     )  # fmt: skip
 
 
@@ -235,21 +215,76 @@ def _child(fn: Any, *args: Any) -> Any:
     return result
 
 
-def _small_read_us(root: Path) -> float:
-    """Warm ds[i] on a 1,000-sample index of the same shard (the reference the large ones are compared with)."""
-    index = root / "one.tarindex"
-    if not index.exists():
-        tarindex.build_index([str(root / "s000000.tar")], index=index, workers=1)
-    ds = tarindex.TarDataset(index)
-    order = np.random.default_rng(0).integers(0, len(ds), 200_000).tolist()
+def _open_limit() -> int:
+    """Raise this process's open-file limit as far as allowed; the limit."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def _warm_reads(ds: Any, n_open: int, reads: int = 200_000) -> tuple[float, float, int]:
+    """Warm ``ds.read`` of random samples of ``n_open`` shards spread over the whole index (every ``step``-th
+    shard), and a bare ``os.pread`` loop over the same byte ranges through the same descriptors (the physical
+    limit with that many files open): best of 3 alternating passes each, after one pass that opens and warms.
+    Returns (read us, pread us, shards open)."""
+    n_shards = -(-len(ds) // PER_SHARD)
+    step = -(-n_shards // min(n_open, n_shards))
+    rng = np.random.default_rng(0)
+    shards = rng.integers(0, -(-n_shards // step), reads) * step
+    order = np.minimum(shards * PER_SHARD + rng.integers(0, PER_SHARD, reads), len(ds) - 1).tolist()
     read = ds.read
-    best = float("inf")
-    for _ in range(4):
+    for j in order:
+        read(j)
+    fds = ds._opener.fds  # the dataset's own descriptors: the same open files, no second set
+    ranges = []
+    for j in order:
+        shard, offset, size = ds.index.record(j)[:3]
+        ranges.append((fds[shard], size, offset))
+    pread = os.pread
+    best_read = best_pread = float("inf")
+    for _ in range(3):
         t0 = time.perf_counter()
         for j in order:
             read(j)
-        best = min(best, (time.perf_counter() - t0) / len(order))
-    return best * 1e6
+        best_read = min(best_read, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for fd, size, offset in ranges:
+            pread(fd, size, offset)
+        best_pread = min(best_pread, time.perf_counter() - t0)
+    return best_read / reads * 1e6, best_pread / reads * 1e6, len(set(shards.tolist()))
+
+
+def _warm(index: Path, counts: list[int], conn: Any) -> None:
+    """Warm reads of ``index`` with each count of shards open (fewer where the file limit says so); in a fresh process."""
+    hard = _open_limit()
+    n_shards = len(tarindex.IndexReader(index).shards)
+    got = []
+    for count in sorted({min(c, hard - 1024, n_shards) for c in counts}):
+        ds = tarindex.TarDataset(index, max_open_files=count + 1)
+        got.append(_warm_reads(ds, count))
+        ds.close()
+    conn.send(got)
+
+
+def bench_warm(root: Path, index: Path, label: str) -> list[Row]:
+    """Warm ``ds[i]`` of ``index`` against the 1,000-sample index of the same shard, each beside a bare pread
+    loop over the same byte ranges and descriptors: 64 shards open (the default ``max_open_files``), 1,000, and
+    as many as the file limit allows."""
+    ((ref, ref_pread, _),) = _child(_warm, root / "one.tarindex", [1])
+    rows: list[Row] = [("warm ds[i], 1,000-sample index (us)", ref, f"bare pread of the same ranges {ref_pread:.2f} us")]
+    for read_us, pread_us, n_open in _child(_warm, index, [64, 1_000, 10**9]):
+        rows.append((f"{label}: warm ds[i], samples of {n_open:,} shards open (us)", read_us,
+                     f"{read_us / ref:.2f}x the 1,000-sample index (target <= 1.5x); bare pread of the same ranges and "
+                     f"descriptors {pread_us:.2f} us; ds[i] - pread {read_us - pread_us:.2f} us vs {ref - ref_pread:.2f} "
+                     f"at 1,000 samples"))  # fmt: skip
+    return rows
+
+
+def _small_index(root: Path) -> None:
+    """The 1,000-sample index of one shard: the reference the large ones are compared with."""
+    index = root / "one.tarindex"
+    if not index.exists():
+        tarindex.build_index([str(root / "s000000.tar")], index=index, workers=1)
 
 
 def bench_index_scale(work: Path, sizes: list[int], n_parts: int, incremental: bool = False) -> list[Row]:
@@ -258,8 +293,7 @@ def bench_index_scale(work: Path, sizes: list[int], n_parts: int, incremental: b
     base = _base_shard(root)
     rows: list[Row] = []
     _links(root, base, 1)
-    ref = _small_read_us(root)
-    rows.append(("warm ds[i], 1,000-sample index (us)", ref, "reference"))
+    _small_index(root)
     for n in sizes:
         n_shards = n // PER_SHARD
         _links(root, base, n_shards)
@@ -293,10 +327,9 @@ def bench_index_scale(work: Path, sizes: list[int], n_parts: int, incremental: b
             (f"{label}: cold get(key) (ms)", cold["get_cold_ms"], f"{cold['get_cold_pages']} pages of the index read, {cold['get_table_pages']} of them for the key table "
              "(B-tree path and bucket: another key's lookup, its record block read first); target <= 2"),
             (f"{label}: warm get(key) (us)", cold["get_us"], ""),
-            (f"{label}: warm ds[i] (us)", cold["read_us"], f"{cold['read_us'] / ref:.2f}x the 1,000-sample index; target <= 1.5x"
-             + (f" (samples of every {cold['step']}th shard: no more stay open under this machine's file limit)" if cold["step"] > 1 else "")),
             (f"{label}: ShardSampler start of epoch (s)", cold["sampler_s"], "rank 7 of 8"),
         ]
+        rows += bench_warm(root, index, label)
         if incremental:
             t, rss, scanned, reused = _incremental(root, index, n_shards)
             rows.append((f"{label}: incremental rebuild, one shard changed (s)", t,
@@ -374,12 +407,17 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=10)
     ap.add_argument("--incremental", action="store_true", help="also rebuild each index after one shard changed")
     ap.add_argument("--many-shards", type=int, default=0, help="instead: open an index of this many shards")
+    ap.add_argument("--warm", type=Path, help="instead: warm ds[i] of this index (made by an earlier run, kept)")
     ap.add_argument("--tree", default=_TREE, help="the checkout whose tarindex is measured (default: this one)")
     args = ap.parse_args()
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     print(f"load average {os.getloadavg()[0]:.2f}; tarindex from {tarindex.__file__}")
     print("| measurement | value | note |\n|---|---|---|")
-    if args.many_shards:
+    if args.warm:
+        root = args.dir / "work" / "index-scale"
+        _small_index(root)
+        rows = bench_warm(root, args.warm, args.warm.name)
+    elif args.many_shards:
         rows = bench_many_shards(args.dir / "work", args.many_shards)
     else:
         rows = bench_index_scale(args.dir / "work", sizes, args.parts, args.incremental)
