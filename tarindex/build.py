@@ -246,8 +246,8 @@ def build_index(
     previous = _Previous(out)
     known = previous.shards
     try:
-        kept = {s: current_info(s, previous.info(known[r])) for s, r in zip(paths, rel) if r in known}
-        todo = [s for s in paths if kept.get(s) is None]
+        kept = {s: info for s, r in zip(paths, rel) if r in known and (info := current_info(s, previous.info(known[r]))) is not None}
+        todo = [s for s in paths if s not in kept]  # new or changed: scanned
         if progress and len(todo) < len(paths):
             progress(len(paths) - len(todo))
         if not todo and list(known) == rel and all(kept[s] == previous.info(known[r]) for s, r in zip(paths, rel)):
@@ -263,11 +263,10 @@ def build_index(
                     info, table = next(scans)
                     writer.add(placed(info, r, shard_kind(s)), table)
                 else:
-                    info = kept[s] or previous.info(known[r])
                     table = previous.table(known[r])
                     if max_member_size is not None:
                         _check_members(s, table, max_member_size)
-                    writer.add(info, table)
+                    writer.add(kept[s], table)
         _warn_dropped(out, known, rel)  # once the new index has replaced the old one
     finally:
         previous.close()

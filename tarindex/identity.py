@@ -25,8 +25,7 @@ from .tables import ShardInfo
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
-_NOATIME = getattr(os, "O_NOATIME", 0)
-_noatime = [_NOATIME]  # cleared once the system refuses it (a shard this user does not own)
+_noatime = getattr(os, "O_NOATIME", 0)  # 0 once the system refuses it (a shard this user does not own)
 
 
 def open_shard(path: str) -> int:
@@ -37,13 +36,14 @@ def open_shard(path: str) -> int:
     Raises:
         OSError: the file cannot be opened (``FileNotFoundError`` when it is missing).
     """
-    if _noatime[0]:
+    global _noatime
+    if _noatime:
         try:
-            return os.open(path, os.O_RDONLY | _noatime[0])
+            return os.open(path, os.O_RDONLY | _noatime)
         except PermissionError as exc:
             if exc.errno != errno.EPERM:  # EACCES: not readable at all, said by the plain open below
                 raise
-            _noatime[0] = 0  # EPERM: not this user's file; never asked again in this process
+            _noatime = 0  # EPERM: not this user's file; never asked again in this process
     return os.open(path, os.O_RDONLY)
 
 
