@@ -228,11 +228,16 @@ def _serve(argv: list[str] | None = None) -> None:
 # -- the mounting side ------------------------------------------------------------------------------
 
 
-def _mounted(mountpoint: str) -> bool:
-    """Whether ``mountpoint`` is a mount point now (from the mount table: no ``stat`` through the mount)."""
+def _mounted(mountpoint: str) -> str | None:
+    """The file system type mounted at ``mountpoint`` now, or ``None`` (from the mount table: no ``stat``
+    through the mount)."""
     escaped = mountpoint.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
     with open("/proc/self/mountinfo") as f:
-        return any(line.split(" ")[4] == escaped for line in f)
+        for line in f:
+            fields = line.split(" ")
+            if fields[4] == escaped:
+                return fields[fields.index("-") + 1]
+    return None
 
 
 @dataclass
@@ -319,6 +324,8 @@ def mount(
         RuntimeError: the FUSE process ended or did not mount within ``timeout`` seconds (with its output).
     """
     src, mnt = Path(source).resolve(), Path(mountpoint).resolve()
+    if _mounted(str(mnt)) == "fuse.latencyfs":  # a mount of this harness left here (a killed run's) goes first
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
     workdir = Path(tempfile.mkdtemp(prefix="latencyfs-"))
     stats_file, log_file = workdir / "stats", workdir / "log"
     stats_file.write_bytes(bytes(_STATS.size))

@@ -41,6 +41,14 @@ def test_fuse_is_here() -> None:
     assert mfusepy.fuse_version_major == 3
 
 
+def _source(tmp_path: Path, data: bytes, name: str = "data") -> Path:
+    """A directory to mount, holding one file."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / name).write_bytes(data)
+    return src
+
+
 def _tree_bytes(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
@@ -65,9 +73,7 @@ def test_bytes_through_the_mount(latency_mount: Mount, gnu_tar_shard: Path, dire
 
 def test_every_read_waits_the_delay(latency_mount: Mount, tmp_path: Path) -> None:
     """One thread, direct I/O (each pread is one FUSE read): N reads take at least N delays, and each is counted."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "data").write_bytes(os.urandom(1 << 20))
+    src = _source(tmp_path, os.urandom(1 << 20))
     delay, n = 0.005, 20
     mnt = latency_mount(src, delay=delay, direct_io=True)
     fd = os.open(mnt.path("data"), os.O_RDONLY)
@@ -85,9 +91,7 @@ def test_every_read_waits_the_delay(latency_mount: Mount, tmp_path: Path) -> Non
 
 
 def test_open_and_getattr_delays(latency_mount: Mount, tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a").write_bytes(b"x")
+    src = _source(tmp_path, b"x", "a")
     mnt = latency_mount(src, delay=0.0, open_delay=0.05, getattr_delay=0.05)
     t0 = time.perf_counter()
     fd = os.open(mnt.path("a"), os.O_RDONLY)
@@ -100,9 +104,7 @@ def test_open_and_getattr_delays(latency_mount: Mount, tmp_path: Path) -> None:
 
 def test_parallel_reads_overlap(latency_mount: Mount, tmp_path: Path) -> None:
     """32 threads each reading once take a few delays, not 32: the FUSE loop serves them at once."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "data").write_bytes(os.urandom(1 << 20))
+    src = _source(tmp_path, os.urandom(1 << 20))
     delay, threads = 0.02, 32
     mnt = latency_mount(src, delay=delay, direct_io=True)
     fd = os.open(mnt.path("data"), os.O_RDONLY)
@@ -155,10 +157,8 @@ def test_cold_cache_local_file(tmp_path: Path) -> None:
 
 def test_cold_cache_through_the_mount(latency_mount: Mount, tmp_path: Path) -> None:
     """With the page cache, a second pass costs no FUSE read; after ``drop_cache`` every page is read again."""
-    src = tmp_path / "src"
-    src.mkdir()
     data = os.urandom(2 << 20)
-    (src / "data").write_bytes(data)
+    src = _source(tmp_path, data)
     mnt = latency_mount(src)
     path = mnt.path("data")
     assert path.read_bytes() == data
@@ -175,10 +175,8 @@ def test_cold_cache_through_the_mount(latency_mount: Mount, tmp_path: Path) -> N
 
 def test_readahead_and_request_size(latency_mount: Mount, tmp_path: Path) -> None:
     """The kernel's side as asked: readahead off reads a page per request, ``max_read`` caps a request."""
-    src = tmp_path / "src"
-    src.mkdir()
     data = os.urandom(1 << 20)
-    (src / "data").write_bytes(data)
+    src = _source(tmp_path, data)
     off = latency_mount(src, delay=0.0, max_readahead=0)
     assert readahead(off.mountpoint) == 0
     assert off.path("data").read_bytes() == data

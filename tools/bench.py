@@ -9,7 +9,9 @@ processes, tools/bench_walk.py; ``--only remote``: random access over loopback n
 request, tools/bench_remote.py; ``--only member``: peak memory of one 1 GiB member streamed from a
 .tar.zst and a .tar.gz, tools/bench_limits.py; ``--only batches``: the walk's batch size against two streams
 read one after the other, alternated and mixed, and over nginx; ``--only gzip``: .tar.gz shards through seek points on the first 2
-shards, or ``--zstd-shards N``, tools/bench_gzip.py, not by default). ``--only stream,quick``: the streaming benchmark over
+shards, or ``--zstd-shards N``, tools/bench_gzip.py, not by default; ``--only latency --sets small``: the small set's
+first 4 shards through a FUSE mount with 1 ms per read, each path beside the physical limit, and random
+samples from a cold local disk, tools/bench_latency.py, not by default). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set. ``--only scale --sets ''``: indexes of ``--sizes`` samples written in
 ``--parts`` parts and merged, an index of ``--many-shards`` shards opened (tools/bench_index.py), the
@@ -743,6 +745,13 @@ def bench_zstd(paths: list[str], name: str, work: Path, frame_table: bool) -> li
 
 
 def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator[Row]:
+    if "latency" in only:  # not by default: a FUSE mount with 1 ms per read, cold passes (tools/bench_latency.py)
+        if name == "small":
+            from bench_latency import bench_latency
+
+            yield from bench_latency(paths[:4], name, work)
+        if only == {"latency"}:
+            return
     index = work / f"{name}.tarindex"
     if "build" in only:
         yield from bench_build(paths, name, index)
@@ -785,14 +794,11 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
 
 
 def _evict(paths: list[str]) -> None:
-    """Drop the shards' pages from the page cache (this process's files only; nothing global)."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    """Drop the shards' pages from the page cache (these files only; nothing global): the harness's ``drop_cache``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _latencyfs import drop_cache
+
+    drop_cache(paths)
 
 
 def bench_sampler_order(index: str | Path, name: str, *, world: int = 2) -> list[tuple[str, float, str]]:
