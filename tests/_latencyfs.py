@@ -9,17 +9,19 @@ FUSE loop never shares a GIL with the reader being measured. Every ``read`` that
 once), so reads from many threads or processes overlap as they do on a network file system: 32 threads
 each reading once take about one delay, not 32 (``tests/test_latencyfs.py``). What that costs the CPU
 bounds what the mount can serve: each request is a round trip through the kernel and a Python
-callback, about 100-200 us of CPU on a 2-core machine, so at 1 ms a mount serves some 5,000-9,000
-reads/s however many threads ask (64 threads get 8-10x one thread there, near 64x at 10 ms); a benchmark
-measures the physical limit through the same mount in the same run (``tools/bench_latency.py``).
+callback, about 100-200 us of CPU on a 2-core machine, so at 1 ms a mount serves some 6,500-11,000
+reads/s however many threads ask (64 threads get 8-14x one thread there, 50-58x at 10 ms:
+docs/performance.md); a benchmark measures the physical limit through the same mount in the same run
+(``tools/bench_latency.py``).
 
 The kernel's side is chosen at mount time:
 
 - ``direct_io=False`` (default): reads go through the kernel's page cache, with its readahead
-  (``max_readahead``: bytes per file, ``None`` the kernel's default of 128 KiB, ``0`` off) and requests
-  of up to ``max_read`` bytes (``None``: the kernel's largest, 1 MiB with libfuse 3). The cache of a file
-  is dropped whenever it is opened again (libfuse's default without ``kernel_cache``), and by
-  :func:`drop_cache`; what the cache serves never reaches the delay, as on NFS or gcsfuse with its cache.
+  (``max_readahead``: bytes per file, ``None`` the kernel's default of 128 KiB, ``0`` off; above 128 KiB
+  it is set through the mount's ``/sys/class/bdi/*/read_ahead_kb``, as root) and requests of up to
+  ``max_read`` bytes (``None``: the kernel's largest, 1 MiB with libfuse 3). A file's cache is kept
+  across opens while its size and mtime stay (libfuse's ``auto_cache``, as NFS keeps it) and dropped by
+  :func:`drop_cache`; what the cache serves never reaches the delay.
 - ``direct_io=True``: no page cache and no readahead; every ``read``/``pread`` of the reader becomes
   FUSE reads of its own size (split at ``max_read``), each paying the delay, as on mountpoint-s3 or a
   FUSE mount opened with ``O_DIRECT``. Files cannot be memory-mapped there.
@@ -61,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LatencyMount", "LatencyStats", "drop_cache", "latency_mount", "mount", "readahead", "resident_pages"]
+__all__ = ["LatencyMount", "LatencyStats", "drop_cache", "latency_mount", "mount", "mount_type", "readahead", "resident_pages"]
 
 DEFAULT_DELAY = 0.001
 """Seconds each read waits: 1 ms, a round trip to a network file system or a bucket's nearby cache."""
@@ -228,7 +230,7 @@ def _serve(argv: list[str] | None = None) -> None:
 # -- the mounting side ------------------------------------------------------------------------------
 
 
-def _mounted(mountpoint: str) -> str | None:
+def mount_type(mountpoint: str) -> str | None:
     """The file system type mounted at ``mountpoint`` now, or ``None`` (from the mount table: no ``stat``
     through the mount)."""
     escaped = mountpoint.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
@@ -281,7 +283,7 @@ class LatencyMount:
     def unmount(self) -> None:
         """Unmount (lazily when the mount is busy) and end the FUSE process; safe to call twice."""
         target = str(self.mountpoint)
-        if _mounted(target):
+        if mount_type(target):
             tool = shutil.which("fusermount3")
             for args in (["-u"], ["-u", "-z"]):
                 done = subprocess.run([tool, *args, target], capture_output=True) if tool else None
@@ -324,7 +326,7 @@ def mount(
         RuntimeError: the FUSE process ended or did not mount within ``timeout`` seconds (with its output).
     """
     src, mnt = Path(source).resolve(), Path(mountpoint).resolve()
-    if _mounted(str(mnt)) == "fuse.latencyfs":  # a mount of this harness left here (a killed run's) goes first
+    if mount_type(str(mnt)) == "fuse.latencyfs":  # a mount of this harness left here (a killed run's) goes first
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
     workdir = Path(tempfile.mkdtemp(prefix="latencyfs-"))
     stats_file, log_file = workdir / "stats", workdir / "log"
@@ -341,7 +343,7 @@ def mount(
     deadline = time.monotonic() + timeout
     while True:
         failure = None
-        if _mounted(str(mnt)):
+        if mount_type(str(mnt)):
             try:
                 os.stat(mnt)  # the first request: a FUSE init that failed answers ECONNREFUSED here
                 break

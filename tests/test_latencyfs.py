@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _latencyfs import LatencyMount, drop_cache, readahead, resident_pages
+from _latencyfs import LatencyMount, drop_cache, mount, mount_type, readahead, resident_pages
 
 import tarindex
 from conftest import file_specs, gnu_tar, make_shard_set, tarfile_members, wds_write, write_tree
@@ -188,9 +188,27 @@ def test_readahead_and_request_size(latency_mount: Mount, tmp_path: Path) -> Non
     assert stats.max_read == 32 << 10 and stats.reads >= 32
 
 
-def test_a_failed_mount_names_its_cause(tmp_path: Path) -> None:
-    from _latencyfs import mount
+def test_unmount_of_a_busy_mount(tmp_path: Path) -> None:
+    """A file still open (a test that failed midway) does not keep the mount: it goes lazily, its process ends."""
+    src = _source(tmp_path, b"abc")
+    (tmp_path / "mnt").mkdir()
+    mnt = mount(src, tmp_path / "mnt", delay=0.0, direct_io=True)  # every read asks the FUSE process
+    assert mount_type(str(mnt.mountpoint)) == "fuse.latencyfs"
+    fd = os.open(mnt.path("data"), os.O_RDONLY)
+    try:
+        assert os.pread(fd, 3, 0) == b"abc"
+        mnt.unmount()
+        assert mount_type(str(mnt.mountpoint)) is None
+        assert mnt.process.returncode is not None
+        with pytest.raises(OSError) as info:
+            os.pread(fd, 3, 0)
+        assert info.value.errno == errno.ENOTCONN
+    finally:
+        os.close(fd)
+    mnt.unmount()  # a second time: nothing left to do
 
+
+def test_a_failed_mount_names_its_cause(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="latencyfs exited with status"):
         mount(tmp_path / "missing", tmp_path / "also-missing", timeout=10)
 

@@ -7,7 +7,7 @@ The 1 KB set's first 4 shards (``small``), mounted read-only by ``tests/_latency
 own at ``<dir>/work/latency-mnt`` (page cache and the kernel's 128 KiB readahead: requests of up to 128
 KiB; the streaming rows again with ``direct_io``: no cache, requests of the reader's size). Every pass
 starts cold: the shards' pages are dropped (``posix_fadvise(DONTNEED)``) on the mount, or on the local disk
-for the DataLoader rows. The cases of a row group alternate, pass by pass, for ``rounds`` rounds; each
+for the DataLoader rows. The cases of a row group alternate, pass by pass, for ``rounds`` rounds (5); each
 figure is the best pass. The physical limit is the same ranges read by threads with a bare ``os.pread``
 (64 for samples, 8 reading 1 MiB blocks for a whole shard), through the same mount.
 
@@ -282,7 +282,7 @@ def _mountpoint(work: Path, name: str) -> Path:
     return mnt
 
 
-def bench_latency(paths: list[str], name: str, work: Path, *, delay: float = 0.001, rounds: int = 3) -> list[Row]:
+def bench_latency(paths: list[str], name: str, work: Path, *, delay: float = 0.001, rounds: int = 5) -> list[Row]:
     """The rows of this module's docstring for ``paths`` (the 1 KB set's first 4 shards)."""
     src = Path(paths[0]).resolve().parent
     _ = tarindex.TarStream  # torch's import, before anything is timed
@@ -307,7 +307,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="bench-data", type=Path, help="bench.py's data directory (the small set is made there on first use)")
     ap.add_argument("--delay", type=float, default=0.001, help="seconds per read (default 0.001)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5, help="passes of each case, alternated (the best counts)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench import SPECS, make_set
