@@ -29,12 +29,13 @@ from ._split import (
     EpochRun,
     Slot,
     deal_rest,
+    run_state,
     shard_order,
     shards_for_slot,
     stream_key,
     worker_slot,
 )
-from ._state import SharedEpoch, check_header, header, stream_states
+from ._state import EPOCHS, SharedEpoch, check_header, header, integer, slot_of, stream_states
 from .collate import batched, collate
 from .compression import ArchiveEnd, codec_of, detect, looks_like_shard, sniff_file
 from .decode import DecodeMode, Decoder
@@ -718,7 +719,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         )
 
     def _run_for(self, slot: Slot, epoch: int) -> EpochRun:
-        """This slot's run of ``epoch``: fresh, or continued from the loaded states of that epoch."""
+        """This slot's run of ``epoch``: fresh, or continued from the loaded states of that epoch (checked
+        when loaded: :meth:`_checked_states`)."""
         states = [st for st in self._pending or () if st["epoch"] == epoch]
         if not states:
             return self._new_run(slot, epoch)
@@ -731,24 +733,29 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                     f"{len(mine)} for rank {slot.rank} worker {slot.worker} (expected 1)"
                 )
             run = self._new_run(slot, epoch)
-            run.restore(mine[0])
+            run.restore(self._position(mine[0]))
             return run
         old = sorted(states, key=lambda st: (st["slot"][0], st["slot"][2]))
         world, workers = old[0]["slot"][1], old[0]["slot"][3]
         have = [(st["slot"][0], st["slot"][2]) for st in old]
-        if len(layouts) != 1 or have != [(r, w) for r in range(world) for w in range(workers)]:
+        if len(old) != world * workers or have != [(r, w) for r in range(world) for w in range(workers)]:
             raise StateError(
-                f"TarStream states cover readers {have}: resuming on another number of ranks or workers "
-                "needs the state of every reader of the interrupted epoch (tarindex.stream_states)"
+                f"TarStream states cover readers {have[:8]}{'...' if len(have) > 8 else ''} of {world} ranks x "
+                f"{workers} workers: resuming on another number of ranks or workers needs the state of every "
+                "reader of the interrupted epoch (tarindex.stream_states)"
             )
         runs = []
         for st in old:
             r = self._new_run(Slot(st["slot"][0], world, st["slot"][2], workers), epoch)
-            r.restore(st)
+            r.restore(self._position(st))
             runs.append(r)
         run = self._new_run(slot, epoch, resumed=True)
         run.queue, run.quota = deal_rest(runs, slot.index, slot.count)
         return run
+
+    def _position(self, state: Mapping[str, Any]) -> Any:
+        """A state's position (:func:`tarindex._split.run_state`: every field checked)."""
+        return run_state(state, n_shards=len(self.urls), shuffle=self.shuffle_size)
 
     def _config(self) -> dict[str, Any]:
         return {
@@ -797,20 +804,40 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         Raises:
             StateError: a malformed state, or one of another stream (shards, seed, shuffle).
         """
+        self._load(*self._checked_states(state_dict))
+
+    def _load(self, states: list[dict[str, Any]], epoch: int) -> None:
+        """Take states :meth:`_checked_states` checked, for the next iteration of ``epoch``."""
+        self._pending = states
+        self._run = None
+        self.epoch = epoch
+
+    def _checked_states(self, state_dict: Any) -> tuple[list[dict[str, Any]], int]:
+        """The TarStream states in ``state_dict`` and their epoch, each field checked against this stream
+        (configuration, slot, epoch, position: :func:`tarindex._split.run_state`) before anything changes.
+
+        Raises:
+            StateError: the first field that is missing, of the wrong type or out of range, states of
+                several epochs or layouts, two states of one reader.
+        """
         states = stream_states(state_dict)
         if not states:
             raise StateError("no TarStream state in the given state_dict")
+        epochs, layouts, readers = set(), set(), set()
         for st in states:
             check_header(st, "TarStream", self._config())
-            slot = st.get("slot")
-            if not (isinstance(slot, list) and len(slot) == 4 and all(isinstance(x, int) for x in slot)):
-                raise StateError(f"malformed TarStream state: slot {slot!r}")
-        epochs = {int(st["epoch"]) for st in states}
+            rank, world, worker, workers = slot_of(st, "TarStream")
+            epochs.add(integer(st, "epoch", "TarStream", *EPOCHS))
+            self._position(st)
+            layouts.add((world, workers))
+            if (rank, worker) in readers:
+                raise StateError(f"two TarStream states of rank {rank} worker {worker}")
+            readers.add((rank, worker))
         if len(epochs) != 1:
             raise StateError(f"TarStream states of several epochs: {sorted(epochs)}")
-        self._pending = states
-        self._run = None
-        self.epoch = epochs.pop()
+        if len(layouts) != 1:
+            raise StateError(f"TarStream states of several layouts (ranks, workers): {sorted(layouts)}")
+        return states, epochs.pop()
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it reseeds the shard order and the shuffle buffer (call before each epoch).
