@@ -29,7 +29,7 @@ from ._source import Source, _reads
 from .errors import ShardNotFoundError, SourceError, StaleIndexError, TarIndexError
 from .options import SourceOptions
 
-__all__ = ["FsspecSource", "HTTPSource", "RangeReader", "http_status_error"]
+__all__ = ["FsspecSource", "HTTPSource", "RangeReader", "credentials_follow", "http_status_error", "without_credentials"]
 
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _MAX_REDIRECTS = 5
@@ -240,41 +240,61 @@ def http_status_error(url: str, status: int, reason: str, retry_after: str | Non
 
 def _http_get(
     url: str, headers: dict[str, str], timeout: float, rcvbuf: int, offset: int, method: str = "GET"
-) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, str, str]:
-    """Send a request, following redirects; return the connection, the response, the final URL and
-    the request target of that URL on this connection.
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, str, str, bool]:
+    """Send a request, following redirects; return the connection, the response, the final URL, the
+    request target of that URL on this connection, and whether the caller's credentials went to the final
+    URL (``headers`` are for ``url``; each redirect that :func:`credentials_follow` refuses drops them, for
+    every later hop too, as requests does).
 
     Raises:
         SourceError: more than 5 redirects.
         OSError, http.client.HTTPException: connection failures (the caller retries).
     """
-    origin = url
+    kept = True
     for _ in range(_MAX_REDIRECTS + 1):
         conn, target = _http_connect(url, timeout, rcvbuf)
         try:
-            conn.request(method, target, headers=_request_headers(conn, _headers_for(origin, url, headers)))
+            conn.request(method, target, headers=_request_headers(conn, headers if kept else without_credentials(headers)))
             resp = conn.getresponse()
         except BaseException:
             conn.close()
             raise
         if resp.status in _REDIRECTS and resp.getheader("Location"):
-            url = urljoin(url, resp.getheader("Location", ""))
+            after = urljoin(url, resp.getheader("Location", ""))
+            kept = kept and credentials_follow(url, after)
+            url = after
             resp.close()
             conn.close()
             continue
-        return conn, resp, url, target
+        return conn, resp, url, target, kept
     raise SourceError(url, offset, f"more than {_MAX_REDIRECTS} redirects")
 
 
 _CREDENTIALS = ("authorization", "cookie")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def _headers_for(origin: str, url: str, headers: Mapping[str, str]) -> dict[str, str]:
-    """The caller's ``headers`` for a request to ``url`` after redirects from ``origin``: credentials
-    (``Authorization``, ``Cookie``) go to the host they were given for only, never to another one a
-    redirect names (a Hugging Face file's CDN, a presigned store URL), as browsers and requests do."""
-    if urlsplit(origin).netloc.lower() == urlsplit(url).netloc.lower():
-        return dict(headers)
+def credentials_follow(given_for: str, url: str) -> bool:
+    """Whether credentials (``Authorization``, ``Cookie``) given for ``given_for`` may go to ``url``, the
+    target of a redirect from it or the next page of its listing: only on the same scheme, host and
+    port (a default port written or not), as requests' ``should_strip_auth`` decides, never to
+    another host (a Hugging Face file's CDN, a presigned store URL) or scheme (an ``https`` URL
+    redirected to ``http`` would send them in the clear). The one exception is requests' too: ``http``
+    on port 80 to ``https`` on port 443 of the same host, an upgrade that sends nothing in the clear
+    that the first request did not."""
+    a, b = urlsplit(given_for), urlsplit(url)
+    try:
+        ports = (a.port or _DEFAULT_PORTS.get(a.scheme.lower())), (b.port or _DEFAULT_PORTS.get(b.scheme.lower()))
+    except ValueError:  # a port that is not a number: not the same place
+        return False
+    if a.hostname is None or a.hostname != b.hostname:  # (hostname is in lower case)
+        return False
+    schemes = a.scheme.lower(), b.scheme.lower()
+    return (schemes[0] == schemes[1] and ports[0] == ports[1]) or (schemes, ports) == (("http", "https"), (80, 443))
+
+
+def without_credentials(headers: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` without ``Authorization`` and ``Cookie`` (any case)."""
     return {k: v for k, v in headers.items() if k.lower() not in _CREDENTIALS}
 
 
@@ -308,7 +328,7 @@ class HTTPSource(_Retrying):
             headers["Range"] = f"bytes={start}-"
             if self._validator:
                 headers["If-Range"] = self._validator
-        conn, resp, _, _ = _http_get(self.url, headers, self.timeout, max(8 << 20, 4 * self.block_size), start)
+        conn, resp, *_ = _http_get(self.url, headers, self.timeout, max(8 << 20, 4 * self.block_size), start)
         try:
             return self._accept(conn, resp, start)
         except BaseException:
@@ -594,6 +614,7 @@ class RangeReader:
         self.policy = self.options.retry
         self._final = url
         self._target = ""
+        self._credentials = True  # whether the caller's credentials go to _final (no redirect took them away)
         self._validator: str | None = None
         self.size = -1
         self.mtime_ns = 0
@@ -609,7 +630,7 @@ class RangeReader:
     def _go_raw(self) -> None:
         """Plain HTTP without a proxy: ranged reads on raw kept-alive sockets (docs/performance.md: several
         times cheaper per request than http.client) to the URL the probe's redirects, if any, led to."""
-        ours = {k: v for k, v in _headers_for(self.url, self._final, self.options.headers).items() if k.lower() not in ("range", "if-range")}
+        ours = {k: v for k, v in self._headers().items() if k.lower() not in ("range", "if-range")}
         self._raw = _raw_head(self._final, {**ours, **({"If-Range": self._validator} if self._validator else {})})
         final = urlsplit(self._final)
         self._address = (final.hostname or "localhost", final.port or 80)
@@ -620,7 +641,7 @@ class RangeReader:
         (``Transient``). ``False`` when there was no redirect (the error stands)."""
         if status not in (401, 403) or self._final == self.url:
             return False
-        self._final, self._target = self.url, ""
+        self._final, self._target, self._credentials = self.url, "", True
         self._probe()
         self._go_raw()
         return True
@@ -645,7 +666,7 @@ class RangeReader:
         """One request, on an idle pooled connection to the server or a new one, with the caller's
         headers from the options; not retried here (but a pooled connection the server closed is
         replaced once)."""
-        headers = {**_headers_for(self.url, self._final, self.options.headers), **headers}
+        headers = {**self._headers(), **headers}
         conn = _take_connection(self._final) if self._target else None
         if conn is not None:
             try:
@@ -653,8 +674,14 @@ class RangeReader:
                 return conn, conn.getresponse()
             except (OSError, http.client.HTTPException):  # closed by the server while idle: a new one
                 conn.close()
-        conn, resp, self._final, self._target = _http_get(self._final, headers, self.options.timeout, 1 << 20, offset)
+        conn, resp, self._final, self._target, kept = _http_get(self._final, headers, self.options.timeout, 1 << 20, offset)
+        self._credentials = self._credentials and kept
         return conn, resp
+
+    def _headers(self) -> dict[str, str]:
+        """The caller's headers for a request to the URL the redirects led to: without credentials once a
+        redirect went to another scheme or host (:func:`credentials_follow`)."""
+        return dict(self.options.headers) if self._credentials else without_credentials(self.options.headers)
 
     def _give_back(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
         if resp.will_close:

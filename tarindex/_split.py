@@ -12,14 +12,14 @@ import hashlib
 import os
 import random
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ._state import decode_rows, encode_rows
+from ._state import decode_rows, encode_rows, flag, integer
 from .errors import StateError
 
 __all__ = [
@@ -30,9 +30,11 @@ __all__ = [
     "Draws",
     "EpochRun",
     "Item",
+    "RunState",
     "Slot",
     "deal_rest",
     "pick",
+    "run_state",
     "shard_order",
     "shards_for_slot",
     "stream_key",
@@ -278,20 +280,13 @@ class EpochRun:
             "done": self.done,
         }
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state`'s values (buffered samples are read again when they come out).
-
-        Raises:
-            StateError: a malformed state.
-        """
-        try:
-            self.queue = [(a, b, c, d) for a, b, c, d in decode_rows(state["queue"], 4)]
-            self.buffer = [[a, (b, c, None)] for a, b, c in decode_rows(state["buffer"], 3)]
-            self.step, self.yielded, self.passes = int(state["step"]), int(state["yielded"]), int(state["passes"])
-            self.quota = None if state["quota"] is None else int(state["quota"])
-            self.got, self.done = bool(state["got"]), bool(state["done"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"malformed stream state: {exc!r}") from exc
+    def restore(self, state: RunState) -> None:
+        """Continue from :meth:`state`'s values, checked by :func:`run_state` (buffered samples are read
+        again when they come out)."""
+        self.queue = [(a, b, c, d) for a, b, c, d in state.queue.tolist()]
+        self.buffer = [[a, (b, c, None)] for a, b, c in state.buffer.tolist()]
+        self.step, self.yielded, self.passes, self.quota = state.step, state.yielded, state.passes, state.quota
+        self.got, self.done = state.got, state.done
         self._last = None
 
     def rest(self) -> tuple[list[Item], int | None]:
@@ -394,6 +389,68 @@ class EpochRun:
             self.got = False
             queue[:] = [(s, 0, 0, WHOLE) for s in self.own]
         self.done = True
+
+
+_READERS_LEFT = 1024
+"""The most interrupted readers whose rest (a shuffle buffer, a shard read again to fill ``epoch_size``)
+one reader's saved work may hold: what resuming 1,024 readers onto one leaves it."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """An :class:`EpochRun`'s saved position, every field checked (:func:`run_state`)."""
+
+    queue: npt.NDArray[np.int64]
+    """``(n, 4)``: the work items left, ``(shard, offset, ordinal, mode)``."""
+    buffer: npt.NDArray[np.int64]
+    """``(n, 3)``: the shuffle buffer's samples, ``(shard, offset, ordinal)``."""
+    step: int
+    """Random draws made."""
+    yielded: int
+    """Samples yielded."""
+    quota: int | None
+    """Samples to yield in the epoch (``None``: one pass)."""
+    passes: int
+    """Passes over the reader's shards finished."""
+    got: bool
+    """Whether the current pass yielded a sample."""
+    done: bool
+    """Whether the run finished."""
+
+
+def run_state(state: Any, *, n_shards: int, shuffle: int, kind: str = "TarStream") -> RunState:
+    """The position in ``state`` (what :meth:`EpochRun.state` made), every field checked against the
+    stream's ``n_shards`` and ``shuffle`` before it is used: counts within ``[0, 2**62]`` (``yielded`` within
+    the quota), flags bools, position lists decoded to at most their bound (the buffer: ``shuffle``
+    positions; the work: the shards, and for each of :data:`_READERS_LEFT` interrupted readers a buffer and
+    a shard read again, what resuming that many readers onto one leaves) with shards in ``[0, n_shards)``,
+    offsets and numbers not negative, modes known.
+
+    Raises:
+        StateError: naming the first field that is missing, of the wrong type or out of range.
+    """
+    if not isinstance(state, Mapping):
+        raise StateError(f"{kind} state is a {type(state).__name__}, expected a dict")
+    step = integer(state, "step", kind)
+    yielded = integer(state, "yielded", kind)
+    quota = None if state.get("quota", 0) is None else integer(state, "quota", kind)
+    if quota is not None and yielded > quota:
+        raise StateError(f"{kind} state: yielded {yielded} is over its quota {quota}")
+    passes = integer(state, "passes", kind)
+    got, done = flag(state, "got", kind), flag(state, "done", kind)
+    buffer = decode_rows(state.get("buffer"), 3, shuffle, f"{kind} state: buffer")
+    queue = decode_rows(state.get("queue"), 4, n_shards + _READERS_LEFT * (shuffle + 1), f"{kind} state: queue")
+    for name, rows in (("buffer", buffer), ("queue", queue)):
+        bad = np.flatnonzero((rows[:, 0] >= n_shards) | (rows[:, :3] < 0).any(axis=1))
+        if bad.size:
+            raise StateError(
+                f"{kind} state: {name} position {int(bad[0])} is {rows[bad[0]].tolist()}, expected a shard in "
+                f"[0, {n_shards}) and an offset and number >= 0"
+            )
+    bad = np.flatnonzero(~np.isin(queue[:, 3], (WHOLE, AFTER, ONE)) | ((queue[:, 3] == WHOLE) & (queue[:, 1:3] != 0).any(axis=1)))
+    if bad.size:
+        raise StateError(f"{kind} state: queue item {int(bad[0])} is {queue[bad[0]].tolist()}, not a work item")
+    return RunState(queue, buffer, step, yielded, quota, passes, got, done)
 
 
 def deal_rest(runs: list[EpochRun], index: int, count: int) -> tuple[list[Item], int | None]:

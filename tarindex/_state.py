@@ -6,38 +6,165 @@ never bytes, so a checkpoint holds a few KB per reader and a resumed job re-read
 not delivered. ``torchdata.stateful_dataloader.StatefulDataLoader`` calls the protocol by itself,
 in each DataLoader worker.
 
-Here: the protocol, the state header every state carries (kind, format, configuration), a compact
-encoding of position lists, :class:`SharedEpoch` (the epoch a persistent DataLoader worker reads at
-the start of each iteration) and :func:`stream_states` (the reader states inside a DataLoader's
-checkpoint). No torch import.
+Here: the protocol, the state header every state carries (kind, format, configuration), the checks of
+a state's fields (a state is data: it may come from anywhere, so every field's type and range is checked
+before anything is allocated or changed by it), a compact and bounded encoding of position lists,
+:class:`SharedEpoch` (the epoch a persistent DataLoader worker reads at the start of each iteration) and
+:func:`stream_states` (the reader states inside a DataLoader's checkpoint). No torch import.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import multiprocessing
 import multiprocessing.context
+import operator
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 
 from .errors import StateError
 
 __all__ = [
+    "EPOCHS",
+    "MAX_COUNT",
+    "MAX_READERS",
     "STATE_FORMAT",
     "SharedEpoch",
     "Stateful",
     "check_header",
     "decode_rows",
     "encode_rows",
+    "flag",
+    "flags",
     "header",
+    "integer",
+    "integers",
+    "required",
+    "same",
+    "slot_of",
     "stream_states",
 ]
 
 STATE_FORMAT = 1
 """Version of every state dict tarindex writes; a state of another version is refused."""
+
+MAX_COUNT = 1 << 62
+"""The largest count a state may hold (draws, samples yielded, quotas, passes): far beyond any epoch, and
+small enough that every sum and every 64-bit draw counter made from them stays exact."""
+
+EPOCHS = (-(1 << 63), (1 << 63) - 1)
+"""The epochs a state may name: a signed 64-bit number (the shared epoch's type)."""
+
+MAX_READERS = 1 << 20
+"""The most ranks, DataLoader workers per rank, or shuffle buffers of interrupted readers one state may
+name: a state naming more is refused before anything is made per reader."""
+
+
+def _value(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}... ({type(value).__name__})"
+
+
+def required(state: Mapping[str, Any], name: str, kind: str) -> Any:
+    """``state[name]``.
+
+    Raises:
+        StateError: ``state`` has no such field.
+    """
+    if name not in state:
+        raise StateError(f"{kind} state has no {name!r}")
+    return state[name]
+
+
+def same(theirs: object, ours: object) -> bool:
+    """Whether a state's value equals ours (a value whose comparison fails or is not a truth value, as an
+    array's, is not the same)."""
+    try:
+        return bool(theirs == ours)
+    except Exception:  # any object a state may hold: its == is not ours to trust
+        return False
+
+
+def integer(state: Mapping[str, Any], name: str, kind: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
+    """``state[name]``, an integer (``int`` or numpy's, not a bool) in ``[lo, hi]``.
+
+    Raises:
+        StateError: naming the field, what it holds and the range expected.
+    """
+    value = required(state, name, kind)
+    got = _int(value)
+    if got is None or not lo <= got <= hi:
+        raise StateError(f"{kind} state: {name} is {_value(value)}, expected an integer in [{lo}, {hi}]")
+    return got
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]  # ints, numpy's integers; anything else is refused
+    except TypeError:
+        return None
+
+
+def integers(state: Mapping[str, Any], name: str, kind: str, n: int, lo: int = 0, hi: int = MAX_COUNT) -> list[int]:
+    """``state[name]``, a list (or tuple) of ``n`` integers in ``[lo, hi]``.
+
+    Raises:
+        StateError: naming the field and the first bad entry.
+    """
+    value = required(state, name, kind)
+    if not isinstance(value, (list, tuple)) or len(value) != n:
+        raise StateError(f"{kind} state: {name} is {_value(value)}, expected a list of {n} integers")
+    out = [_int(x) for x in value]
+    for k, got in enumerate(out):
+        if got is None or not lo <= got <= hi:
+            raise StateError(f"{kind} state: {name}[{k}] is {_value(value[k])}, expected an integer in [{lo}, {hi}]")
+    return out  # type: ignore[return-value]  # every entry checked above
+
+
+def flag(state: Mapping[str, Any], name: str, kind: str) -> bool:
+    """``state[name]``, a bool.
+
+    Raises:
+        StateError: naming the field and what it holds.
+    """
+    value = required(state, name, kind)
+    if not isinstance(value, (bool, np.bool_)):
+        raise StateError(f"{kind} state: {name} is {_value(value)}, expected True or False")
+    return bool(value)
+
+
+def flags(state: Mapping[str, Any], name: str, kind: str, n: int) -> list[bool]:
+    """``state[name]``, a list (or tuple) of ``n`` bools.
+
+    Raises:
+        StateError: naming the field and the first bad entry.
+    """
+    value = required(state, name, kind)
+    if not isinstance(value, (list, tuple)) or len(value) != n:
+        raise StateError(f"{kind} state: {name} is {_value(value)}, expected a list of {n} booleans")
+    for k, x in enumerate(value):
+        if not isinstance(x, (bool, np.bool_)):
+            raise StateError(f"{kind} state: {name}[{k}] is {_value(x)}, expected True or False")
+    return [bool(x) for x in value]
+
+
+def slot_of(state: Mapping[str, Any], kind: str) -> tuple[int, int, int, int]:
+    """``state["slot"]``: ``(rank, world size, worker, workers)``, each within :data:`MAX_READERS`.
+
+    Raises:
+        StateError: not four such integers, or a rank or worker outside its count.
+    """
+    rank, world, worker, workers = integers(state, "slot", kind, 4, 0, MAX_READERS)
+    if not (rank < world and worker < workers):
+        raise StateError(f"{kind} state: slot {[rank, world, worker, workers]} is not [rank < world size, worker < workers]")
+    return rank, world, worker, workers
 
 
 @runtime_checkable
@@ -73,8 +200,8 @@ def check_header(state: Mapping[str, Any], kind: str, config: Mapping[str, Any])
     if not isinstance(theirs, Mapping):
         raise StateError(f"{kind} state has no config")
     for key, value in config.items():
-        if theirs.get(key) != value:
-            raise StateError(f"{kind} state is for {key}={theirs.get(key)!r}, this {kind} has {key}={value!r}")
+        if not same(theirs.get(key), value):
+            raise StateError(f"{kind} state is for {key}={_value(theirs.get(key))}, this {kind} has {key}={value!r}")
 
 
 def encode_rows(rows: Sequence[Sequence[int]], width: int) -> str:
@@ -87,19 +214,29 @@ def encode_rows(rows: Sequence[Sequence[int]], width: int) -> str:
     return base64.b64encode(zlib.compress(deltas.T.astype("<i8").tobytes(), 6)).decode("ascii")
 
 
-def decode_rows(text: str, width: int) -> list[tuple[int, ...]]:
-    """The rows :func:`encode_rows` encoded.
+def decode_rows(text: object, width: int, max_rows: int, what: str) -> npt.NDArray[np.int64]:
+    """The rows :func:`encode_rows` encoded, ``(n, width)`` int64, decompressing at most ``max_rows`` rows:
+    a text that would expand to more is refused after that many bytes, whatever it holds.
 
     Raises:
-        StateError: the text is not such an encoding.
+        StateError: ``what`` (the field, named in the message) is not such an encoding, or holds more rows.
     """
+    limit = max_rows * width * 8
+    if not isinstance(text, str):
+        raise StateError(f"{what} is {_value(text)}, expected an encoded position list (a string)")
+    if len(text) > 4 * (limit + (limit >> 10) + 64) // 3 + 4:  # more than zlib makes of `limit` bytes: no decoding
+        raise StateError(f"{what}: {len(text)} characters, more than a list of {max_rows} positions takes")
     try:
-        raw = zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True))
-        cols = np.frombuffer(raw, dtype="<i8").reshape(width, -1)
-    except (ValueError, zlib.error, UnicodeEncodeError, AttributeError) as exc:
-        raise StateError(f"malformed position list in a state: {exc}") from exc
-    arr = np.cumsum(cols.T, axis=0)
-    return [tuple(int(x) for x in row) for row in arr.tolist()]
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(base64.b64decode(text.encode("ascii"), validate=True), limit + 1)
+    except (ValueError, zlib.error, binascii.Error) as exc:  # (UnicodeEncodeError is a ValueError)
+        raise StateError(f"{what} is not an encoded position list ({exc})") from exc
+    if len(raw) > limit or inflater.unconsumed_tail:
+        raise StateError(f"{what} holds more than {max_rows} positions (expected at most {max_rows})")
+    if not inflater.eof or inflater.unused_data or len(raw) % (8 * width):
+        raise StateError(f"{what} is not an encoded position list ({len(raw)} bytes, not whole rows of {width} integers)")
+    cols = np.frombuffer(raw, dtype="<i8").reshape(width, -1)
+    return np.cumsum(cols.T, axis=0, dtype=np.int64)
 
 
 class SharedEpoch:
@@ -143,8 +280,14 @@ def stream_states(checkpoint: Any, kind: str = "TarStream") -> list[dict[str, An
 
     Load the result into a new stream to resume on another number of workers or ranks, where
     ``StatefulDataLoader`` refuses its own state.
+
+    Raises:
+        StateError: ``checkpoint`` nests deeper than Python's recursion allows.
     """
-    return list(_find(checkpoint, kind))
+    try:
+        return list(_find(checkpoint, kind))
+    except RecursionError as exc:
+        raise StateError(f"a checkpoint nested too deep to search for {kind} states") from exc
 
 
 def _find(obj: Any, kind: str) -> Iterator[dict[str, Any]]:

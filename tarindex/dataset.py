@@ -212,7 +212,7 @@ class TarDataset:
             )
         if info.kind == "url":  # an index built from URLs: ranged requests (tarindex.objstore)
             points = self.index.gzip_points(shard) if info.compression == "gzip" else None
-            return open_url(path, info, self.index.frame_table(shard), self.options, points=points)
+            return open_url(path, info, self.index.frame_table(shard), self.options, points=points, index=self.index_path)
         try:
             fd = open_shard(path)
         except FileNotFoundError as exc:
@@ -226,7 +226,7 @@ class TarDataset:
             self._checked.remember(shard, info.size, mtime_ns)
         handle: Any = fd
         if info.compression == "gzip":
-            return open_gzip_shard(path, fd, self.index.gzip_points(shard))
+            return open_gzip_shard(path, fd, self.index.gzip_points(shard), size=info.size, index=self.index_path)
         if info.compression == "zstd":
             handle = open_zstd_shard(
                 path, fd, info, self.index.frame_table(shard), cache_dir=self.zstd_cache_dir, cache_bytes=self.zstd_cache_bytes

@@ -16,6 +16,8 @@ __all__ = [
     "IndexChangedError",
     "IndexFormatError",
     "IndexNotFoundError",
+    "OptionError",
+    "OptionTypeError",
     "PatternError",
     "RandomAccessError",
     "SampleNotFoundError",
@@ -159,6 +161,15 @@ class IndexNotFoundError(TarIndexError, FileNotFoundError):
 
 class ShardNotFoundError(TarIndexError, FileNotFoundError):
     """A shard named by the user or by an index does not exist."""
+
+
+class OptionError(TarIndexError, ValueError):
+    """An argument's value is refused (a negative buffer size); the message names the argument and what it accepts."""
+
+
+class OptionTypeError(OptionError, TypeError):
+    """An argument is of a type the function does not take (``shuffle="100"``); the message names the
+    argument, the types it accepts and the one given."""
 
 
 class PatternError(TarIndexError, ValueError):

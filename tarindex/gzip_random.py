@@ -38,6 +38,8 @@ __all__: list[str] = []  # internal: read through TarDataset and build
 SPACING = 512 << 10
 """Decompressed bytes between seek points (default; see docs/performance.md, "gzip")."""
 WINDOW = 32768
+_MAX_STORED_WINDOW = WINDOW + (WINDOW >> 12) + (WINDOW >> 14) + 13  # zlib's compressBound(32 KiB): 32,791 bytes
+_MAX_RATIO = 1032  # deflate's largest expansion: a 258-byte match in two bits
 _CHECK = 32  # compressed bytes at a seek point whose CRC-32 the table keeps (a replaced shard differs)
 _OUT = 1 << 20  # decompressed bytes per inflate call
 _IN = 1 << 18  # compressed bytes per read of the shard
@@ -136,31 +138,93 @@ def _fail(path: str, inf: _Inflate, offset: int, ret: int) -> CorruptDeflateErro
 
 
 class SeekPoints:
-    """A shard's seek points (decoded from the bytes :func:`decompress_indexed` makes, stored in the index)."""
+    """A shard's seek points (decoded from the bytes :func:`decompress_indexed` makes, stored in the index),
+    every field checked against the table and the shard before any is used.
 
-    __slots__ = ("bits", "check", "compressed", "decompressed", "windows")
+    Args:
+        raw: the encoded table.
+        where: what the table is, for errors (``"INDEX: the gzip seek points of SHARD"``).
+        size: the compressed shard's size in bytes (every point lies inside it), if known.
 
-    def __init__(self, raw: bytes | memoryview, where: str) -> None:
+    Raises:
+        IndexFormatError: the table is damaged or crafted: not the format, a point's bit count outside
+            0-7, compressed offsets that do not increase or leave the shard, decompressed offsets that do
+            not start at 0 and grow (or stay: empty members) at most as fast as deflate expands (1032 to 1), a stored
+            window longer than zlib makes of 32 KiB; naming the point, expected and got.
+    """
+
+    __slots__ = ("bits", "check", "compressed", "decompressed", "where", "windows")
+
+    def __init__(self, raw: bytes | memoryview, where: str, *, size: int | None = None) -> None:
         raw = bytes(raw)
+        self.where = where
         try:
             magic, version, n = _HEAD.unpack_from(raw)
             if magic != _MAGIC or version != _VERSION:
                 raise ValueError(f"magic {magic!r}, version {version}")
+            if not n or _HEAD.size + n * _ROW.size > len(raw):
+                raise ValueError(f"{len(raw)} bytes for {n} points")
             rows = [_ROW.unpack_from(raw, _HEAD.size + i * _ROW.size) for i in range(n)]
             pos = _HEAD.size + n * _ROW.size
             windows = []
             for r in rows:
                 windows.append(raw[pos : pos + r[4]])
                 pos += r[4]
-            if pos != len(raw) or not rows or rows[0][1] != 0:
+            if pos != len(raw):
                 raise ValueError(f"{len(raw)} bytes for {n} points")
         except (struct.error, ValueError) as exc:
-            raise IndexFormatError(f"{where} is damaged ({exc}); rebuild the index") from exc
+            raise IndexFormatError(f"{where} are damaged ({exc}); rebuild the index") from exc
         self.compressed = [r[0] for r in rows]
         self.decompressed = [r[1] for r in rows]
         self.bits = [r[2] for r in rows]
         self.check = [r[3] for r in rows]
         self.windows = windows
+        self._check_fields(size)
+
+    def _bad(self, k: int, what: str) -> IndexFormatError:
+        return IndexFormatError(f"{self.where} are damaged at point {k} of {len(self)}: {what}; rebuild the index")
+
+    def _check_fields(self, size: int | None) -> None:
+        if self.decompressed[0] != 0:
+            raise self._bad(0, f"decompressed offset {self.decompressed[0]} (expected 0)")
+        before_c = before_d = -1
+        for k, (c, d, bits, w) in enumerate(zip(self.compressed, self.decompressed, self.bits, self.windows)):
+            if not 0 <= bits <= 7:
+                raise self._bad(k, f"{bits} bits of the byte before the block (expected 0-7)")
+            if size is not None and c >= size:
+                raise self._bad(k, f"compressed offset {c} (expected below the shard's {size} bytes)")
+            if k and not (c > before_c and before_d <= d <= before_d + (c - before_c + 1) * _MAX_RATIO):
+                raise self._bad(
+                    k,
+                    f"compressed offset {c}, decompressed offset {d} after {before_c}, {before_d} (expected a larger "
+                    f"compressed offset, and a decompressed one no smaller, larger by at most {_MAX_RATIO} bytes per compressed byte)",
+                )
+            if len(w) > _MAX_STORED_WINDOW:
+                raise self._bad(k, f"a stored window of {len(w)} bytes (expected at most {_MAX_STORED_WINDOW})")
+            before_c, before_d = c, d
+
+    def window(self, k: int) -> bytes:
+        """Point ``k``'s window, decompressed to at most :data:`WINDOW` bytes (never more is produced).
+
+        Raises:
+            IndexFormatError: the stored window is not one zlib stream of at most 32 KiB, or holds more
+                bytes than come before the point.
+        """
+        stored = self.windows[k]
+        if not stored:
+            return b""
+        inflater = zlib.decompressobj()
+        try:
+            window = inflater.decompress(stored, WINDOW)
+        except zlib.error as exc:
+            raise self._bad(k, f"its window is not zlib data ({exc})") from exc
+        if inflater.unconsumed_tail or not inflater.eof:
+            raise self._bad(k, f"its window is not one zlib stream of at most {WINDOW} bytes")
+        if inflater.unused_data:
+            raise self._bad(k, f"{len(inflater.unused_data)} bytes after its window's zlib stream")
+        if len(window) > self.decompressed[k]:
+            raise self._bad(k, f"a window of {len(window)} bytes before decompressed offset {self.decompressed[k]}")
+        return window
 
     def __len__(self) -> int:
         return len(self.compressed)
@@ -315,6 +379,7 @@ class GzipShardReader:
         Raises:
             StaleIndexError: the compressed bytes at the seek point differ from those indexed.
             CorruptDeflateError: damaged deflate data (shard and compressed offset).
+            IndexFormatError: the seek point's stored window is damaged or crafted (:meth:`SeekPoints.window`).
         """
         p = self.points
         k = bisect.bisect_right(p.decompressed, offset) - 1
@@ -334,8 +399,8 @@ class GzipShardReader:
                 z.inflatePrime(ref, bits, data[0] >> (8 - bits))
                 data = data[1:]
                 start += 1
-            if p.windows[k]:
-                window = zlib.decompress(p.windows[k])
+            window = p.window(k)
+            if window:
                 z.inflateSetDictionary(ref, window, len(window))
             skip, want = offset - p.decompressed[k], size
             parts: list[bytes] = []

@@ -5,13 +5,14 @@ repository) is the file's *resolve* URL, ``{HF_ENDPOINT}/datasets/ORG/NAME/resol
 (``HF_ENDPOINT`` defaults to ``https://huggingface.co``, the revision to ``main``): an ordinary HTTP(S)
 object with ranges, read by :class:`tarindex.sources.RangeReader` and ``HTTPSource`` like any other.
 The Hub answers a resolve URL of a large file with a redirect to its CDN; the token goes to the Hub's
-host only (:mod:`tarindex._network` never sends credentials across hosts).
+host only (:mod:`tarindex._network` never sends credentials to another host or scheme).
 
 The token is the one the Hub's own tools use: ``HF_TOKEN``, else the file ``HF_TOKEN_PATH``, else
 ``$HF_HOME/token`` (``~/.cache/huggingface/token``: what ``huggingface-cli login`` writes); an
 ``Authorization`` header the caller gives wins. It is sent as ``Authorization: Bearer``, never written
 into an index or an error message. A glob (``hf://datasets/org/name/train-*.tar``) lists the repository
-with the Hub's tree API (``/api/datasets/ORG/NAME/tree/REVISION/DIR``, pages followed by ``Link``).
+with the Hub's tree API (``/api/datasets/ORG/NAME/tree/REVISION/DIR``, pages followed by ``Link``; a next
+page on another host or scheme is asked for without the token, as a redirect there would be).
 
 Why not fsspec's ``HfFileSystem``: it needs ``huggingface_hub`` (not a dependency), and its reads go
 through another HTTP stack than the one measured and fault-tested here (raw sockets, batches, retries).
@@ -25,9 +26,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urljoin
 
-from ._network import _http_get, http_status_error
+from ._network import _http_get, credentials_follow, http_status_error, without_credentials
 from .errors import SourceError
 from .options import SourceOptions
 
@@ -123,11 +124,16 @@ def files(url: str, directory: str, options: SourceOptions) -> list[str]:
 
 
 def _files(listing: str, options: SourceOptions) -> list[str]:
-    """Every file path of a tree listing, its pages followed."""
+    """Every file path of a tree listing, its pages followed. The token goes to the pages of the listing's
+    own scheme and host only: from the first page (or redirect) elsewhere on, every request goes without it
+    (a ``Link`` is a redirect the server chose)."""
     found: list[str] = []
     url: str | None = listing
+    headers = dict(options.headers)
     while url is not None:
-        entries, url = options.retry.call(functools.partial(_page, url, options), listing)
+        entries, final, url, kept = options.retry.call(functools.partial(_page, url, headers, options), listing)
+        if not kept or (url is not None and not credentials_follow(final, url)):
+            headers = without_credentials(headers)
         for e in entries:
             path = e.get("path") if isinstance(e, dict) else None
             if isinstance(path, str) and e.get("type") == "file":
@@ -135,8 +141,10 @@ def _files(listing: str, options: SourceOptions) -> list[str]:
     return found
 
 
-def _page(url: str, options: SourceOptions) -> tuple[list[dict[str, object]], str | None]:
-    conn, resp, _, _ = _http_get(url, dict(options.headers), options.timeout, 1 << 20, 0)
+def _page(url: str, headers: dict[str, str], options: SourceOptions) -> tuple[list[dict[str, object]], str, str | None, bool]:
+    """One page of a listing: its entries, the URL that answered (after redirects), the next page's URL
+    (``Link: <...>; rel="next"``, relative to the page) and whether the credentials reached the page."""
+    conn, resp, final, _, kept = _http_get(url, headers, options.timeout, 1 << 20, 0)
     try:
         body = resp.read()
         if resp.status != 200:
@@ -148,6 +156,6 @@ def _page(url: str, options: SourceOptions) -> tuple[list[dict[str, object]], st
         if not isinstance(entries, list):
             raise SourceError(url, 0, "the Hub's listing is not a list")
         link = _LINK_NEXT.search(resp.getheader("Link") or "")
-        return entries, link.group(1) if link else None
+        return entries, final, urljoin(final, link.group(1)) if link else None, kept
     finally:
         conn.close()

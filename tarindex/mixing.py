@@ -22,7 +22,7 @@ import numpy as np
 import torch.utils.data
 
 from ._split import Draws, Slot, stream_key
-from ._state import SharedEpoch, check_header, header, stream_states
+from ._state import EPOCHS, SharedEpoch, check_header, flag, flags, header, integer, integers, slot_of, stream_states
 from .errors import StateError, TarIndexError
 from .stream import TarStream
 
@@ -132,7 +132,7 @@ class Mix(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         same = [st for st in states if tuple(st["slot"]) == (slot.rank, slot.world_size, slot.worker, slot.num_workers)]
         if len(same) == 1:
             run = self._new_run(slot, epoch)
-            run.restore(same[0])
+            run.restore(same[0], self.weights, self.stop)
             return run
         # another layout: the sources deal what they had left; the draws start afresh, the quota left is split
         run = self._new_run(slot, epoch, resumed=True)
@@ -172,15 +172,19 @@ class Mix(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         states = stream_states(state_dict, "Mix")
         if not states:
             raise StateError("no Mix state in the given state_dict")
+        epochs = set()
         for st in states:
             check_header(st, "Mix", self._config())
+            slot_of(st, "Mix")
+            epochs.add(integer(st, "epoch", "Mix", *EPOCHS))
+            _MixRun.check(st, self.weights, self.stop)
             if not isinstance(st.get("sources"), list) or len(st["sources"]) != len(self.sources):
-                raise StateError(f"malformed Mix state: {len(st.get('sources') or [])} source states for {len(self.sources)} sources")
-        epochs = {int(st["epoch"]) for st in states}
+                raise StateError(f"malformed Mix state: {_count(st.get('sources'))} source states for {len(self.sources)} sources")
         if len(epochs) != 1:
             raise StateError(f"Mix states of several epochs: {sorted(epochs)}")
-        for k, source in enumerate(self.sources):
-            source.load_state_dict([st["sources"][k] for st in states])
+        loaded = [source._checked_states([st["sources"][k] for st in states]) for k, source in enumerate(self.sources)]
+        for source, (theirs, epoch) in zip(self.sources, loaded):  # every state checked: now nothing can fail
+            source._load(theirs, epoch)
         self._pending = states
         self._run = None
         self._epoch.value = epochs.pop()
@@ -232,17 +236,34 @@ class _MixRun:
             "done": self.done,
         }
 
-    def restore(self, state: Mapping[str, Any]) -> None:
-        try:
-            self.step, self.yielded = int(state["step"]), int(state["yielded"])
-            self.quota = None if state["quota"] is None else int(state["quota"])
-            active, rounds = [bool(x) for x in state["active"]], [int(x) for x in state["rounds"]]
-            self.done = bool(state["done"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"malformed Mix state: {exc!r}") from exc
-        if len(active) != len(self.active) or len(rounds) != len(self.rounds):
-            raise StateError(f"malformed Mix state: {len(active)} sources, expected {len(self.active)}")
-        self.active, self.rounds = active, rounds
+    @staticmethod
+    def check(state: Mapping[str, Any], weights: list[float], stop: StopRule) -> tuple[int, int, int | None, list[bool], list[int], bool]:
+        """A mix reader's position in ``state``, every field checked against the mix: ``step`` and ``yielded``
+        (draws and samples: no more samples than draws, nor than the quota) within ``[0, 2**62]``,
+        ``active`` and ``rounds`` one per source (sources leave the draw only with ``stop="all"``, start
+        again only with ``"never"``, and a run not done has a source left to draw with a weight), ``done``
+        a bool.
+
+        Raises:
+            StateError: naming the first field that is missing, of the wrong type or out of range.
+        """
+        n = len(weights)
+        step, yielded = integer(state, "step", "Mix"), integer(state, "yielded", "Mix")
+        quota = None if state.get("quota", 0) is None else integer(state, "quota", "Mix")
+        active, rounds, done = flags(state, "active", "Mix", n), integers(state, "rounds", "Mix", n), flag(state, "done", "Mix")
+        if yielded > step or (quota is not None and yielded > quota):
+            raise StateError(f"Mix state: yielded {yielded} is over its draws ({step}) or its quota ({quota})")
+        if stop != "all" and not all(active):
+            raise StateError(f"Mix state: active {active} has sources out of the draw, which only stop='all' takes out")
+        if stop != "never" and any(rounds):
+            raise StateError(f"Mix state: rounds {rounds} has sources started again, which only stop='never' does")
+        if not done and not any(a and w > 0 for a, w in zip(active, weights)):
+            raise StateError(f"Mix state: active {active} leaves no source to draw (weights {weights}), yet it is not done")
+        return step, yielded, quota, active, rounds, done
+
+    def restore(self, state: Mapping[str, Any], weights: list[float], stop: StopRule) -> None:
+        """Continue from ``state``'s position (:meth:`check`)."""
+        self.step, self.yielded, self.quota, self.active, self.rounds, self.done = self.check(state, weights, stop)
 
     def iterate(self, sources: list[TarStream], weights: list[float], stop: StopRule) -> Iterator[Any]:
         """The samples: draw ``k`` yields the next sample of source ``k`` (one draw at a time, as
@@ -306,6 +327,10 @@ class _MixRun:
                 yield (sample,)
                 picks = picks[pulled:]
         self.done = True
+
+
+def _count(value: object) -> int | str:
+    return len(value) if isinstance(value, (list, tuple)) else type(value).__name__
 
 
 _BLOCK = 4096

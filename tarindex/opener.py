@@ -141,19 +141,21 @@ def open_url(
     options: SourceOptions | None = None,
     *,
     points: bytes | memoryview | None = None,
+    index: str | os.PathLike[str] | None = None,
 ) -> Any:
     """A random reader for a URL shard (:func:`tarindex.objstore.open_reader`: ``http(s)://``, object
     stores, fsspec), checked against its index entry (size, ETag, mtime where recorded).
 
     A zstd shard (``info.compression``) is read through its frame table over the ranged reads
-    (:func:`open_zstd_shard`), a gzip shard through its seek points ``points`` (:func:`open_gzip_shard`):
-    the reader hands out decompressed tar bytes, never compressed ones.
+    (:func:`open_zstd_shard`), a gzip shard through its seek points ``points`` (:func:`open_gzip_shard`;
+    ``index``, the index they come from, is named in their errors): the reader hands out decompressed tar
+    bytes, never compressed ones.
 
     Raises:
         StaleIndexError: the shard's size, ETag or modification time differs from the index.
         ShardNotFoundError: the shard is gone.
         SourceError: the server or store cannot be reached, or no credentials.
-        IndexFormatError: a zstd shard without a frame table in the index.
+        IndexFormatError: a zstd shard without a frame table in the index, damaged or crafted gzip seek points.
         RandomAccessError: a zstd shard of large frames (no local cache of decompressed URL shards), a
             gzip shard without seek points.
     """
@@ -161,22 +163,27 @@ def open_url(
     if info.compression == "zstd":
         return open_zstd_shard(url, reader, info, frames)
     if info.compression == "gzip":
-        return open_gzip_shard(url, reader, points)
+        return open_gzip_shard(url, reader, points, size=info.size, index=index)
     return reader
 
 
-def open_gzip_shard(path: str, handle: Any, points: bytes | memoryview | None) -> GzipShardReader:
-    """A random reader of a gzip shard's decompressed tar through its seek points (from the index);
-    ``handle`` (an int descriptor or an object with ``read_at``) belongs to the reader from here on.
+def open_gzip_shard(
+    path: str, handle: Any, points: bytes | memoryview | None, *, size: int, index: str | os.PathLike[str] | None = None
+) -> GzipShardReader:
+    """A random reader of a gzip shard's decompressed tar through its seek points (from the index ``index``,
+    named in their errors); ``handle`` (an int descriptor or an object with ``read_at``) of ``size`` bytes
+    belongs to the reader from here on.
 
     Raises:
         RandomAccessError: the index holds no seek points for the shard (indexed before they existed).
-        IndexFormatError: the seek-point table is damaged.
+        IndexFormatError: the seek-point table is damaged or crafted (its fields checked against each other
+            and ``size``: :class:`~tarindex.gzip_random.SeekPoints`).
     """
     try:
         if points is None:
             raise random_access_refused(path)
-        return GzipShardReader(path, handle, SeekPoints(points, f"{path}: the gzip seek points in the index"))
+        where = f"{os.fspath(index)}: the gzip seek points of {path}" if index is not None else f"{path}: the gzip seek points in the index"
+        return GzipShardReader(path, handle, SeekPoints(points, where, size=size))
     except BaseException:
         close_handle(handle)
         raise

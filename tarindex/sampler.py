@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._split import Draws, pick, stream_key
-from ._state import check_header, header
+from ._state import EPOCHS, MAX_COUNT, MAX_READERS, check_header, flag, flags, header, integer, integers, required, same
 from .errors import SamplerStateError, StateError
 
 __all__ = ["MixSampler", "ShardSampler", "ShardSized"]
@@ -203,6 +203,11 @@ def _merge(intervals: Iterator[tuple[int, int]]) -> Plan:
         elif a < b:
             out.append((a, b))
     return tuple(out)
+
+
+def _shown(counts: list[int]) -> str:
+    """Counts for an error message: the first few of many."""
+    return str(counts) if len(counts) <= 8 else f"{counts[:8]}... ({len(counts)} counts)"
 
 
 def _default_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -449,44 +454,91 @@ class ShardSampler:
         ``set_epoch`` selects another epoch.
 
         Raises:
-            SamplerStateError: the state is malformed or was made for another
-                dataset, seed, shuffle, window or block size.
+            SamplerStateError: the state is malformed (every field is checked before anything changes:
+                its type and range, the plan against the dataset, at most 2**20 old ranks) or was made for
+                another dataset, seed, shuffle, window or block size.
         """
+        self._apply(*self._checked(state))
+
+    def _checked(self, state: Any) -> tuple[int, int, bool, Plan, list[int]]:
+        """``state``'s epoch, old world size and ``drop_last``, plan and consumed counts, every field checked.
+
+        Raises:
+            SamplerStateError: naming the first field that is missing, of the wrong type or out of range.
+        """
+        kind = "ShardSampler"
         try:
-            fmt, epoch, old_world = int(state["format"]), int(state["epoch"]), int(state["num_replicas"])
-            plan = _merge((int(a), int(b)) for a, b in state["plan"])
-            consumed = state["consumed"]
-            counts = [int(c) for c in consumed] if isinstance(consumed, (list, tuple)) else [int(consumed)] * old_world
-            mine = self._config()
-            ours = {k: state.get(k, False) if k == "elastic" else state[k] for k in mine}  # no "elastic": an older state
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SamplerStateError(f"not a ShardSampler state: {exc!r}") from exc
-        if fmt != _STATE_FORMAT:
-            raise SamplerStateError(f"ShardSampler state format {fmt} is not supported (expected {_STATE_FORMAT})")
-        for k, v in mine.items():
-            if k == "drop_last" and (old_world != self.num_replicas or self.elastic):
-                continue  # the new dealing may choose its own
-            if ours[k] != v:
-                raise SamplerStateError(f"ShardSampler state is for {k}={ours[k]!r}, this sampler has {k}={v!r}")
-        if old_world < 1 or len(counts) != old_world:
-            raise SamplerStateError(f"ShardSampler state: {len(counts)} consumed counts for {old_world} replicas")
-        if self.elastic:  # one global position, whatever the world sizes
-            self.epoch, self._yielded, self._offset = epoch, 0, min(counts)
-            return
-        if any(not 0 <= a < b <= self.total_samples for a, b in plan):
-            raise SamplerStateError(f"ShardSampler state: plan {plan} outside [0, {self.total_samples}]")
+            if not isinstance(state, Mapping):
+                raise StateError(f"{kind} state is a {type(state).__name__}, expected a dict")
+            fmt = integer(state, "format", kind, 0, MAX_COUNT)
+            if fmt != _STATE_FORMAT:
+                raise StateError(f"{kind} state format {fmt} is not supported (expected {_STATE_FORMAT})")
+            epoch = integer(state, "epoch", kind, *EPOCHS)
+            old_world = integer(state, "num_replicas", kind, 1, MAX_READERS)
+            old_drop_last = flag(state, "drop_last", kind)
+            for k, v in self._config().items():
+                if k == "drop_last" and (old_world != self.num_replicas or self.elastic):
+                    continue  # the new dealing may choose its own
+                theirs = state.get(k, False) if k == "elastic" else required(state, k, kind)  # no "elastic": an older state
+                if not same(theirs, v):
+                    raise StateError(f"{kind} state is for {k}={theirs!r}, this sampler has {k}={v!r}")
+            consumed = required(state, "consumed", kind)
+            if isinstance(consumed, (list, tuple)):
+                counts = integers(state, "consumed", kind, old_world)
+            else:
+                counts = [integer(state, "consumed", kind)] * old_world  # (at most MAX_READERS)
+            plan = self._checked_plan(required(state, "plan", kind))
+        except SamplerStateError:
+            raise
+        except StateError as exc:
+            raise SamplerStateError(str(exc)) from exc
+        if self.elastic:  # one global position, whatever the world sizes (padding: up to a world past the end)
+            if any(c > self.total_samples + old_world for c in counts):
+                raise SamplerStateError(f"{kind} state: consumed {_shown(counts)} past the stream's {self.total_samples} samples")
+            return epoch, old_world, old_drop_last, plan, counts
         total = sum(b - a for a, b in plan)
-        length = self._block_len(total, old_world, bool(state["drop_last"]))
+        length = self._block_len(total, old_world, old_drop_last)
         if any(not 0 <= c <= length for c in counts):
-            raise SamplerStateError(f"ShardSampler state: consumed {counts} outside [0, {length}]")
+            raise SamplerStateError(f"{kind} state: consumed {_shown(counts)} outside [0, {length}]")
+        return epoch, old_world, old_drop_last, plan, counts
+
+    def _checked_plan(self, raw: object) -> Plan:
+        """A state's plan: increasing, disjoint intervals ``[a, b)`` of ``[0, total_samples]``, ``a < b``.
+
+        Raises:
+            SamplerStateError: anything else.
+        """
+        if not isinstance(raw, (list, tuple)):
+            raise SamplerStateError(f"ShardSampler state: plan is a {type(raw).__name__}, expected a list of [start, end] pairs")
+        out: list[tuple[int, int]] = []
+        end = 0
+        for k, pair in enumerate(raw):
+            a, b = (pair if isinstance(pair, (list, tuple)) and len(pair) == 2 else (None, None))
+            if type(a) is not int or type(b) is not int or not end <= a < b <= self.total_samples:
+                raise SamplerStateError(
+                    f"ShardSampler state: plan[{k}] is {pair!r}, expected [start, end] with "
+                    f"{end} <= start < end <= {self.total_samples} (increasing, disjoint)"
+                )
+            out.append((a, b))
+            end = b
+        return _merge(iter(out))
+
+    def _apply(self, epoch: int, old_world: int, old_drop_last: bool, plan: Plan, counts: list[int]) -> None:
+        """Take a position :meth:`_checked` checked."""
         self.epoch = epoch
         self._yielded = 0
+        if self.elastic:
+            self._offset = min(counts)
+            return
         if old_world == self.num_replicas:
             self._plan, self._offset = plan, counts[self.rank]
             return
+        total = sum(b - a for a, b in plan)
+        length = self._block_len(total, old_world, old_drop_last)
+        ranks = min(old_world, -(-total // length)) if length else 0  # the ranks after these hold padding only
         rest = (
             iv
-            for r in range(old_world)
+            for r in range(ranks)
             for iv in _plan_to_stream(plan, min(r * length + counts[r], total), min((r + 1) * length, total))
         )
         self._plan, self._offset = _merge(rest), 0
@@ -642,14 +694,25 @@ class MixSampler:
             StateError: a malformed state, or one of another mix.
         """
         check_header(state, "MixSampler", self._config())
-        try:
-            epoch, step, yielded = int(state["epoch"]), int(state["step"]), int(state["yielded"])
-            active, done, subs = [bool(a) for a in state["active"]], bool(state["done"]), list(state["samplers"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"malformed MixSampler state: {exc!r}") from exc
-        if len(active) != len(self.samplers) or len(subs) != len(self.samplers):
-            raise StateError(f"MixSampler state for {len(subs)} datasets, this one has {len(self.samplers)}")
-        for sampler, sub in zip(self.samplers, subs):
-            sampler.load_state_dict(sub)
+        n = len(self.samplers)
+        epoch = integer(state, "epoch", "MixSampler", *EPOCHS)
+        step, yielded = integer(state, "step", "MixSampler"), integer(state, "yielded", "MixSampler")
+        active, done = flags(state, "active", "MixSampler", n), flag(state, "done", "MixSampler")
+        subs = required(state, "samplers", "MixSampler")
+        if not isinstance(subs, (list, tuple)) or len(subs) != n:
+            raise StateError(f"MixSampler state: samplers is {type(subs).__name__} of {_length(subs)}, expected a list of {n} states")
+        if yielded > step or (self.num_samples is not None and yielded > self.num_samples):
+            raise StateError(f"MixSampler state: yielded {yielded} is over its draws ({step}) or num_samples ({self.num_samples})")
+        if self.stop != "all" and not all(active):
+            raise StateError(f"MixSampler state: active {active} has datasets out of the draw, which only stop='all' takes out")
+        if not done and not any(a and w > 0 for a, w in zip(active, self.weights)):
+            raise StateError(f"MixSampler state: active {active} leaves no dataset to draw (weights {self.weights}), yet it is not done")
+        positions = [sampler._checked(sub) for sampler, sub in zip(self.samplers, subs)]  # all checked before any is taken
+        for sampler, position in zip(self.samplers, positions):
+            sampler._apply(*position)
         self.epoch, self.step, self.yielded, self.active, self.done = epoch, step, yielded, active, done
         self._resume = True
+
+
+def _length(value: object) -> str:
+    return f"length {len(value)}" if isinstance(value, (list, tuple)) else "no length"

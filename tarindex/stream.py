@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import operator
 import os
 import warnings
 import zlib
@@ -28,16 +29,26 @@ from ._split import (
     EpochRun,
     Slot,
     deal_rest,
+    run_state,
     shard_order,
     shards_for_slot,
     stream_key,
     worker_slot,
 )
-from ._state import SharedEpoch, check_header, header, stream_states
+from ._state import EPOCHS, SharedEpoch, check_header, header, integer, slot_of, stream_states
 from .collate import batched, collate
 from .compression import ArchiveEnd, codec_of, detect, looks_like_shard, sniff_file
 from .decode import DecodeMode, Decoder
-from .errors import CorruptArchiveError, DecodeError, StateError, StreamWarning, TarIndexError, shown
+from .errors import (
+    CorruptArchiveError,
+    DecodeError,
+    OptionError,
+    OptionTypeError,
+    StateError,
+    StreamWarning,
+    TarIndexError,
+    shown,
+)
 from .grouping import fused, iter_samples
 from .identity import check_shard, check_source
 from .index.reader import IndexReader
@@ -51,11 +62,33 @@ from .tar import DirectArchive
 from .zstd import iter_decompressed, random_access, seek_table_frames
 from .zstd_random import zstd_reader
 
-__all__ = ["Handler", "TarStream"]  # public (tarindex.TarStream); the rest serves the package
+__all__ = ["DEFAULT_SHUFFLE", "Handler", "TarStream"]  # public (tarindex.TarStream); the rest serves the package
 
 Sample = dict[str, Any]
 Handler = Literal["raise", "warn", "skip_shard"] | Callable[[Exception], bool]
 _HANDLERS = ("raise", "warn", "skip_shard")
+
+DEFAULT_SHUFFLE = 1000
+"""Samples in the shuffle buffer of ``shuffle=True``: the default buffer of webdataset's ``shuffle()``."""
+
+
+def buffer_size(shuffle: object) -> int:
+    """The sample shuffle buffer that ``shuffle`` asks for: ``True`` is :data:`DEFAULT_SHUFFLE`, ``False`` 0,
+    an integer itself.
+
+    Raises:
+        OptionTypeError: neither a bool nor an integer (``"100"``, ``100.0``, ``None``).
+        OptionError: a negative integer.
+    """
+    if shuffle is True or shuffle is False:
+        return DEFAULT_SHUFFLE if shuffle else 0
+    try:
+        size = operator.index(shuffle)  # type: ignore[arg-type]  # any integer type (numpy's too); refused below otherwise
+    except TypeError as exc:
+        raise OptionTypeError(f"shuffle must be a buffer size (int) or True/False, not {type(shuffle).__name__} {shuffle!r}") from exc
+    if size < 0:
+        raise OptionError(f"shuffle must be >= 0 (a buffer size) or True/False, not {size}")
+    return size
 
 
 def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] | None, list[ShardInfo] | None, str | None]:
@@ -202,7 +235,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     Yields the sample dicts of :class:`tarindex.TarDataset`: ``__key__``,
     ``__url__`` (the shard name), one entry per extension (``bytes`` or
     decoded), and ``__index__`` (the global sample number) when streaming from
-    an index. Not shuffled, samples come in archive order, shard after shard.
+    an index. Without ``shuffle``, samples come in archive order, shard after shard.
 
     Splitting: the epoch's shard list is dealt ``shards[rank::world_size]``,
     then ``[worker::num_workers]``, so each shard is read by one worker of one
@@ -222,8 +255,9 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         decoders: as for :class:`~tarindex.TarDataset`.
         transform: as for :class:`~tarindex.TarDataset`.
         allow_pickle: as for :class:`~tarindex.TarDataset`.
-        shuffle: size of the sample shuffle buffer (0: no sample shuffling).
-        shuffle_shards: shuffle the shard order each epoch; default ``shuffle > 0``.
+        shuffle: size of the sample shuffle buffer (0 or ``False``: no sample shuffling; ``True``:
+            :data:`DEFAULT_SHUFFLE` = 1,000 samples, webdataset's default buffer).
+        shuffle_shards: shuffle the shard order each epoch; default: when there is a shuffle buffer.
         seed: with the epoch, rank and worker, fixes every random choice.
         epoch_size: samples per rank per epoch (see above); ``None`` streams each shard once.
         handler: what a bad shard or sample does: ``"raise"`` (default);
@@ -259,7 +293,10 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         ShardNotFoundError: a local shard or pattern matches nothing.
         CommandNotAllowedError: the index names a command shard and ``allow_commands`` is false.
         IndexFormatError: an index's shard entry is damaged or leaves the index's directory.
-        ValueError: a bad option value.
+        OptionError: a bad ``shuffle`` (negative), ``epoch_size``, ``max_errors`` or ``max_member_size``
+            value; :class:`~tarindex.errors.OptionTypeError` for a ``shuffle`` that is not an integer or bool
+            (``"100"``) or a ``shuffle_shards`` that is not a bool or ``None``.
+        ValueError: a bad ``handler``.
         StaleIndexError: (when iterating) streaming from an index, a shard's size or
             modification time differs from the index's (its ``__index__`` numbers would be wrong).
     """
@@ -272,7 +309,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         decoders: Mapping[str, Callable[[bytes], Any]] | None = None,
         transform: Callable[[Sample], Any] | None = None,
         allow_pickle: bool = False,
-        shuffle: int = 0,
+        shuffle: int | bool = 0,
         shuffle_shards: bool | None = None,
         seed: int = 0,
         epoch_size: int | None = None,
@@ -293,24 +330,25 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         super().__init__()
         if not callable(handler) and handler not in _HANDLERS:
             raise ValueError(f"handler must be one of {_HANDLERS} or a function, not {handler!r}")
-        if shuffle < 0:
-            raise ValueError(f"shuffle must be >= 0, not {shuffle}")
+        size = buffer_size(shuffle)
+        if shuffle_shards is not None and not isinstance(shuffle_shards, bool):
+            raise OptionTypeError(f"shuffle_shards must be True, False or None, not {type(shuffle_shards).__name__} {shuffle_shards!r}")
         if epoch_size is not None and epoch_size < 0:
-            raise ValueError(f"epoch_size must be >= 0, not {epoch_size}")
+            raise OptionError(f"epoch_size must be >= 0, not {epoch_size}")
         self.urls, self._starts, self._infos, self._index = _shard_list(urls, allow_commands)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
-        self.shuffle_size = shuffle
-        self.shuffle_shards = shuffle > 0 if shuffle_shards is None else shuffle_shards
+        self.shuffle_size = size
+        self.shuffle_shards = size > 0 if shuffle_shards is None else shuffle_shards
         self.seed = seed
         self._epoch = SharedEpoch(0)
         self.epoch_size = epoch_size
         self.handler = handler
         if max_errors is not None and max_errors < 1:
-            raise ValueError(f"max_errors must be >= 1, not {max_errors}")
+            raise OptionError(f"max_errors must be >= 1, not {max_errors}")
         self.max_errors = max_errors
         if max_member_size is not None and max_member_size < 0:
-            raise ValueError(f"max_member_size must be >= 0, not {max_member_size}")
+            raise OptionError(f"max_member_size must be >= 0, not {max_member_size}")
         self.max_member_size = max_member_size
         self._errors = 0  # errors handled in a row, in this process
         self.rank = rank
@@ -333,11 +371,17 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self._readers_fork = 0
 
     # -- webdataset's fluent stages: ds.shuffle(1000).decode("pil").to_tuple("jpg", "cls").map(fn).batched(64) --
-    def shuffle(self, size: int) -> TarStream:
-        """A copy with a sample shuffle buffer of ``size`` (and shard shuffling), as ``shuffle=size`` gives."""
+    def shuffle(self, size: int | bool = True) -> TarStream:
+        """A copy with a sample shuffle buffer of ``size`` (and shard shuffling), as ``shuffle=size`` gives
+        (``True``, the default: :data:`DEFAULT_SHUFFLE` samples).
+
+        Raises:
+            OptionTypeError: ``size`` is not an integer or bool.
+            OptionError: ``size`` is negative.
+        """
         out = copy.copy(self)
-        out.shuffle_size = size
-        out.shuffle_shards = size > 0
+        out.shuffle_size = buffer_size(size)
+        out.shuffle_shards = out.shuffle_size > 0
         return out
 
     def decode(self, mode: DecodeMode | None = "pil", **options: Any) -> TarStream:
@@ -675,7 +719,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         )
 
     def _run_for(self, slot: Slot, epoch: int) -> EpochRun:
-        """This slot's run of ``epoch``: fresh, or continued from the loaded states of that epoch."""
+        """This slot's run of ``epoch``: fresh, or continued from the loaded states of that epoch (checked
+        when loaded: :meth:`_checked_states`)."""
         states = [st for st in self._pending or () if st["epoch"] == epoch]
         if not states:
             return self._new_run(slot, epoch)
@@ -688,24 +733,29 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                     f"{len(mine)} for rank {slot.rank} worker {slot.worker} (expected 1)"
                 )
             run = self._new_run(slot, epoch)
-            run.restore(mine[0])
+            run.restore(self._position(mine[0]))
             return run
         old = sorted(states, key=lambda st: (st["slot"][0], st["slot"][2]))
         world, workers = old[0]["slot"][1], old[0]["slot"][3]
         have = [(st["slot"][0], st["slot"][2]) for st in old]
-        if len(layouts) != 1 or have != [(r, w) for r in range(world) for w in range(workers)]:
+        if len(old) != world * workers or have != [(r, w) for r in range(world) for w in range(workers)]:
             raise StateError(
-                f"TarStream states cover readers {have}: resuming on another number of ranks or workers "
-                "needs the state of every reader of the interrupted epoch (tarindex.stream_states)"
+                f"TarStream states cover readers {have[:8]}{'...' if len(have) > 8 else ''} of {world} ranks x "
+                f"{workers} workers: resuming on another number of ranks or workers needs the state of every "
+                "reader of the interrupted epoch (tarindex.stream_states)"
             )
         runs = []
         for st in old:
             r = self._new_run(Slot(st["slot"][0], world, st["slot"][2], workers), epoch)
-            r.restore(st)
+            r.restore(self._position(st))
             runs.append(r)
         run = self._new_run(slot, epoch, resumed=True)
         run.queue, run.quota = deal_rest(runs, slot.index, slot.count)
         return run
+
+    def _position(self, state: Mapping[str, Any]) -> Any:
+        """A state's position (:func:`tarindex._split.run_state`: every field checked)."""
+        return run_state(state, n_shards=len(self.urls), shuffle=self.shuffle_size)
 
     def _config(self) -> dict[str, Any]:
         return {
@@ -754,20 +804,40 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         Raises:
             StateError: a malformed state, or one of another stream (shards, seed, shuffle).
         """
+        self._load(*self._checked_states(state_dict))
+
+    def _load(self, states: list[dict[str, Any]], epoch: int) -> None:
+        """Take states :meth:`_checked_states` checked, for the next iteration of ``epoch``."""
+        self._pending = states
+        self._run = None
+        self.epoch = epoch
+
+    def _checked_states(self, state_dict: Any) -> tuple[list[dict[str, Any]], int]:
+        """The TarStream states in ``state_dict`` and their epoch, each field checked against this stream
+        (configuration, slot, epoch, position: :func:`tarindex._split.run_state`) before anything changes.
+
+        Raises:
+            StateError: the first field that is missing, of the wrong type or out of range, states of
+                several epochs or layouts, two states of one reader.
+        """
         states = stream_states(state_dict)
         if not states:
             raise StateError("no TarStream state in the given state_dict")
+        epochs, layouts, readers = set(), set(), set()
         for st in states:
             check_header(st, "TarStream", self._config())
-            slot = st.get("slot")
-            if not (isinstance(slot, list) and len(slot) == 4 and all(isinstance(x, int) for x in slot)):
-                raise StateError(f"malformed TarStream state: slot {slot!r}")
-        epochs = {int(st["epoch"]) for st in states}
+            rank, world, worker, workers = slot_of(st, "TarStream")
+            epochs.add(integer(st, "epoch", "TarStream", *EPOCHS))
+            self._position(st)
+            layouts.add((world, workers))
+            if (rank, worker) in readers:
+                raise StateError(f"two TarStream states of rank {rank} worker {worker}")
+            readers.add((rank, worker))
         if len(epochs) != 1:
             raise StateError(f"TarStream states of several epochs: {sorted(epochs)}")
-        self._pending = states
-        self._run = None
-        self.epoch = epochs.pop()
+        if len(layouts) != 1:
+            raise StateError(f"TarStream states of several layouts (ranks, workers): {sorted(layouts)}")
+        return states, epochs.pop()
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it reseeds the shard order and the shuffle buffer (call before each epoch).

@@ -13,6 +13,7 @@ import re
 import shutil
 import socket
 import socketserver
+import ssl
 import subprocess
 import sys
 import threading
@@ -25,7 +26,10 @@ from typing import Any
 
 import pytest
 
-__all__ = ["AzureServer", "DropServer", "FaultProxy", "FramingServer", "HTTPServer", "azure_server", "drop_server", "fault_proxy", "framing_server", "http_server", "s3_server"]
+__all__ = [
+    "AzureServer", "DropServer", "FaultProxy", "FramingServer", "HTTPServer", "SchemeServer", "azure_server", "drop_server",
+    "fault_proxy", "framing_server", "http_server", "s3_server", "scheme_server", "tls_certificate",
+]  # fmt: skip
 
 
 def free_port() -> int:
@@ -598,6 +602,117 @@ def fault_proxy() -> Iterator[Callable[..., FaultProxy]]:
         server.server_close()
 
 
+@pytest.fixture(scope="session")
+def tls_certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for ``127.0.0.1`` and ``localhost`` (``openssl req``), and its key: a client
+    trusts it with ``SSL_CERT_FILE`` (read by OpenSSL whenever a default context is made)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+    where = tmp_path_factory.mktemp("tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+@dataclass
+class SchemeServer:
+    """One loopback port that speaks HTTP and HTTPS (a connection whose first byte is a TLS handshake's,
+    0x16, is wrapped in TLS with :func:`tls_certificate`'s certificate), so that a redirect can change the
+    scheme and nothing else. ``/files/PATH`` serves ``root/PATH`` with ranges and an ``ETag``;
+    ``/to-http/PATH`` and ``/to-https/PATH`` redirect (302) to ``/files/PATH`` on this port over that
+    scheme. ``seen`` records each request's ``(scheme, path, Authorization)``."""
+
+    root: Path
+    port: int = 0
+    seen: list[tuple[str, str, str | None]] = field(default_factory=list)
+
+    def url(self, scheme: str, path: str) -> str:
+        return f"{scheme}://127.0.0.1:{self.port}/{path.lstrip('/')}"
+
+    def authorizations(self, scheme: str) -> list[str | None]:
+        """The ``Authorization`` of every request seen over ``scheme``."""
+        return [auth for sch, _, auth in self.seen if sch == scheme]
+
+
+class _Answering(http.server.BaseHTTPRequestHandler):
+    """A quiet HTTP/1.1 handler with ``_answer`` (status, body, headers) and ``_ranged`` (a file's bytes,
+    206 for a ``Range`` of one span, else 200; ``ETag: "v1"``)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _answer(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for k, v in {"Content-Length": str(len(body)), **(headers or {})}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _ranged(self, data: bytes) -> None:
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        if m is None:
+            return self._answer(200, data, {"ETag": '"v1"'})
+        start, end = int(m.group(1)), min(int(m.group(2) or len(data) - 1), len(data) - 1)
+        return self._answer(206, data[start : end + 1], {"ETag": '"v1"', "Content-Range": f"bytes {start}-{end}/{len(data)}"})
+
+
+def _scheme_handler(state: SchemeServer) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(_Answering):
+        def do_GET(self) -> None:
+            scheme = "https" if isinstance(self.connection, ssl.SSLSocket) else "http"
+            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            state.seen.append((scheme, path, self.headers.get("Authorization")))
+            top, _, rest = path.lstrip("/").partition("/")
+            if top in ("to-http", "to-https"):
+                return self._answer(302, headers={"Location": f"{top[3:]}://127.0.0.1:{state.port}/files/{rest}"})
+            file = state.root / rest
+            if top != "files" or not file.is_file():
+                return self._answer(404)
+            return self._ranged(file.read_bytes())
+
+    return Handler
+
+
+class _EitherScheme(_QuietServer):
+    """Each connection is HTTPS if it starts with a TLS handshake, else plain HTTP."""
+
+    tls: ssl.SSLContext
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        try:
+            request.settimeout(10)
+            if request.recv(1, socket.MSG_PEEK) == b"\x16":
+                request = self.tls.wrap_socket(request, server_side=True)
+        except OSError:
+            return
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            if isinstance(request, ssl.SSLSocket):  # (the plain socket it was made from is detached, closed by the caller)
+                request.close()
+
+
+@pytest.fixture
+def scheme_server(tls_certificate: tuple[Path, Path], tmp_path: Path) -> Iterator[SchemeServer]:
+    """A :class:`SchemeServer` over a fresh directory (its ``root``)."""
+    state = SchemeServer(tmp_path / "scheme-root")
+    state.root.mkdir()
+    server = _EitherScheme(("127.0.0.1", 0), _scheme_handler(state))
+    server.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.tls.load_cert_chain(*tls_certificate)
+    state.port = int(server.server_port)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield state
+    _shut([server])
+
+
 HUB_TOKEN = "hf_hub_test_token"
 
 
@@ -617,6 +732,9 @@ class HubServer:
     """Redirect to this server's own ``/signed/`` CDN (under the host name ``localhost``), whose URLs carry
     ``sig=signature`` and answer 403 once ``signature`` changed (a presigned URL that expired)."""
     signature: int = 1
+    pages_elsewhere: bool = False
+    """Every listing's next page (``Link``) names another host (``localhost``), which serves the tree API
+    without a token and answers 400 to a request that carries one."""
 
     @property
     def endpoint(self) -> str:
@@ -627,32 +745,14 @@ def _hub_handler(state: HubServer) -> type[http.server.BaseHTTPRequestHandler]:
     tree = re.compile(r"^/api/(datasets|models|spaces)/([^/]+/[^/]+)/tree/([^/]+)/?(.*)$")
     resolve = re.compile(r"^/(datasets/|spaces/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-        def _answer(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
-            self.send_response(status)
-            for k, v in {"Content-Length": str(len(body)), **(headers or {})}.items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(_Answering):
         def _signed(self, url: urllib.parse.SplitResult, path: str) -> None:
             """The signed CDN: no Authorization, a current signature, one byte range (206)."""
             if self.headers.get("Authorization"):
                 return self._answer(400, b"credentials sent to the CDN")
             if urllib.parse.parse_qs(url.query).get("sig") != [str(state.signature)]:
                 return self._answer(403, b"signature expired")
-            data = (state.root / path[len("/signed/") :]).read_bytes()
-            m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-            if m is None:
-                return self._answer(200, data, {"ETag": '"v1"'})
-            start, end = int(m.group(1)), min(int(m.group(2) or len(data) - 1), len(data) - 1)
-            headers = {"ETag": '"v1"', "Content-Range": f"bytes {start}-{end}/{len(data)}"}
-            return self._answer(206, data[start : end + 1], headers)
+            return self._ranged((state.root / path[len("/signed/") :]).read_bytes())
 
         def do_GET(self) -> None:
             state.requests += 1
@@ -660,7 +760,10 @@ def _hub_handler(state: HubServer) -> type[http.server.BaseHTTPRequestHandler]:
             path = urllib.parse.unquote(url.path)
             if path.startswith("/signed/"):
                 return self._signed(url, path)
-            if self.headers.get("Authorization") != f"Bearer {HUB_TOKEN}":
+            elsewhere = state.pages_elsewhere and self.headers.get("Host", "").startswith("localhost:")
+            if elsewhere and self.headers.get("Authorization"):
+                return self._answer(400, b"credentials sent to another host")
+            if self.headers.get("Authorization") != f"Bearer {HUB_TOKEN}" and not (elsewhere and tree.match(path)):
                 return self._answer(401, b'{"error":"Invalid credentials"}')
             if m := tree.match(path):
                 kind, repo, rev, sub = m.groups()
@@ -674,7 +777,8 @@ def _hub_handler(state: HubServer) -> type[http.server.BaseHTTPRequestHandler]:
                 cursor = int(urllib.parse.parse_qs(url.query).get("cursor", ["0"])[0])
                 page, headers = entries[cursor : cursor + 2], {"Content-Type": "application/json"}
                 if cursor + 2 < len(entries):
-                    headers["Link"] = f'<{state.endpoint}{url.path}?recursive=true&cursor={cursor + 2}>; rel="next"'
+                    base = f"http://localhost:{state.port}" if state.pages_elsewhere else state.endpoint
+                    headers["Link"] = f'<{base}{url.path}?recursive=true&cursor={cursor + 2}>; rel="next"'
                 return self._answer(200, json.dumps(page).encode(), headers)
             if m := resolve.match(path):
                 kind, repo, rev, name = m.groups()

@@ -214,7 +214,17 @@ def tarfile_members(path: Path) -> list[tuple[str, bytes]]:
 
 
 from _latencyfs import latency_mount  # noqa: E402,F401 - shards on a FUSE mount with a delay per read
-from _servers import azure_server, drop_server, fault_proxy, framing_server, http_server, hub_server, s3_server  # noqa: E402,F401 - fixtures for the network tests
+from _servers import (  # noqa: E402,F401 - fixtures for the network tests
+    azure_server,
+    drop_server,
+    fault_proxy,
+    framing_server,
+    http_server,
+    hub_server,
+    s3_server,
+    scheme_server,
+    tls_certificate,
+)
 
 
 def open_files(paths: list[Path] | list[str]) -> dict[int, str]:

@@ -14,7 +14,11 @@ import random
 import shutil
 import subprocess
 import tarfile
+import tracemalloc
+import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _servers import HTTPServer
@@ -25,9 +29,10 @@ import tarindex
 from conftest import file_specs, gnu_tar, make_shard_set, py_tar, write_tree
 from tarindex import gzip_random
 from tarindex.cli.main import main
-from tarindex.errors import CorruptDeflateError, RandomAccessError, StaleIndexError
+from tarindex.errors import CorruptDeflateError, IndexFormatError, RandomAccessError, StaleIndexError
 from tarindex.gzip import decompress_gzip
 from tarindex.gzip_random import SeekPoints
+from tarindex.index.format import GZIP_PREFIX, numbered, seal, unseal
 from tarindex.index.reader import IndexReader
 from tarindex.index.writer import IndexWriter
 from tarindex.scan import scan_shard
@@ -347,3 +352,123 @@ def test_gzip_and_zstd_shards_in_one_index(spill: bool, tmp_path: Path, monkeypa
     for i in random.Random(8).sample(range(len(ds)), 150):
         s = ds[i]
         assert {k: v for k, v in s.items() if not k.startswith("__")} == oracle[s["__key__"]]
+
+
+Row = list[Any]  # a seek point as the table stores it: [compressed, decompressed, bits, check, stored window]
+
+
+def _crafted(index: Path, edit: Callable[[list[Row]], object], count: int | None = None) -> Path:
+    """A copy of ``index`` (beside it, so its shard names hold) whose shard 0's seek points went through
+    ``edit`` (and claim ``count`` points, if given) and were sealed again under their key: a crafted
+    table, its checksum right."""
+    import lmdb
+
+    out = index.with_name("crafted.tarindex")
+    out.write_bytes(index.read_bytes())
+    key = numbered(GZIP_PREFIX, 0)
+    env = lmdb.open(str(out), subdir=False, lock=False, map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        p = SeekPoints(unseal(txn.get(key), key, "test"), "test")
+        rows = [[c, d, b, chk, w] for c, d, b, chk, w in zip(p.compressed, p.decompressed, p.bits, p.check, p.windows)]
+        edit(rows)
+        table = gzip_random._encode([(c, d, b, chk, w) for c, d, b, chk, w in rows])
+        if count is not None:
+            table = table[:8] + count.to_bytes(4, "little") + table[12:]
+        txn.put(key, seal(key, table))
+    env.close()
+    return out
+
+
+def _bomb(size: int) -> bytes:
+    """``size`` zero bytes, zlib-compressed a MiB at a time (never held whole)."""
+    z = zlib.compressobj(9)
+    return b"".join(z.compress(bytes(1 << 20)) for _ in range(size >> 20)) + z.flush()
+
+
+def _set(k: int, field: int, value: object) -> Callable[[list[Row]], object]:
+    return lambda rows: rows[k].__setitem__(field, value)
+
+
+K = 3  # the point the crafted fields are at (the large shard has a dozen, each with a window and a bit offset)
+AT = rf"crafted\.tarindex: the gzip seek points of .*big\.tar\.gz are damaged at point {K} of \d+: "
+
+CRAFTED_AT_OPEN = {
+    "bits 9": (_set(K, 2, 9), AT + r"9 bits of the byte before the block \(expected 0-7\); rebuild the index$"),
+    "offset past the shard": (_set(K, 0, 1 << 62), AT + rf"compressed offset {1 << 62} \(expected below the shard's \d+ bytes\)"),
+    "offsets out of order": (
+        lambda rows: rows[K].__setitem__(0, rows[K - 1][0]),
+        AT + r"compressed offset (\d+), decompressed offset \d+ after \1, \d+ \(expected a larger compressed offset",
+    ),
+    "decompressed offset past deflate's ratio": (_set(K, 1, 1 << 60), AT + rf"compressed offset \d+, decompressed offset {1 << 60} after"),
+    "decompressed offset going back": (_set(K, 1, 5), AT + r"compressed offset \d+, decompressed offset 5 after"),
+    "a stored window too long to be 32 KiB": (
+        lambda rows: rows[K].__setitem__(4, _bomb(64 << 20)),  # 64 MiB of zeros: 64 KB stored
+        AT + r"a stored window of \d+ bytes \(expected at most 32791\)",
+    ),
+    "first point not at 0": (
+        _set(0, 1, 7),
+        r"crafted\.tarindex: the gzip seek points of .*big\.tar\.gz are damaged at point 0 of \d+: decompressed offset 7 \(expected 0\)",
+    ),
+    "more points than bytes": (
+        lambda rows: None,  # (and a count of 2**32 - 1)
+        r"crafted\.tarindex: the gzip seek points of .*big\.tar\.gz are damaged \(\d+ bytes for 4294967295 points\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CRAFTED_AT_OPEN))
+def test_crafted_seek_point_fields_are_refused_at_open(case: str, impl: str, tmp_path: Path) -> None:
+    """Each field of a crafted table (checksum recomputed) is checked against the table and the shard before
+    any is used: one ``IndexFormatError`` naming the index, the shard and the point, expected and got, in
+    both lanes (before: a bare ``ValueError`` for 9 bits, ``MemoryError``/``OverflowError`` for an offset
+    past the shard, a decompression bomb read whole)."""
+    _, index, _ = _big_gz(tmp_path)
+    edit, message = CRAFTED_AT_OPEN[case]
+    ds = tarindex.TarDataset(_crafted(index, edit, 2**32 - 1 if case == "more points than bytes" else None))
+    with pytest.raises(IndexFormatError, match=message):
+        ds[len(ds) - 1]
+
+
+CRAFTED_AT_READ: dict[str, tuple[Callable[[], bytes], str]] = {
+    "a zlib bomb": (lambda: _bomb(32 << 20)[:32_000], r"its window is not one zlib stream of at most 32768 bytes"),  # 32 KB stored: 31 MB
+    "garbage": (lambda: os.urandom(2000), r"its window is not zlib data \(Error -3 while decompressing data"),
+    "one byte over 32 KiB": (lambda: zlib.compress(os.urandom(32769)), r"its window is not one zlib stream of at most 32768 bytes"),
+    "bytes after the stream": (lambda: zlib.compress(b"w" * 1000) + b"junk", r"4 bytes after its window's zlib stream"),
+}
+
+
+@pytest.mark.parametrize("case", list(CRAFTED_AT_READ))
+def test_crafted_windows_are_refused_within_32_kib(case: str, impl: str, tmp_path: Path) -> None:
+    """A window is decompressed to 32 KiB at most, and must be one whole zlib stream: a bomb, garbage, a
+    window one byte too long or followed by junk are one ``IndexFormatError`` naming the point, and the
+    read allocates no more than a few MiB (before: 31 MB per read for this bomb, wrong bytes after it,
+    a bare ``zlib.error`` for garbage). Reads from the other points still give tarfile's bytes."""
+    _, index, oracle = _big_gz(tmp_path)
+    window, message = CRAFTED_AT_READ[case]
+    crafted = _crafted(index, _set(K, 4, window()))
+    points = SeekPoints(IndexReader(crafted).gzip_points(0) or b"", "test")
+    offsets = IndexReader(crafted).shard_table(0).sample_offset
+    at_k = next(i for i, o in enumerate(offsets) if o >= points.decompressed[K] and o + 4096 < points.decompressed[K + 1])
+    ds = tarindex.TarDataset(crafted)
+    tracemalloc.start()
+    try:
+        with pytest.raises(IndexFormatError, match=AT + message):
+            ds[at_k]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    first = ds[0]
+    assert {k: v for k, v in first.items() if not k.startswith("__")} == oracle[first["__key__"]]
+
+
+def test_leading_empty_members_give_points_at_one_offset(impl: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty gzip members before the data (``gzip < /dev/null`` concatenated) give several points at
+    decompressed offset 0: a table the checks accept, read as tarfile reads the tar."""
+    tar, oracle = _big(tmp_path)
+    shard = tmp_path / "lead.tar.gz"
+    shard.write_bytes(gzip_module.compress(b"") * 2 + gzip_module.compress(tar.read_bytes()))
+    index = tarindex.build_index([shard], index=tmp_path / "lead.tarindex", workers=1).path
+    points = SeekPoints(IndexReader(index).gzip_points(0) or b"", "test", size=shard.stat().st_size)
+    assert points.decompressed[:3] == [0, 0, 0] and len(points) > 3
+    _assert_random_reads(index, oracle, seed=5)

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from _servers import HUB_TOKEN, HubServer
+from _servers import HUB_TOKEN, HubServer, SchemeServer
 
 from conftest import make_shard_set
 from tarindex import TarDataset, TarStream, build_index
@@ -92,3 +92,36 @@ def test_an_expired_redirect_is_asked_for_again(repo: tuple[str, list[Path]], hu
     hub_server.signature += 1
     assert [s["bin"] for s in ds.__getitems__(order)] == [local[i]["bin"] for i in order]
     assert hub_server.resolves > before  # asked again, not served from somewhere stale
+
+
+def test_a_next_page_on_another_host_gets_no_token(repo: tuple[str, list[Path]], hub_server: HubServer) -> None:
+    """A listing's ``Link: rel="next"`` naming another host is followed without the token (that host answers
+    400 to a request that carries one, and serves the pages without): the listing is whole."""
+    url, paths = repo
+    hub_server.pages_elsewhere = True
+    before = hub_server.requests
+    assert expand_shards(f"{url}/data/train-*.tar") == [f"{url}/data/{p.name}" for p in paths]
+    assert hub_server.requests - before >= 3  # five files (and the README) at two a page: pages on the other host
+
+
+def test_the_hub_token_does_not_follow_https_to_http(
+    scheme_server: SchemeServer, tls_certificate: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``https`` Hub whose resolve URL redirects to ``http`` on the same host and port: the token from
+    HF_TOKEN reaches the ``https`` requests only; build, random reads, a batch and the stream read
+    tarfile's bytes."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_certificate[0]))
+    monkeypatch.setenv("HF_ENDPOINT", scheme_server.url("https", "to-http"))  # resolve URLs: /to-http/datasets/...
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    paths = make_shard_set(scheme_server.root / "datasets" / "org" / "set" / "resolve" / "main", 2, 4)
+    names = [f"hf://datasets/org/set/{p.name}" for p in paths]
+    index = build_index(names, index=tmp_path / "hub.tarindex", workers=1).path
+    local = TarDataset(build_index([str(p) for p in paths], index=tmp_path / "local.tarindex", workers=1).path)
+    ds = TarDataset(index)
+    bins = [local[i]["bin"] for i in range(len(local))]
+    assert [ds[i]["bin"] for i in reversed(range(len(ds)))] == bins[::-1]
+    assert [s["bin"] for s in ds.__getitems__(list(range(len(ds))))] == bins
+    assert [s["bin"] for s in TarStream(names)] == bins
+    assert set(scheme_server.authorizations("https")) == {f"Bearer {HUB_TOKEN}"}
+    assert len(scheme_server.authorizations("http")) > 4 and set(scheme_server.authorizations("http")) == {None}

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _servers import FaultProxy, FramingServer, HTTPServer
+from _servers import FaultProxy, FramingServer, HTTPServer, SchemeServer
 
+from tarindex._network import credentials_follow
 from tarindex._retry import RetryPolicy, Transient, parse_retry_after
 from tarindex.errors import ShardNotFoundError, SourceError
 from tarindex.options import SourceOptions
@@ -240,3 +241,49 @@ def test_credentials_do_not_follow_a_redirect_to_another_host(http_server: HTTPS
     cdn = http_server.url(f"cdn/{tmp_path.name}.bin").replace("127.0.0.1", "localhost")
     with pytest.raises(SourceError, match="400"):  # the CDN does refuse a request that carries the token
         RangeReader(cdn, token)
+
+
+@pytest.mark.parametrize(("first", "then"), [("https", "http"), ("http", "https")])
+def test_credentials_do_not_follow_a_change_of_scheme(
+    first: str, then: str, scheme_server: SchemeServer, tls_certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redirect that changes the scheme alone (same host, same port: one server speaks both) drops the
+    caller's ``Authorization``: https to http would send it in the clear, and http to https on a port
+    other than the defaults is another origin. Every read path: the probe (http.client), single reads
+    and a batch (raw sockets after https -> http, http.client after http -> https), the stream; the
+    first scheme's requests do carry it."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_certificate[0]))  # trusts the server's self-signed certificate
+    data = os.urandom(300_000)
+    (scheme_server.root / "x.bin").write_bytes(data)
+    url = scheme_server.url(first, f"to-{then}/x.bin")
+    token = {"Authorization": "Bearer s3cret"}
+    reader = RangeReader(url, SourceOptions(headers=token))
+    assert reader.read_at(7, 90_000) == data[7:90_007]
+    wanted = _ranges(20, 9_000, len(data))
+    assert RangeReader.read_many([(reader, o, n) for o, n in wanted], 4) == [data[o : o + n] for o, n in wanted]
+    with open_source(url, headers=token) as src:
+        assert b"".join(src) == data
+    assert scheme_server.authorizations(first) == ["Bearer s3cret"] * 2  # the probe's and the stream's first request
+    assert len(scheme_server.authorizations(then)) >= 23 and set(scheme_server.authorizations(then)) == {None}
+
+
+@pytest.mark.parametrize(
+    ("given_for", "url", "follow"),
+    [
+        ("https://h.example/a", "https://h.example/b?x=1", True),
+        ("https://h.example/a", "https://H.EXAMPLE:443/b", True),  # a default port written or not, any case
+        ("http://h.example:8080/a", "http://h.example:8080/b", True),
+        ("https://h.example/a", "http://h.example/a", False),  # in the clear
+        ("https://h.example:8443/a", "http://h.example:8443/a", False),
+        ("http://h.example/a", "https://h.example/a", True),  # requests' exception: 80 -> 443, the same host
+        ("http://h.example:80/a", "https://h.example:443/a", True),
+        ("http://h.example:8080/a", "https://h.example:8080/a", False),  # not the default ports: another origin
+        ("http://h.example/a", "https://h.example:8443/a", False),
+        ("https://h.example/a", "https://cdn.example/a", False),
+        ("https://h.example:1/a", "https://h.example:2/a", False),
+        ("https://h.example/a", "https://h.example:bad/a", False),
+        ("https://h.example/a", "ftp://h.example/a", False),
+    ],
+)
+def test_the_credentials_rule_is_requests_one(given_for: str, url: str, follow: bool) -> None:
+    assert credentials_follow(given_for, url) is follow

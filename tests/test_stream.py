@@ -167,6 +167,43 @@ def test_shuffle_is_deterministic(shards: list[Path]) -> None:
     assert TarStream(urls).shards_for(slot, 0) == list(range(5))  # not shuffled: archive order
 
 
+def test_shuffle_true_is_a_buffer_of_a_thousand(impl: str, tmp_path: Path) -> None:
+    """``shuffle=True`` (and ``.shuffle()``, ``.shuffle(True)``) is webdataset's default buffer of 1,000 samples,
+    not a buffer of one (archive order): in one shard of 300 samples, some sample comes out more than 100
+    places before its place in the archive, which a buffer of ``B`` allows only for ``B`` > 100."""
+    shard = make_shard_set(tmp_path / "one", n_shards=1, per=300)[0]
+    archive = _keys(_oracle([shard]))
+    for stream in (TarStream([str(shard)], shuffle=True), TarStream([str(shard)]).shuffle(), TarStream([str(shard)]).shuffle(True)):
+        assert stream.shuffle_size == tarindex.stream.DEFAULT_SHUFFLE == 1000 and stream.shuffle_shards
+        got = [s["__key__"] for s in stream]
+        assert sorted(got) == sorted(archive) and got != archive
+        assert max(archive.index(k) - i for i, k in enumerate(got)) > 100
+    off = TarStream([str(shard)], shuffle=False)
+    assert off.shuffle_size == 0 and not off.shuffle_shards and _keys(list(off)) == archive
+
+
+@pytest.mark.parametrize("value", ["100", 100.0, None, b"1", [10]])
+def test_shuffle_that_is_not_a_size_is_refused(value: object, shards: list[Path]) -> None:
+    """A shuffle that is neither an integer nor a bool is a ``TypeError`` of ours naming it, from the
+    constructor and from ``.shuffle()``; a negative size a ``ValueError`` of ours; so is a
+    ``shuffle_shards`` that is not a bool."""
+    from tarindex.errors import OptionError, OptionTypeError
+
+    urls = [str(p) for p in shards]
+    with pytest.raises(OptionTypeError, match=rf"^shuffle must be a buffer size \(int\) or True/False, not {type(value).__name__} "):
+        TarStream(urls, shuffle=value)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="shuffle must be"):
+        TarStream(urls).shuffle(value)  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match=r"^shuffle must be >= 0 \(a buffer size\) or True/False, not -1$") as err:
+        TarStream(urls, shuffle=-1)
+    assert isinstance(err.value, ValueError) and not isinstance(err.value, TypeError)
+    with pytest.raises(OptionError, match="not -5"):
+        TarStream(urls).shuffle(-5)
+    with pytest.raises(OptionTypeError, match=r"^shuffle_shards must be True, False or None, not str 'no'$"):
+        TarStream(urls, shuffle_shards="no")  # type: ignore[arg-type]
+    assert TarStream(urls, shuffle=np.int64(7)).shuffle_size == 7  # any integer type
+
+
 def test_epoch_size_equal_for_every_rank(shards: list[Path]) -> None:
     urls = [str(p) for p in shards]  # 5 shards of 7 over 2 ranks: 21 and 14 samples
     for rank in (0, 1):
