@@ -819,7 +819,7 @@ def _walk(
         regular = _is_regular(hdr, typ)
         if typ in _HEADER_ONLY or not (typ or regular):  # links, devices, directories, FIFOs: no data, as tarfile reads them
             size = 0
-        elif sparse and hdr[_SPARSE_EXTENDED] and typ == _SPARSE:  # old GNU sparse: its extension blocks, then its data
+        elif typ == _SPARSE and hdr[_SPARSE_EXTENDED]:  # old GNU sparse: its extension blocks, then its data
             pos = _past_sparse_blocks(cur, path, start, pos)
             buf = cur.buf
         _check_size(cur, path, start, pos, size, limit, name)
