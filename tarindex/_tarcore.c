@@ -78,10 +78,11 @@ static int pax_records(const unsigned char *d, size_t n, Pax *x) {
         size_t key = i + 1, stop = pos + (size_t)len;
         if (stop <= key) return 0;
         const unsigned char *eq = memchr(d + key, '=', stop - key);
-        if (!eq || eq == d + key || d[stop - 1] != '\n') return 0;
+        int bare = eq == d + stop - 1; /* "<len> key=" ends the record: an empty value without its newline (as tarfile reads it) */
+        if (!eq || eq == d + key || (d[stop - 1] != '\n' && !bare)) return 0;
         size_t klen = (size_t)(eq - (d + key));
         const unsigned char *value = eq + 1;
-        size_t vlen = (size_t)(d + stop - 1 - value);
+        size_t vlen = bare ? 0 : (size_t)(d + stop - 1 - value);
         if (klen == 4 && memcmp(d + key, "path", 4) == 0) {
             x->path = value;
             x->path_len = vlen;
@@ -145,7 +146,8 @@ int tar_step(const unsigned char *p, size_t avail, tar_member *m, size_t *need) 
         m->regular = regular;
         m->header = at;
         m->data = at + TAR_BLOCK;
-        m->size = chain.has_size ? chain.size : size;
+        m->size = !regular ? 0 : chain.has_size ? chain.size : size; /* links, devices, directories, FIFOs: no data, whatever
+                                                                         * their size field says (as tarfile reads them) */
         if (chain.has_path) {
             m->name = chain.path;
             m->name_len = chain.path_len;

@@ -24,15 +24,16 @@ typedef struct {
     size_t header;             /* where the member's own (last) header starts, from its first header */
     const unsigned char *name; /* the name's bytes (into the input, or into scratch) ... */
     size_t name_len;           /* ... and their count */
-    int regular;               /* a regular file (else a directory, link, device, FIFO: skipped) */
+    int regular;               /* a regular file (else a directory, link, device, FIFO: skipped; its size is 0, its data absent) */
     unsigned char scratch[256]; /* a ustar prefix, '/', and the name */
 } tar_member;
 
 /* The member whose first header is at p, with `avail` bytes in hand. Every header's checksum is verified
  * before any of its fields is used; extension headers (PAX 'x': path and size applied, every other record
- * ignored; GNU 'L' long name, 'K' long link name) are applied as tarfile applies them (the first header
- * that sets a field wins). Returns TAR_MEMBER, TAR_DEFER or TAR_SHORT (then *need, the bytes from p the
- * headers take, is set; it may exceed any window: then defer). Reads nothing past p + avail. */
+ * ignored, a record "<len> key=" with an empty value and no newline accepted; GNU 'L' long name, 'K' long
+ * link name) are applied as tarfile applies them (the first header that sets a field wins). Returns
+ * TAR_MEMBER, TAR_DEFER or TAR_SHORT (then *need, the bytes from p the headers take, is set; it may exceed
+ * any window: then defer). Reads nothing past p + avail. */
 int tar_step(const unsigned char *p, size_t avail, tar_member *m, size_t *need);
 
 /* The header checksum's unsigned sum (the checksum field counted as spaces). */

@@ -147,9 +147,12 @@ def _scanned(
     progress: Progress | None,
     max_member_size: int | None = None,
     options: SourceOptions | None = None,
+    allow_missing_end: bool = False,
 ) -> Iterator[tuple[ShardInfo, ShardTable]]:
     """Scan results in shard order, as they complete (scanned on ``executor``, or in ``workers`` local processes)."""
-    scan = functools.partial(scan_shard, max_member_size=max_member_size, options=options)  # picklable: a module function and data
+    scan = functools.partial(  # picklable: a module function and data
+        scan_shard, max_member_size=max_member_size, options=options, allow_missing_end=allow_missing_end
+    )
     with ExitStack() as stack:
         if executor is None and workers > 1 and len(shards) > 1:
             methods = multiprocessing.get_all_start_methods()
@@ -179,6 +182,7 @@ def build_index(
     options: SourceOptions | None = None,
     storage_options: Mapping[str, Any] | None = None,
     headers: Mapping[str, str] | None = None,
+    allow_missing_end: bool = False,
 ) -> BuildReport:
     """Index tar shards into one LMDB index file.
 
@@ -210,6 +214,9 @@ def build_index(
             and listing URL shards; overrides ``options.storage_options``. Never stored in the index.
         headers: extra HTTP(S) request headers (e.g. ``Authorization``); overrides ``options.headers``.
             Never stored in the index.
+        allow_missing_end: accept shards that end without the end-of-archive marker (written by tools
+            that omit it); by default such a shard is a :class:`~tarindex.errors.CorruptArchiveError`,
+            since a shard cut at a member boundary looks the same.
 
     Shards of the existing index that are no longer in the list are dropped
     from it, each with a logged warning naming it. When nothing changed (the
@@ -255,7 +262,7 @@ def build_index(
                 for s, r in zip(paths, rel):
                     _check_members(s, previous.table(known[r]), max_member_size)
             return BuildReport(out, [], list(paths))  # nothing changed (same shards, order and mtimes): the index stands
-        scans = _scanned(todo, workers or os.cpu_count() or 1, executor, progress, max_member_size, opts)
+        scans = _scanned(todo, workers or os.cpu_count() or 1, executor, progress, max_member_size, opts, allow_missing_end)
         todo_set = set(todo)
         with IndexWriter(out, part=part) as writer:
             for s, r in zip(paths, rel):

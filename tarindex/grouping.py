@@ -200,7 +200,12 @@ def fused() -> bool:
 
 
 def iter_samples(
-    source: Iterable[Buffer] | int | tar.DirectArchive, url: str, *, index: int | None = None, max_member_size: int | None = None
+    source: Iterable[Buffer] | int | tar.DirectArchive,
+    url: str,
+    *,
+    index: int | None = None,
+    max_member_size: int | None = None,
+    allow_missing_end: bool = False,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(sample offset, sample)`` for each sample of an archive: chunks, an open file's descriptor,
     or a :class:`tarindex.tar.DirectArchive` (a socket the C walk reads itself).
@@ -212,7 +217,8 @@ def iter_samples(
     :func:`tarindex.tar.iter_tar` and :func:`group_members`, with the same samples and errors.
     A member over ``max_member_size`` is an error before anything is allocated for it (default:
     :data:`tarindex.tar.MAX_MEMBER_SIZE` for a source of unknown length, chunks or a stream; none but
-    the file's size for a file).
+    the file's size for a file). ``allow_missing_end``: an archive may end without its end-of-archive
+    marker (see :func:`tarindex.tar.iter_tar`).
 
     Raises:
         CorruptArchiveError: see :func:`tarindex.tar.iter_tar`.
@@ -220,14 +226,14 @@ def iter_samples(
     """
     if fused() and _CPacker is not None:
         packer = _CPacker(sample_key, lambda offset, ext, key, name: _duplicate(url, offset, ext, key, name), url, index)
-        yield from tar.group_tar(source, url, packer, max_member_size=max_member_size)
+        yield from tar.group_tar(source, url, packer, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
         return
     if isinstance(source, tar.DirectArchive):
         source = tar.direct_chunks(source)
     if isinstance(source, int):
-        entries = tar.iter_tar_file(source, url, with_data=True, max_member_size=max_member_size)
+        entries = tar.iter_tar_file(source, url, with_data=True, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
     else:
-        entries = tar.iter_tar(source, url, with_data=True, max_member_size=max_member_size)
+        entries = tar.iter_tar(source, url, with_data=True, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
     for rec in group_members(entries, url):
         sample: dict[str, Any] = {"__key__": rec.key, "__url__": url}
         if index is not None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ._source import Source
-from .compression import ArchiveEnd, codec_of, detect
+from .compression import HEAD_BYTES, ArchiveEnd, codec_of, detect
 from .errors import (
     CorruptArchiveError,
     CorruptDeflateError,
@@ -51,20 +51,25 @@ __all__: list[str] = []  # internal module: its names serve the package, the pub
 # -- tables from walks ------------------------------------------------------------
 
 
-def table_from_chunks(chunks: Iterable[Buffer], path: str, *, max_member_size: int | None = None) -> ShardTable:
+def table_from_chunks(
+    chunks: Iterable[Buffer], path: str, *, max_member_size: int | None = None, allow_missing_end: bool = False
+) -> ShardTable:
     """Index an archive given as consecutive chunks (see :func:`tarindex.tar.index_tar`).
 
     Members go straight from the walk into a packer (:func:`tarindex.grouping.new_packer`):
     with the C extension, runs of plain headers are walked and packed in C, one call per chunk.
-    A member over ``max_member_size`` (default :data:`tarindex.tar.MAX_MEMBER_SIZE`) is an error.
+    A member over ``max_member_size`` (default :data:`tarindex.tar.MAX_MEMBER_SIZE`) is an error, and so is
+    an archive without its end-of-archive marker unless ``allow_missing_end``.
 
     Raises:
         CorruptArchiveError: the archive is not valid (from the walk).
         DuplicateMemberError: two members of one sample have the same extension.
     """
-    return _walked(path, lambda packer: index_tar(chunks, path, packer, max_member_size=max_member_size))
+    return _walked(
+        path, lambda packer: index_tar(chunks, path, packer, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
+    )
 
-def table_from_file(fd: int, path: str, *, max_member_size: int | None = None) -> ShardTable:
+def table_from_file(fd: int, path: str, *, max_member_size: int | None = None, allow_missing_end: bool = False) -> ShardTable:
     """:func:`table_from_chunks` over an open file, reading headers with ``os.pread`` (see :func:`tarindex.tar.iter_tar_file`);
     members must fit in the file, and with ``max_member_size`` be at most that.
 
@@ -72,7 +77,9 @@ def table_from_file(fd: int, path: str, *, max_member_size: int | None = None) -
         CorruptArchiveError: the archive is not valid (from the walk).
         DuplicateMemberError: two members of one sample have the same extension.
     """
-    return _walked(path, lambda packer: index_tar_file(fd, path, packer, max_member_size=max_member_size))
+    return _walked(
+        path, lambda packer: index_tar_file(fd, path, packer, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
+    )
 
 def _walked(path: str, walk: Callable[[Packer], None]) -> ShardTable:
     packer = new_packer(path)
@@ -124,12 +131,12 @@ def iter_archive(
     first = next(chunks, None)
     if first is None:
         return
-    while len(first) < 6:  # enough bytes to tell every format apart
+    while len(first) < HEAD_BYTES:  # enough bytes to tell every format apart
         more = next(chunks, None)
         if more is None:
             break
         first = bytes(first) + bytes(more)
-    codec = codec_of(bytes(first[:6]), url)
+    codec = codec_of(bytes(first[:HEAD_BYTES]), url)
     if codec == "zstd":
         yield from decompress_frames(itertools.chain((first,), chunks), url, frames, end=end)
     elif codec == "gzip":
@@ -162,13 +169,16 @@ def archive(
 # -- shards ------------------------------------------------------------------------
 
 
-def scan_shard(path: str, *, max_member_size: int | None = None, options: SourceOptions | None = None) -> tuple[ShardInfo, ShardTable]:
+def scan_shard(
+    path: str, *, max_member_size: int | None = None, options: SourceOptions | None = None, allow_missing_end: bool = False
+) -> tuple[ShardInfo, ShardTable]:
     """Scan one shard (plain tar, or zstd by content) into its offset tables (``ShardInfo.path`` is ``path``).
 
     A URL (``http(s)://``, ``pipe:``, fsspec) is read once, sequentially
     (see :func:`scan_sequential`). A member over ``max_member_size`` is an error (default: 8 GiB,
     :data:`tarindex.tar.MAX_MEMBER_SIZE`, for a stream or a decompressed shard; for a plain
     local file, only its own size). ``options`` (headers, storage options, retries) apply to URLs.
+    ``allow_missing_end``: the archive may end without its end-of-archive marker.
 
     Raises:
         ShardNotFoundError: the shard does not exist.
@@ -176,7 +186,7 @@ def scan_shard(path: str, *, max_member_size: int | None = None, options: Source
         SourceError: a URL could not be read (after retries).
     """
     if is_url(path):
-        return scan_sequential(path, max_member_size=max_member_size, options=options)
+        return scan_sequential(path, max_member_size=max_member_size, options=options, allow_missing_end=allow_missing_end)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError as exc:
@@ -185,14 +195,14 @@ def scan_shard(path: str, *, max_member_size: int | None = None, options: Source
         st = os.fstat(fd)
         if st.st_size == 0:
             raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
-        codec = codec_of(os.pread(fd, 6, 0), path)
+        codec = codec_of(os.pread(fd, HEAD_BYTES, 0), path)
         partial = False
         if codec == "zstd":
-            table, partial = _scan_zstd(fd, path, max_member_size)
+            table, partial = _scan_zstd(fd, path, max_member_size, allow_missing_end)
         elif codec == "gzip":
-            table = _scan_gzip(fd, path, max_member_size)
+            table = _scan_gzip(fd, path, max_member_size, allow_missing_end)
         else:
-            table = table_from_file(fd, path, max_member_size=max_member_size)
+            table = table_from_file(fd, path, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
         info = shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table, gzip=codec == "gzip")
         return (dataclasses.replace(info, random_access=False) if partial else info), table
     finally:
@@ -200,7 +210,7 @@ def scan_shard(path: str, *, max_member_size: int | None = None, options: Source
 
 
 def scan_sequential(
-    url: str, *, max_member_size: int | None = None, options: SourceOptions | None = None
+    url: str, *, max_member_size: int | None = None, options: SourceOptions | None = None, allow_missing_end: bool = False
 ) -> tuple[ShardInfo, ShardTable]:
     """Index a shard in one sequential pass over its stream (HTTP, ``pipe:``, fsspec, zstd or not).
 
@@ -230,7 +240,7 @@ def scan_sequential(
     end = ArchiveEnd()
     with open_source(url, options=options) as source:
         raw = archive(source, tapped, frames=rows, end=end, points=points)
-        table = table_from_chunks(raw, url, max_member_size=max_member_size)
+        table = table_from_chunks(raw, url, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
         end.set()
         for _ in raw:  # the rest (end-of-archive padding), read but not decompressed past Limits.padding:
             pass  # the size and fingerprint cover the whole stream
@@ -277,7 +287,7 @@ def scan_zstd(fd: int, path: str, *, max_member_size: int | None = None) -> Shar
     return _scan_zstd(fd, path, max_member_size)[0]
 
 
-def _scan_zstd(fd: int, path: str, max_member_size: int | None = None) -> tuple[ShardTable, bool]:
+def _scan_zstd(fd: int, path: str, max_member_size: int | None = None, allow_missing_end: bool = False) -> tuple[ShardTable, bool]:
     """:func:`scan_zstd`, and whether the walk stopped inside a frame (whose row is then incomplete)."""
     end = ArchiveEnd()
     buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
@@ -290,13 +300,13 @@ def _scan_zstd(fd: int, path: str, max_member_size: int | None = None) -> tuple[
         table = None
         if seek is not None and len(seek) and int(seek[:, 1].max()) <= PIECE_LIMIT:
             try:
-                table = _scan_chunks(by_seek_table(mv, seek, rows, path, end), path, end, max_member_size)
+                table = _scan_chunks(by_seek_table(mv, seek, rows, path, end), path, end, max_member_size, allow_missing_end)
             except SeekTableMismatch:
                 rows.clear()
                 end = ArchiveEnd()
         if table is None:
             pieces = (mv[i : i + MAP_SLICE] for i in range(0, len(mv), MAP_SLICE))
-            table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False, end=end), path, end, max_member_size)
+            table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False, end=end), path, end, max_member_size, allow_missing_end)
             del pieces
         mv.release()
     finally:
@@ -308,7 +318,7 @@ def _scan_zstd(fd: int, path: str, max_member_size: int | None = None) -> tuple[
     return table, end.partial
 
 
-def _scan_gzip(fd: int, path: str, max_member_size: int | None = None) -> ShardTable:
+def _scan_gzip(fd: int, path: str, max_member_size: int | None = None, allow_missing_end: bool = False) -> ShardTable:
     """Index a gzip shard: one streaming decompression (1 MiB reads) that records seek points
     (:func:`tarindex.gzip_random.decompress_indexed`), the tar parser on its output.
 
@@ -320,12 +330,14 @@ def _scan_gzip(fd: int, path: str, max_member_size: int | None = None) -> ShardT
     end = ArchiveEnd()
     reads = (os.pread(fd, MAP_SLICE // 16, off) for off in range(0, os.fstat(fd).st_size, MAP_SLICE // 16))
     points: list[bytes] = []
-    table = _scan_chunks(decompress_indexed(reads, path, points, end=end), path, end, max_member_size)
+    table = _scan_chunks(decompress_indexed(reads, path, points, end=end), path, end, max_member_size, allow_missing_end)
     table.gzip_points = points[0]
     return table
 
 
-def _scan_chunks(chunks: Iterator[bytes], path: str, end: ArchiveEnd, max_member_size: int | None = None) -> ShardTable:
+def _scan_chunks(
+    chunks: Iterator[bytes], path: str, end: ArchiveEnd, max_member_size: int | None = None, allow_missing_end: bool = False
+) -> ShardTable:
     """The tar parser over decompressed pieces; the input after the end-of-archive marker is drained
     too (``end`` set: only the padding is decompressed, the rest read).
 
@@ -335,7 +347,7 @@ def _scan_chunks(chunks: Iterator[bytes], path: str, end: ArchiveEnd, max_member
             message says the offset is in the decompressed tar).
     """
     try:
-        table = table_from_chunks(chunks, path, max_member_size=max_member_size)
+        table = table_from_chunks(chunks, path, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
     except (CorruptFrameError, CorruptDeflateError, DecompressionLimitError):  # offsets in the compressed file
         raise
     except CorruptArchiveError as exc:

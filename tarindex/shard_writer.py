@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import stat
 import tarfile
 import time
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from typing import Any, BinaryIO, Literal, NoReturn
 import zstandard
 
 from ._atomic import AtomicFile
-from .compression import codec_of
+from .compression import HEAD_BYTES, codec_of
 from .errors import CorruptArchiveError, ShardNotFoundError
 from .grouping import group_members
 from .gzip import decompress_gzip
@@ -136,21 +137,25 @@ def compress_shard(
     uncompressed)`` size of each frame.
 
     Raises:
-        ShardNotFoundError: ``src`` does not exist.
+        ShardNotFoundError: ``src`` does not exist, or is a directory or another file that is not regular.
         CorruptArchiveError: ``src`` is not a valid tar (or zstd or gzip) archive.
-        UnsupportedCompressionError: ``src`` is bzip2, xz, lz4 or Unix compress.
+        UnsupportedCompressionError: ``src`` is bzip2, xz, lzma, lzip, lz4 or Unix compress.
     """
     src, dst = os.fspath(src), os.fspath(dst)
     try:
         fd = os.open(src, os.O_RDONLY)
     except FileNotFoundError as exc:
         raise ShardNotFoundError(f"{src}: no such shard") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # read at random below: a directory, FIFO or device is no shard
+        os.close(fd)
+        raise ShardNotFoundError(f"{src}: {'is a directory' if stat.S_ISDIR(mode) else 'not a regular file'}, not a shard")
     out = AtomicFile(dst)
     plain: AtomicFile | None = None
     try:
         if os.fstat(fd).st_size == 0:
             raise CorruptArchiveError(src, 0, "empty file, not a tar archive")
-        codec = codec_of(os.pread(fd, 6, 0), src)
+        codec = codec_of(os.pread(fd, HEAD_BYTES, 0), src)
         if codec != "tar":  # zstd or gzip: decompress to a temporary tar beside the output first
             plain = AtomicFile(Path(dst).with_name(Path(dst).name + ".plain"))
             decompress = iter_decompressed if codec == "zstd" else decompress_gzip

@@ -288,6 +288,9 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             member and its offset, raised before anything is allocated for it. ``None`` (default):
             8 GiB (:data:`tarindex.tar.MAX_MEMBER_SIZE`) for shards of unknown length (pipes,
             HTTP, zstd and gzip shards), and a local plain tar's own size.
+        allow_missing_end: accept shards that end without the end-of-archive marker (written by tools
+            that omit it). Off by default: such a shard is a :class:`~tarindex.errors.CorruptArchiveError`,
+            since a shard cut at a member boundary looks the same.
 
     Raises:
         ShardNotFoundError: a local shard or pattern matches nothing.
@@ -326,6 +329,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         headers: Mapping[str, str] | None = None,
         max_errors: int | None = None,
         max_member_size: int | None = None,
+        allow_missing_end: bool = False,
     ) -> None:
         super().__init__()
         if not callable(handler) and handler not in _HANDLERS:
@@ -350,6 +354,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         if max_member_size is not None and max_member_size < 0:
             raise OptionError(f"max_member_size must be >= 0, not {max_member_size}")
         self.max_member_size = max_member_size
+        self.allow_missing_end = allow_missing_end
         self._errors = 0  # errors handled in a row, in this process
         self.rank = rank
         self.world_size = world_size
@@ -445,20 +450,22 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                     check_source(url, self._infos[shard], source.size, source.mtime_ns)
             fd = source.fileno() if isinstance(source, FileSource) and source.size is not None and fused() else -1
             if fd >= 0 and codec_of(os.pread(fd, 6, 0), url) == "tar":  # a local tar: the C walk reads it, one copy, no thread
-                yield from iter_samples(fd, url, index=index, max_member_size=self.max_member_size)
+                yield from iter_samples(fd, url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end)
                 return
             first = b""
             if source.walks_direct and fused():  # HTTP, pipes: the C walk reads the socket or pipe itself
                 while len(first) < 6 and (more := source.read(64 << 10)):
                     first += more
                 if codec_of(first[:6], url) == "tar":
-                    yield from iter_samples(DirectArchive(source, first), url, index=index, max_member_size=self.max_member_size)
+                    yield from iter_samples(
+                        DirectArchive(source, first), url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end
+                    )
                     while source.read(source.block_size):  # to the end: the body's length is checked there
                         pass
                     return
             end = ArchiveEnd()
             raw = archive(source, first=first, end=end)
-            yield from iter_samples(raw, url, index=index, max_member_size=self.max_member_size)
+            yield from iter_samples(raw, url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end)
             end.set()  # what follows the tar is read, but decompressed only as far as Limits.padding
             for _ in raw:  # to the end: a pipe's exit status and an HTTP body's length are checked there
                 pass
@@ -617,7 +624,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             index = None if first_index is None else first_index + ordinal
             block = self._source_options["block_size"]
             chunks = reader.chunks(offset, block) if isinstance(reader, _Decompressed) else _chunks_at(reader, offset, block)
-            walk = iter_samples(chunks, url, index=index, max_member_size=self.max_member_size)
+            walk = iter_samples(chunks, url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end)
             numbered = enumerate(((offset + off, sample) for off, sample in walk), ordinal)
         else:
             numbered = ((k, pair) for k, pair in enumerate(self._raw(shard)) if k >= ordinal)

@@ -6,9 +6,12 @@ never copied) or 1-4 MiB blocks from a pipe, a socket or a decompressor
 (streaming). Python's :mod:`tarfile` is the test oracle, not the hot path.
 
 What is a member: regular files (type ``0``, NUL and ``7``). Directories,
-symbolic and hard links, devices and FIFOs are skipped silently; GNU sparse
-members (type ``S`` or PAX ``GNU.sparse.*``) are skipped with a logged
-warning, since their data is not stored contiguously.
+symbolic and hard links, devices and FIFOs are skipped silently, and their data is absent
+whatever their size field says (as :mod:`tarfile` and Go's ``archive/tar`` read them: a hard
+link's header may carry its target's size). GNU sparse members (old GNU type ``S``, whose
+extension blocks of sparse entries follow the header, and PAX sparse formats 0.0, 0.1 and 1.0,
+``GNU.sparse.*`` records) are skipped with a logged warning, since their data is not stored
+contiguously: the walk goes on after their stored bytes.
 
 Nothing in a header is trusted before its checksum is verified (extension headers
 included), and every size is checked before it is used: numbers are read as GNU tar
@@ -18,7 +21,9 @@ a source of unknown length, be at most :data:`MAX_MEMBER_SIZE`; a ``max_member_s
 bounds every member of every source. Member data is then gathered as it arrives. PAX (``x``, ``g``: ``path`` and ``size``
 applied, other records accepted and ignored) and GNU (``L``, ``K``) extension headers
 before one member are applied as :mod:`tarfile` applies them. Anything else is a
-:class:`~tarindex.errors.CorruptArchiveError` naming the shard and the header's offset.
+:class:`~tarindex.errors.CorruptArchiveError` naming the shard and the header's offset, and so is
+an archive that ends without its end-of-archive marker (a zero block), unless the caller allows
+that (``allow_missing_end``: archives written without the marker).
 """
 
 from __future__ import annotations
@@ -39,7 +44,10 @@ __all__: list[str] = []  # internal module: its names serve the package, the pub
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
 _REGULAR = frozenset(b"0\x007")
+_HEADER_ONLY = frozenset(b"123456")  # links, devices, directories, FIFOs: no data, whatever the size field says
 _SPARSE = ord("S")
+_SPARSE_EXTENDED = 482  # old GNU sparse header: nonzero when extension blocks of sparse entries follow it
+_EXTENSION_EXTENDED = 504  # the same flag in each extension block (after its 21 entries of 24 bytes)
 _PAX = ord("x")
 _PAX_GLOBAL = ord("g")
 _GNU_LONGNAME = ord("L")
@@ -54,6 +62,9 @@ _SMALL_WINDOW = 8 << 10  # a sample's small members with a PAX header each fit
 _SIZE_MAX = (1 << 63) - 1
 _CHAIN = 8 << 10  # a member's extension headers the C walk is helped to see in one window
 _ASSEMBLE = 1 << 20  # bytes from several chunks, from this many on: assembled in one buffer (_Assembly), not joined
+
+_NO_END = "truncated archive: no end-of-archive marker"
+_NO_END_HINT = " (to read an archive written without one: allow_missing_end=True, --allow-missing-end)"
 
 MAX_MEMBER_SIZE = 8 << 30
 """The largest member (or extension header) accepted from a source whose length is not known
@@ -178,10 +189,13 @@ def _verified(block: bytes, path: str, pos: int) -> tuple[int, int]:
 def _parse_pax(data: bytes, path: str, offset: int) -> dict[str, str]:
     """Parse PAX extended header records ``"<len> <key>=<value>\\n"`` (trailing NUL padding allowed).
 
+    A record whose length ends it right after the ``=`` (an empty value without its newline, as
+    some writers make it) is read as :mod:`tarfile` reads it: an empty value.
+
     Raises:
         CorruptArchiveError: a record whose length is not decimal digits followed by a space, that
-            runs past the header's data, has no ``=`` or empty key, or does not end with a newline;
-            a ``size`` that is not decimal digits.
+            runs past the header's data, has no ``=`` or empty key, or (with a value) does not end with
+            a newline; a ``size`` that is not decimal digits.
     """
     out: dict[str, str] = {}
     pos = 0
@@ -193,7 +207,7 @@ def _parse_pax(data: bytes, path: str, offset: int) -> dict[str, str]:
         if m is None or stop > end or stop <= m.end():
             raise CorruptArchiveError(path, offset, f"malformed PAX extended header record at byte {pos} of its data")
         eq = data.find(b"=", m.end(), stop)
-        if eq <= m.end() or data[stop - 1] != 0x0A:
+        if eq <= m.end() or (data[stop - 1] != 0x0A and eq != stop - 1):
             raise CorruptArchiveError(path, offset, f"malformed PAX extended header record at byte {pos} of its data")
         out[_decode_name(data[m.end() : eq])] = _decode_name(data[eq + 1 : stop - 1])
         pos = stop
@@ -260,6 +274,8 @@ class _Extended:
                 sparse = sparse or any(k.startswith("GNU.sparse.") for k in value)
                 if "path" in value:
                     name = value["path"]
+                if "GNU.sparse.name" in value:  # PAX sparse 1.0: the real name (the header holds GNUSparseFile.N/...)
+                    name = value["GNU.sparse.name"]
                 if "size" in value:
                     size = int(value["size"])  # digits: checked by _parse_pax
             elif typ == _GNU_LONGNAME:
@@ -531,7 +547,12 @@ class _DirectCursor(_Cursor):
 
 
 def iter_tar(
-    chunks: Iterable[Buffer], path: str, *, with_data: bool = False, max_member_size: int | None = None
+    chunks: Iterable[Buffer],
+    path: str,
+    *,
+    with_data: bool = False,
+    max_member_size: int | None = None,
+    allow_missing_end: bool = False,
 ) -> Iterator[Entry]:
     """Yield ``(name, header_offset, data_offset, size, data)`` for each regular member.
 
@@ -541,17 +562,21 @@ def iter_tar(
     is yielded once every header it depends on passed its checksum; the walk ends
     at the end-of-archive marker (input after it is not read). A member or
     extension header larger than ``max_member_size`` (default :data:`MAX_MEMBER_SIZE`) is an
-    error, raised before anything is allocated for it.
+    error, raised before anything is allocated for it. ``allow_missing_end``: input that ends
+    where a header would start ends the walk (an archive written without its end-of-archive marker);
+    by default that is an error, since a shard cut at a member boundary would lose its last members.
 
     Raises:
         CorruptArchiveError: on a bad checksum, a malformed header or number, a size
             over ``max_member_size``, truncation (input that ends early) or a missing
             end-of-archive marker, naming ``path`` and the offset.
     """
-    return _walk(_Cursor(chunks), str(path), with_data, None, max_member_size)
+    return _walk(_Cursor(chunks), str(path), with_data, None, max_member_size, allow_missing_end)
 
 
-def iter_tar_file(fd: int, path: str, *, with_data: bool = False, max_member_size: int | None = None) -> Iterator[Entry]:
+def iter_tar_file(
+    fd: int, path: str, *, with_data: bool = False, max_member_size: int | None = None, allow_missing_end: bool = False
+) -> Iterator[Entry]:
     """Like :func:`iter_tar` over an open file, reading headers with ``os.pread``; member data only
     ``with_data`` (a member larger than the 4 KiB window after a large one is one read of its own).
     Members must fit in the file; with ``max_member_size``, also under it.
@@ -559,38 +584,48 @@ def iter_tar_file(fd: int, path: str, *, with_data: bool = False, max_member_siz
     Raises:
         CorruptArchiveError: see :func:`iter_tar`.
     """
-    return _walk(_FileCursor(fd), str(path), with_data, None, max_member_size)
+    return _walk(_FileCursor(fd), str(path), with_data, None, max_member_size, allow_missing_end)
 
 
-def index_tar(chunks: Iterable[Buffer], path: str, sink: Sink, *, max_member_size: int | None = None) -> None:
+def index_tar(
+    chunks: Iterable[Buffer], path: str, sink: Sink, *, max_member_size: int | None = None, allow_missing_end: bool = False
+) -> None:
     """Walk an archive like :func:`iter_tar` (without data), handing each regular member to ``sink`` in order.
 
     Raises:
         CorruptArchiveError: see :func:`iter_tar`.
     """
-    for _ in _walk(_Cursor(chunks), str(path), False, sink, max_member_size):
+    for _ in _walk(_Cursor(chunks), str(path), False, sink, max_member_size, allow_missing_end):
         pass
 
 
-def index_tar_file(fd: int, path: str, sink: Sink, *, max_member_size: int | None = None) -> None:
+def index_tar_file(
+    fd: int, path: str, sink: Sink, *, max_member_size: int | None = None, allow_missing_end: bool = False
+) -> None:
     """:func:`index_tar` over an open file, like :func:`iter_tar_file`.
 
     Raises:
         CorruptArchiveError: see :func:`iter_tar`.
     """
-    for _ in _walk(_FileCursor(fd), str(path), False, sink, max_member_size):
+    for _ in _walk(_FileCursor(fd), str(path), False, sink, max_member_size, allow_missing_end):
         pass
 
 
 def group_tar(
-    source: Iterable[Buffer] | int | DirectArchive, path: str, sink: Any, *, max_member_size: int | None = None
+    source: Iterable[Buffer] | int | DirectArchive,
+    path: str,
+    sink: Any,
+    *,
+    max_member_size: int | None = None,
+    allow_missing_end: bool = False,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Walk an archive (chunks, an open file's descriptor, or a :class:`DirectArchive`) with data, each member to ``sink`` (the C
     packer making sample dicts, see :class:`Sink`); yield the ``(sample offset, sample)`` it completes.
 
     Samples come out in batches, only once every header they depend on passed its checksum.
     ``max_member_size`` bounds every member (default: :data:`MAX_MEMBER_SIZE` for a source of unknown
-    length, chunks or a :class:`DirectArchive`; a file's own size for a file).
+    length, chunks or a :class:`DirectArchive`; a file's own size for a file); ``allow_missing_end``: see
+    :func:`iter_tar`.
 
     Raises:
         CorruptArchiveError: see :func:`iter_tar`.
@@ -602,7 +637,7 @@ def group_tar(
         cur = _FileCursor(source)
     else:
         cur = _DirectCursor(source) if isinstance(source, DirectArchive) else _Cursor(source)
-    return _flushed(_walk(cur, str(path), True, sink, max_member_size), sink)
+    return _flushed(_walk(cur, str(path), True, sink, max_member_size, allow_missing_end), sink)
 
 
 def _flushed(walk: Iterator[Any], sink: Any) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -644,14 +679,40 @@ def _check_size(
         )
 
 
+def _past_sparse_blocks(cur: _Cursor | _FileCursor, path: str, start: int, pos: int) -> int:
+    """Pass the extension blocks that follow an old GNU sparse header at ``pos`` (21 sparse entries each,
+    then a flag saying whether another block follows), as GNU tar and :mod:`tarfile` read them: the
+    ``pos`` of the member's stored data.
+
+    Raises:
+        CorruptArchiveError: the input ends inside the blocks (naming the member's header at ``start``).
+    """
+    while True:
+        if pos + BLOCK > len(cur.buf):
+            pos = cur.fill(pos, BLOCK)
+            if pos < 0:
+                raise CorruptArchiveError(path, start, "truncated archive: the input ends inside a GNU sparse member's extension blocks")
+        more = cur.buf[pos + _EXTENSION_EXTENDED : pos + _EXTENSION_EXTENDED + 1] != b"\x00"
+        pos += BLOCK
+        if not more:
+            return pos
+
+
 def _walk(
-    cur: _Cursor | _FileCursor, path: str, with_data: bool, sink: Any = None, limit: int | None = None
+    cur: _Cursor | _FileCursor,
+    path: str,
+    with_data: bool,
+    sink: Any = None,
+    limit: int | None = None,
+    allow_missing_end: bool = False,
 ) -> Iterator[Any]:
     """The walk; with a ``sink``, members go to its ``add`` (and its ``scan``, if it has one, takes runs of
     plain headers, see :class:`Sink`). Every header's checksum is verified before any of its fields is used,
     and every size is checked (:func:`_check_size`) before it is used.
 
     A table sink makes this yield nothing; a sample sink (``with_data``) makes it yield samples.
+    ``allow_missing_end``: input that ends where a header would start ends the walk as the
+    end-of-archive marker would (else it is an error).
     """
     pos = 0
     ext = _Extended()
@@ -674,7 +735,9 @@ def _walk(
                 if here == 0 and not len(buf):
                     raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
                 if not len(buf):
-                    raise CorruptArchiveError(path, here, "truncated archive: no end-of-archive marker")
+                    if allow_missing_end and ext.start < 0:
+                        break
+                    raise CorruptArchiveError(path, here, _NO_END + (_NO_END_HINT if ext.start < 0 else ""))
                 raise CorruptArchiveError(path, here, f"truncated header ({len(buf)} of {BLOCK} bytes)")
         if ext.start < 0 and not ext.glob and (scan is not None or sink_scan is not None):
             moved = walk_direct(sink, pos, bound) if walk_direct is not None else None
@@ -753,10 +816,13 @@ def _walk(
         if ext.local or ext.glob:
             name, size, sparse_pax = ext.apply(name, size)
             sparse = sparse or sparse_pax
-            _check_size(cur, path, start, pos, size, limit, name)
-        else:
-            _check_size(cur, path, here, pos, size, limit, name)
         regular = _is_regular(hdr, typ)
+        if typ in _HEADER_ONLY or not (typ or regular):  # links, devices, directories, FIFOs: no data, as tarfile reads them
+            size = 0
+        elif typ == _SPARSE and hdr[_SPARSE_EXTENDED]:  # old GNU sparse: its extension blocks, then its data
+            pos = _past_sparse_blocks(cur, path, start, pos)
+            buf = cur.buf
+        _check_size(cur, path, start, pos, size, limit, name)
         data_offset = cur.base + pos
         data: bytes | None = None
         if with_data and regular and not sparse:

@@ -89,13 +89,14 @@ def archive(*parts: bytes) -> bytes:
 
 def tarfile_view(buf: bytes) -> list[tuple[str, bytes]] | None:
     """``(name, bytes)`` of each regular member as :mod:`tarfile` reads them, or ``None`` where
-    tarfile fails or reads the archive by rules tarindex does not share (data after a non-regular
-    header, sparse members, a size in a global PAX header)."""
+    tarfile fails or reads the archive by rules tarindex does not share (sparse members, which
+    tarindex skips; a size in a global PAX header). Links, devices, directories and FIFOs with a
+    size are read by the same rule (no data)."""
     try:
         with tarfile.open(fileobj=io.BytesIO(buf), mode="r:") as tf:
             out = []
             for m in tf:
-                if m.issparse() or (not m.isreg() and m.size) or "size" in tf.pax_headers or not _gnu_names_end(buf, m):
+                if m.issparse() or "size" in tf.pax_headers or not _gnu_names_end(buf, m):
                     return None
                 if m.isreg():
                     f = tf.extractfile(m)
@@ -203,32 +204,33 @@ ALL_WAYS = (*WAYS, "samples-sized")
 """``WAYS`` and a pipe of declared length (the bound of an HTTP body), which the fuzzer runs too."""
 
 
-def run(way: str, buf: bytes, path: Path, max_member_size: int | None = None) -> Any:
+def run(way: str, buf: bytes, path: Path, max_member_size: int | None = None, allow_missing_end: bool = False) -> Any:
     """One way over ``buf`` (also written at ``path``): its result, or ``("error", type, message, offset)``."""
     url = str(path)
     fd = os.open(path, os.O_RDONLY) if way.endswith("-file") else -1
     feed = PipeFeed(buf, sized=way == "samples-sized") if way in ("samples-pipe", "samples-sized") else None
+    opts: dict[str, Any] = {"max_member_size": max_member_size, "allow_missing_end": allow_missing_end}
     try:
         if way == "members-buffer":
-            return [(e[0], e[4]) for e in iter_tar((buf,), url, with_data=True, max_member_size=max_member_size)]
+            return [(e[0], e[4]) for e in iter_tar((buf,), url, with_data=True, **opts)]
         if way == "members-chunks":
-            return [(e[0], e[4]) for e in iter_tar(_chunks(buf), url, with_data=True, max_member_size=max_member_size)]
+            return [(e[0], e[4]) for e in iter_tar(_chunks(buf), url, with_data=True, **opts)]
         if way == "members-file":
-            return [(e[0], os.pread(fd, e[3], e[2])) for e in iter_tar_file(fd, url, max_member_size=max_member_size)]
+            return [(e[0], os.pread(fd, e[3], e[2])) for e in iter_tar_file(fd, url, **opts)]
         if way == "table-buffer":
-            return _table(table_from_chunks((buf,), url, max_member_size=max_member_size))
+            return _table(table_from_chunks((buf,), url, **opts))
         if way == "table-chunks":
-            return _table(table_from_chunks(_chunks(buf), url, max_member_size=max_member_size))
+            return _table(table_from_chunks(_chunks(buf), url, **opts))
         if way == "table-file":
-            return _table(table_from_file(fd, url, max_member_size=max_member_size))
+            return _table(table_from_file(fd, url, **opts))
         if way == "samples-chunks":
-            return list(iter_samples(_chunks(buf), url, max_member_size=max_member_size))
+            return list(iter_samples(_chunks(buf), url, **opts))
         if way == "samples-file":
-            return list(iter_samples(fd, url, max_member_size=max_member_size))
+            return list(iter_samples(fd, url, **opts))
         if way in ("samples-pipe", "samples-sized"):
             assert feed is not None
             first = feed.read(BLOCK)
-            return list(iter_samples(DirectArchive(feed, first), url, max_member_size=max_member_size))
+            return list(iter_samples(DirectArchive(feed, first), url, **opts))
         raise ValueError(way)
     except TarIndexError as exc:
         return ("error", type(exc).__name__, str(exc), getattr(exc, "offset", None))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from _corpus import lzip_member
 from click.testing import CliRunner
 
 import tarindex
@@ -37,10 +38,18 @@ def shard_tar(tmp_path: Path) -> Path:
 
 
 def _tool(tool: str, src: Path, dst: Path) -> Path:
-    if shutil.which(tool) is None:
-        pytest.skip(f"{tool} is not installed")  # .ci/run installs bzip2, xz-utils and lz4
+    if tool == "lzip":  # no lzip on the machine: a member made here, which xz (5.4 and later) must decompress
+        dst.write_bytes(lzip_member(src.read_bytes()))
+        assert subprocess.run(["xz", "-dc", "--format=lzip", str(dst)], capture_output=True, check=True).stdout == src.read_bytes()
+        return dst
+    command = {"lzma": ["xz", "--format=lzma"], "lz4-skippable": ["lz4"]}.get(tool, [tool])
+    if shutil.which(command[0]) is None:
+        pytest.skip(f"{command[0]} is not installed")  # .ci/run installs bzip2, xz-utils and lz4
     with open(dst, "wb") as out:
-        subprocess.run([tool, "-c", str(src)], stdout=out, check=True)
+        if tool == "lz4-skippable":  # two skippable frames first (the magic zstd's skippable frames share)
+            out.write((0x184D2A50).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"abc" + (0x184D2A5F).to_bytes(4, "little") + bytes(4))
+            out.flush()
+        subprocess.run([*command, "-c", str(src)], stdout=out, check=True)
     return dst
 
 
@@ -50,6 +59,9 @@ def _tool(tool: str, src: Path, dst: Path) -> Path:
         ("bzip2", ".tar.bz2", "bzip2", "bzip2 -dc"),
         ("xz", ".tar.xz", "xz", "xz -dc"),
         ("lz4", ".tar.lz4", "lz4", "lz4 -dc"),
+        ("lzma", ".tar.lzma", "LZMA-alone (.lzma)", "xz -dc"),
+        ("lzip", ".tar.lz", "lzip", "lzip -dc"),
+        ("lz4-skippable", ".tar.lz4", "lz4", "lz4 -dc"),
     ],
 )
 def test_unsupported_compression_is_named_with_its_conversion(
@@ -60,20 +72,20 @@ def test_unsupported_compression_is_named_with_its_conversion(
     shutil.copy(shard, disguised)
     stem = str(tmp_path / "x")
     expected = (
-        rf"x{suffix}: {name}-compressed, which tarindex does not read; convert it to a plain tar "
+        rf"x{re.escape(suffix)}: {re.escape(name)}-compressed, which tarindex does not read; convert it to a plain tar "
         rf"\('{command} .*x{suffix} > .*x\.tar'\) or to a zstd shard"
     )
     with pytest.raises(UnsupportedCompressionError, match=expected) as err:
         scan_shard(str(shard))
     assert f"tarindex compress {stem}.tar {stem}.tar.zst" in str(err.value)
-    with pytest.raises(UnsupportedCompressionError, match=rf"looks-plain\.tar: {name}-compressed"):
+    with pytest.raises(UnsupportedCompressionError, match=rf"looks-plain\.tar: {re.escape(name)}-compressed"):
         scan_shard(str(disguised))
     with pytest.raises(UnsupportedCompressionError, match=expected):
         list(tarindex.TarStream([str(shard)]))
     result = CliRunner().invoke(main, ["build", str(shard), "-o", str(tmp_path / "x.tarindex")])
     assert result.exit_code == 1
     assert len(result.output.strip().splitlines()) == 1 and f"{name}-compressed" in result.output
-    assert "checksum" not in result.output and "not a tar" not in result.output
+    assert "checksum" not in result.output and "not a tar" not in result.output and "zstd frame" not in result.output
 
 
 def test_detection_by_magic() -> None:
@@ -84,6 +96,15 @@ def test_detection_by_magic() -> None:
     assert detect(b"\xfd7zXZ\x00") == "xz"
     assert detect(b"\x04\x22\x4d\x18\x64\x40") == "lz4"
     assert detect(b"\x1f\x9d\x90") == "compress"
+    assert detect(b"LZIP\x01\x0c") == "lzip"
+    assert detect(b"\x5d\x00\x00\x80\x00" + b"\xff" * 8) == "lzma"  # LZMA-alone: properties, 8 MiB dictionary, size unknown
+    assert detect(b"\x5d\x00\x10\x00\x00" + (7168).to_bytes(8, "little")) == "lzma"  # 4 KiB dictionary, a known size
+    assert detect(b"\x5d\x00\x00\x30\x00" + b"\xff" * 8) == "lzma"  # 3 MiB: lowered by xz to fit in memory
+    assert detect(b"\x5d\x00\x00\x80\x00" + b"\x00" * 7 + b"\x01") == "tar"  # a 'size' of 2**56: not LZMA-alone
+    assert detect(b"\x5d\x01\x00\x80\x00") == "tar" and detect(b"\xe1\x00\x00\x80\x00") == "tar"
+    skippable = (0x184D2A50).to_bytes(4, "little") + (2).to_bytes(4, "little") + b"xy"
+    assert detect(skippable + b"\x04\x22\x4d\x18") == "lz4" and detect(skippable + b"\x28\xb5\x2f\xfd") == "zstd"
+    assert detect(skippable) == "zstd"  # the next frame not in sight: zstd's decoder names what it finds
     assert detect(b"abc") == "tar" and detect(b"") == "tar"
     assert codec_of(b"\x1f\x8b\x08\x00", "a.tgz") == "gzip"
     with pytest.raises(UnsupportedCompressionError, match=r"a\.tar\.Z: Unix compress \(\.Z\)-compressed"):
@@ -96,6 +117,25 @@ def test_looks_like_shard(shard_tar: Path, tmp_path: Path) -> None:
     index = tarindex.build_index([shard_tar], index=tmp_path / "i.tarindex", workers=1).path
     assert not looks_like_shard(Path(index).read_bytes()[:512])
     assert not looks_like_shard(b"just text\n" * 60)
+    assert not looks_like_shard(os.urandom(512)) and not looks_like_shard(b"")  # junk, nothing: an index, whose reader says it is none
+    assert looks_like_shard(bytes(512))  # an empty tar (tar cf x.tar --files-from /dev/null): a shard of no samples
+    assert looks_like_shard(b"LZIP\x01\x0c" + bytes(100))
+    v7 = bytearray(shard_tar.read_bytes()[:512])
+    v7[257:265] = bytes(8)  # no magic
+    v7[0] ^= 1  # and its checksum no longer matches: a damaged tar header, for the walk to name
+    assert looks_like_shard(bytes(v7)) and looks_like_shard(bytes(v7[:300]))  # whole, or cut short
+    assert not looks_like_shard(bytes(v7[:100]))  # too little to tell: an index
+
+
+def test_no_tar_header_is_taken_for_lzma() -> None:
+    """LZMA-alone has no magic: a tar header's first bytes never look like its header (a name is
+    NUL-terminated and NUL-padded), whatever the name."""
+    names = [bytes([a]) for a in range(1, 256)] + [bytes([a, b]) for a in range(1, 256, 7) for b in range(1, 256)]
+    names += [bytes([0x5D, b, c, d]) for b in (1, 0x10, 0x80, 0xFF) for c in (1, 0x10, 0x80) for d in (1, 0x80)]
+    for name in names:
+        head = bytearray(512)
+        head[: len(name)] = name
+        assert detect(bytes(head)) == "tar", name
 
 
 # -- bombs and padding (issue 19.2) ---------------------------------------------------

@@ -3,7 +3,7 @@
 Small archives (PAX header per member with float mtimes as webdataset's TarWriter writes them, GNU
 long names, plain ustar) are damaged at random (bytes flipped with the checksum fixed up, huge,
 negative, base-256 and malformed sizes, PAX size and path records, truncation at every offset class,
-garbage, zero blocks, type flags) and walked every way (:mod:`_tarmut`: members, index tables and
+garbage, zero blocks, type flags, old GNU sparse headers whose extension blocks are what follows) and walked every way (:mod:`_tarmut`: members, index tables and
 sample dicts over a buffer, chunks, a file and a pipe) in C and in Python. Each case must be exact
 bytes (equal to tarfile's wherever tarfile reads the archive by the same rules) or a named
 ``TarIndexError`` naming the shard and an offset inside it; never another exception or a hang, and
@@ -83,7 +83,7 @@ def _mutate(rng: random.Random, base: bytes) -> tuple[str, bytes]:
     buf = bytearray(base)
     heads = _headers(base)
     at = rng.choice(heads)
-    kind = rng.choice(["flip", "size", "pax", "truncate", "garbage", "zero", "insert", "type", "flips"])
+    kind = rng.choice(["flip", "size", "pax", "truncate", "garbage", "zero", "insert", "type", "flips", "sparse"])
     if kind in ("flip", "flips"):
         for _ in range(1 if kind == "flip" else rng.randint(2, 6)):
             i = rng.randrange(BLOCK)
@@ -122,6 +122,12 @@ def _mutate(rng: random.Random, base: bytes) -> tuple[str, bytes]:
         buf[at:at] = bytes(BLOCK) if rng.random() < 0.5 else rng.randbytes(BLOCK)
     elif kind == "type":
         buf[at + 156] = rng.choice(b"0\x001234567KLSxgZ")
+        fix_checksum(buf, at)
+    elif kind == "sparse":  # an old GNU sparse header whose extension blocks are whatever follows it
+        buf[at + 156] = ord("S")
+        buf[at + 482] = rng.choice([1, 0x80])
+        if rng.random() < 0.5:
+            buf[at + BLOCK + 504 : at + BLOCK + 505] = b"\x01"  # the first block says another follows
         fix_checksum(buf, at)
     return kind, bytes(buf)
 

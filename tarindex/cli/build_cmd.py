@@ -79,6 +79,11 @@ def _storage_options(ctx: click.Context, param: click.Parameter, values: tuple[s
     help="An object-store or fsspec client option (repeatable), e.g. --storage-option endpoint_url=http://127.0.0.1:9000; "
     "VALUE is read as JSON when it parses (numbers, true/false), else as text. Never stored in the index.",
 )
+@click.option(
+    "--allow-missing-end", is_flag=True,
+    help="Accept shards that end without the end-of-archive marker (some writers omit it); "
+    "by default that is an error, as a shard cut at a member boundary looks the same.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def command(
     shards: tuple[str, ...],
@@ -88,6 +93,7 @@ def command(
     max_member_size: int | None,
     headers: dict[str, str],
     storage_options: dict[str, Any],
+    allow_missing_end: bool,
     quiet: bool,
 ) -> None:
     """Index SHARDS (paths, globs, brace patterns) into one LMDB index."""
@@ -111,7 +117,7 @@ def command(
 
         report = build_index(
             paths, index=index, workers=workers, part=part, progress=progress, max_member_size=max_member_size,
-            headers=headers, storage_options=storage_options,
+            headers=headers, storage_options=storage_options, allow_missing_end=allow_missing_end,
         )  # fmt: skip
     if not quiet:
         click.echo(f"{report.path}: {len(report.scanned)} shards scanned, {len(report.reused)} unchanged")

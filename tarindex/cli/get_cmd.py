@@ -39,7 +39,9 @@ def command(index: str, sample: str, ext: str | None, output: str | None, number
     if ext not in rec:
         raise SampleNotFoundError(f"{ds.index_path}: sample {rec['__key__']!r} has no {ext!r} (has {', '.join(exts)})")
     if output:
-        with open(output, "wb") as f:
+        from .._atomic import atomic_write
+
+        with atomic_write(output) as f:  # a missing directory is made; a failed write is one line (WriteError)
             f.write(rec[ext])
     else:
         sys.stdout.buffer.write(rec[ext])
