@@ -276,6 +276,45 @@ def bench_access(ds: tarindex.TarDataset, name: str) -> list[Row]:
     return rows
 
 
+# -- DataLoader scaling --------------------------------------------------------------------
+
+
+def _train_view(sample: dict) -> dict:
+    """What a training step keeps: a 128x128 centre crop of the image tensor and the label."""
+    img = sample["jpg"]
+    _, h, w = img.shape
+    top, left = (h - 128) // 2, (w - 128) // 2
+    return {"image": img[:, top : top + 128, left : left + 128], "label": sample["cls"]}
+
+
+def bench_loader(index: Path, name: str, samples: int = 6000) -> list[Row]:
+    """DataLoader scaling on a training-style pipeline: decode JPEG to a tensor, crop, batch of 32."""
+    import torch
+
+    ds = tarindex.TarDataset(index, decode="torchrgb8", transform=_train_view)
+    sub = list(range(len(ds)))
+    random.Random(1).shuffle(sub)
+    sub = sub[:samples]
+
+    def run(workers: int, batch_size: int | None) -> float:
+        loader = torch.utils.data.DataLoader(ds, sampler=sub, batch_size=batch_size, num_workers=workers)
+        t0 = time.perf_counter()
+        count = sum(len(b["label"]) if batch_size else 1 for b in loader)
+        if count != len(sub):
+            raise RuntimeError(f"DataLoader gave {count} samples, not {len(sub)}")
+        return time.perf_counter() - t0
+
+    rows: list[Row] = []
+    for batch in (32, None):
+        t1 = min(run(0, batch) for _ in range(2))
+        t2 = min(run(2, batch) for _ in range(2))
+        what = f"batch_size={batch}"
+        target = "; target >= 1.6x" if batch else " (each sample crosses the process boundary alone)"
+        rows.append((f"{name}: decode + crop, {what}, one process (samples/s)", len(sub) / t1, ""))
+        rows.append((f"{name}: decode + crop, {what}, DataLoader(num_workers=2) (samples/s)", len(sub) / t2, f"{t1 / t2:.2f}x one process{target}"))
+    return rows
+
+
 # -- index size scaling ----------------------------------------------------------------------
 
 
@@ -719,6 +758,8 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
     ds = tarindex.TarDataset(index)
     if "access" in only:
         yield from bench_access(ds, name)
+    if "loader" in only and name == "jpeg":  # DataLoader scaling (issue 2); images/s into a batch: main()
+        yield from bench_loader(index, name)
     if "open" in only and name == "small":
         yield from bench_open(ds, name, work)
     if "sampler" in only:
@@ -949,10 +990,10 @@ def main() -> None:
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
     if "loader" in only:  # images/s into a batch: its own generated sets (tools/bench_loader.py), a chart when matplotlib is installed
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_loader import bench_loader
+        from bench_loader import bench_loader as bench_images
 
         chart = Path(__file__).resolve().parent.parent / "docs" / "loader.png"
-        for label, value, ratio in bench_loader(args.dir, work, chart=chart):
+        for label, value, ratio in bench_images(args.dir, work, chart=chart):
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
     if "member" in only:  # not by default: it writes two 1 GiB-member shards once and starts 8 processes
         from bench_limits import bench_member
