@@ -462,3 +462,34 @@ def test_stream_batches_in_workers_and_after_a_stream_resume(impl: str, jpeg_sha
     resumed = head + list(rest)
     assert [list(c) for _, c in resumed] == [list(c) for _, c in here]
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(resumed, here))
+
+
+def _pair(sample: dict[str, Any]) -> tuple[Any, int]:
+    return sample["jpg"], sample["cls"]
+
+
+def test_a_transform_runs_per_sample_on_the_batch_rows(impl: str, jpeg_index: Path) -> None:
+    ds = TarDataset(jpeg_index, decode=Image(24, seed=1), transform=_pair)
+    indices = [4, 20, 11]
+    images, labels = collate(ds.__getitems__(indices))
+    assert tuple(images.shape) == (3, 3, 24, 24)
+    np.testing.assert_array_equal(labels, indices)
+    assert all(torch.equal(images[k], ds[i][0]) for k, i in enumerate(indices))
+    failing = TarDataset(jpeg_index, decode=Image(24), transform=lambda s: s["missing"])
+    with pytest.raises(DecodeError, match=r"img-00000[01]\.tar: sample 's020': KeyError: 'missing' \(sample at offset \d+\)"):
+        failing.__getitems__([20])
+
+
+def test_batches_over_http_shards(impl: str, jpeg_shards: list[Path], jpeg_index: Path, http_server: Any, tmp_path: Path) -> None:
+    import shutil
+
+    dest = http_server.root / "decode-batches"
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in jpeg_shards:
+        shutil.copyfile(p, dest / p.name)
+    urls = [http_server.url(f"decode-batches/{p.name}") for p in jpeg_shards]
+    remote = TarDataset(build_index(urls, index=tmp_path / "http.tarindex").path, decode=Image(24, crop="random-resized"))
+    local = TarDataset(jpeg_index, decode=Image(24, crop="random-resized"))
+    indices = [23, 0, 7, 12, 7]
+    got, want = collate(remote.__getitems__(indices)), collate(local.__getitems__(indices))
+    assert torch.equal(got["jpg"], want["jpg"]) and list(got["__key__"]) == list(want["__key__"])
