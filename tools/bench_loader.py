@@ -174,13 +174,20 @@ def _count(batch: Any) -> int:
 
 
 def _pass(make: Callable[[], Any], expected: int) -> float:
-    """Seconds for one pass over a fresh DataLoader (its workers' start included, as in an epoch)."""
-    t0 = time.perf_counter()
-    n = sum(_count(b) for b in make())
-    took = time.perf_counter() - t0
+    """Samples/s of one pass over a fresh DataLoader, in steady state: from the first batch's arrival to the
+    last one's (the workers' start and the first batch left out: they cost the same to every system)."""
+    n = 0
+    first = 0
+    t0 = t1 = time.perf_counter()
+    for batch in make():
+        if n == 0:
+            first = _count(batch)
+            t0 = time.perf_counter()
+        n += _count(batch)
+        t1 = time.perf_counter()
     if n != expected:
         raise RuntimeError(f"a pass gave {n} samples, not {expected}")
-    return took
+    return (n - first) / (t1 - t0)
 
 
 def _loader(ds: Any, workers: int, **kw: Any) -> Callable[[], Any]:
@@ -234,11 +241,11 @@ def _systems_imagenet(index: Path, subset: list[int]) -> dict[str, tuple[Callabl
 
 def _alternate(systems: dict[str, tuple[Callable[[], Any], int]], rounds: int) -> dict[str, float]:
     """Samples/s per system: the best of ``rounds`` passes, the systems taken in turn each round."""
-    best = dict.fromkeys(systems, math.inf)
+    best = dict.fromkeys(systems, 0.0)
     for _ in range(rounds):
         for name, (make, n) in systems.items():
-            best[name] = min(best[name], _pass(make, n))
-    return {name: systems[name][1] / t for name, t in best.items()}
+            best[name] = max(best[name], _pass(make, n))
+    return best
 
 
 def _psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -323,7 +330,7 @@ def bench_loader(root: Path, work: Path, rounds: int = 3, chart: Path | None = N
         paths = make_loader_set(root / name, name)
         index = tarindex.build_index(paths, index=work / f"{name}.tarindex").path
         per = LOADER_SETS[name][1]
-        subset = list(range(2 * per))  # the first two shards, in random order (half of them for the larger images)
+        subset = list(range(len(paths) * per))  # every shard, in random order (half of the samples of the larger images)
         random.Random(0).shuffle(subset)
         if name == "imagenet":
             subset = subset[:per]
