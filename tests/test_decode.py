@@ -117,6 +117,10 @@ def test_exif_orientation_turns_the_image_when_asked(images: dict[str, bytes]) -
         assert got.shape == (30, 20, 3)
         # resized before the turn here, after it in the reference: the passes round in another order
         assert np.abs(got.astype(int) - _reference(data, image, ident=3)).max() <= 2
+    reduced = Image((24, 16), crop="random-resized", exif_orientation=True, output="numpy")  # sample 2: a 64x49 region, at 1/2 scale
+    assert reduced.box(H, W, ident=2) == (0.0, 2.0, 64.0, 51.0)
+    assert reduced(data, {"__index__": 2}).shape == (24, 16, 3)
+    assert 28 < _psnr(reduced(data, {"__index__": 2}), _reference(data, reduced, ident=2)) < 50
 
 
 def test_non_jpeg_keeps_its_own_channels_with_mode_none(images: dict[str, bytes]) -> None:
