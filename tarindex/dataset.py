@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ._native import SPEEDUPS
 from ._process import FORK
-from .decode import DecodeMode, Decoder
+from .decode import DecodeMode, Decoder, Image, failure
 from .errors import (
     CorruptArchiveError,
     DecodeError,
@@ -50,6 +50,15 @@ os.register_at_fork(after_in_child=_new_attach_lock)
 Sample = dict[str, Any]
 
 
+class _Done:
+    """A batch's sample that is already final (an unreadable one replaced by the next readable sample)."""
+
+    __slots__ = ("sample",)
+
+    def __init__(self, sample: Any) -> None:
+        self.sample = sample
+
+
 class TarDataset:
     """Map-style dataset over indexed tar shards.
 
@@ -63,9 +72,13 @@ class TarDataset:
     Args:
         source: an index file, or shards (list, glob or brace pattern) with the
             default index beside them.
-        decode: image decoding (``"pil"``, ``"numpy"``, ``"torch"``); ``None``
-            keeps images as bytes. Other known extensions are decoded whenever
-            ``decode`` or ``decoders`` is given.
+        decode: image decoding: one of webdataset's image specs with webdataset's
+            meaning (``"pil"``, ``"rgb8"``, ``"torchrgb8"``, ``"torchrgb"``, ...:
+            :data:`tarindex.decode.IMAGE_SPECS`), ``"numpy"`` (``uint8`` HWC, the
+            image's own channels), or a :class:`tarindex.decode.Image` (decoded at
+            the output size; a batch into one array); ``None`` keeps images as
+            bytes. Other known extensions are decoded whenever ``decode`` or
+            ``decoders`` is given.
         decoders: custom ``{extension: fn(bytes) -> value}``.
         transform: applied to each sample dict after decoding.
         allow_pickle: decode pickle-based members. Never for untrusted shards.
@@ -110,7 +123,7 @@ class TarDataset:
         self,
         source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
         *,
-        decode: DecodeMode | None = None,
+        decode: DecodeMode | Image | None = None,
         decoders: Mapping[str, Callable[[bytes], Any]] | None = None,
         transform: Callable[[Sample], Any] | None = None,
         allow_pickle: bool = False,
@@ -375,18 +388,71 @@ class TarDataset:
         """A batch of samples, read in index order (shard by shard, offset by offset) and returned in the order asked.
 
         ``DataLoader`` calls this for batched sampling; reading in file order keeps
-        reads local (page cache, zstd frames) whatever order the sampler chose.
+        reads local (page cache, zstd frames) whatever order the sampler chose. With a
+        :class:`tarindex.decode.Image` decoder of a fixed size, the batch's images are decoded
+        together (:meth:`_decode_batch`): the samples are those ``ds[i]`` gives.
         """
+        batch = self.decoder is not None and self.decoder.batches
         if self._remote and self.on_error == "raise":  # with "skip", sample by sample: each failure handled
-            return self._getitems_remote(indices)
-        out: list[Any] = [None] * len(indices)
-        for k in sorted(range(len(indices)), key=indices.__getitem__):
-            out[k] = self[indices[k]]
+            out = self._getitems_remote(indices, raw=batch)
+        elif batch:
+            out = [None] * len(indices)
+            for k in sorted(range(len(indices)), key=indices.__getitem__):
+                out[k] = self._read_or_skip(indices[k])
+        else:
+            out = [None] * len(indices)
+            for k in sorted(range(len(indices)), key=indices.__getitem__):
+                out[k] = self[indices[k]]
+            return out
+        return self._decode_batch(out)
+
+    def _read_or_skip(self, i: int) -> Any:
+        """Sample ``i``'s bytes; with ``on_error="skip"``, an unreadable sample is ``ds[i]`` (the next readable
+        one, decoded) as :meth:`_decode_batch` hands it on."""
+        if self.on_error != "skip":
+            return self.read(i)
+        try:
+            return self.read(i)
+        except CorruptArchiveError:
+            return _Done(self._skipping_item(i))
+
+    def _decode_batch(self, raw: list[Any]) -> list[Any]:
+        """Raw samples decoded together (``Decoder.decode_batch``: images in a thread pool, into one array),
+        then transformed one by one; a sample that fails is a :class:`DecodeError` naming shard, offset,
+        key and member, or with ``on_error="skip"`` the next readable sample, as ``ds[i]`` does."""
+        decoder = self.decoder
+        if decoder is None:
+            return raw
+        todo = [k for k, s in enumerate(raw) if not isinstance(s, _Done)]
+        errors = decoder.decode_batch([raw[k] for k in todo])
+        out: list[Any] = [s.sample if isinstance(s, _Done) else None for s in raw]
+        for k, exc in zip(todo, errors):
+            sample = raw[k]
+            if exc is None and self.transform is not None:
+                try:
+                    sample = self.transform(sample)
+                except Exception as err:
+                    exc = err
+            if exc is None:
+                self._failures = 0
+                out[k] = sample
+                continue
+            i = raw[k]["__index__"]
+            error = exc if isinstance(exc, TarIndexError) else self._decode_error(i, exc)
+            if self.on_error != "skip" or not isinstance(error, (CorruptArchiveError, DecodeError)):
+                raise error from exc
+            self._failures += 1
+            n = self._n
+            log.warning("skipping sample %d (%d in a row, max_errors=%d): %s", i, self._failures, self.max_errors, error)
+            if self._failures >= self.max_errors:
+                raise error from exc
+            out[k] = self._skipping_item((i + 1) % n)
         return out
 
-    def _getitems_remote(self, indices: list[int]) -> list[Any]:
+    def _getitems_remote(self, indices: list[int], *, raw: bool = False) -> list[Any]:
         """A batch over URL shards: every range requested at once (``options.max_in_flight`` in
-        flight, neighbours within ``options.coalesce_gap`` in one request), samples in the order asked."""
+        flight, neighbours within ``options.coalesce_gap`` in one request), samples in the order asked
+        (``raw``: as ``read`` gives them)."""
         if self._gen != FORK[0]:
             self._attach()
         located = [self._locate(i) for i in indices]
@@ -402,18 +468,19 @@ class TarDataset:
             for shard in handles:
                 opener.release(shard)
         for k, buf in zip(remote, got):
-            out[k] = self._finish(self._sample(located[k][0], buf, *located[k][1:]))
+            sample = self._sample(located[k][0], buf, *located[k][1:])
+            out[k] = sample if raw else self._finish(sample)
         for k in range(len(indices)):
             if out[k] is None:
-                out[k] = self[indices[k]]
+                out[k] = self.read(indices[k]) if raw else self[indices[k]]
         return out
 
     def _finish(self, sample: Sample) -> Any:
         """Decoding and transform, as ``ds[i]`` applies them.
 
         Raises:
-            DecodeError: the decoder or the transform failed (names the shard, the sample's offset and key),
-                as :class:`~tarindex.TarStream` raises it.
+            DecodeError: the decoder or the transform failed (names the shard, the sample's offset and key,
+                and the member), as :class:`~tarindex.TarStream` raises it.
         """
         i = sample["__index__"]
         try:
@@ -423,8 +490,17 @@ class TarDataset:
         except TarIndexError:
             raise
         except Exception as exc:
-            shard, offset, _, _, key = self.index.record(i)
-            raise DecodeError(self.urls[shard], offset, f"sample {shown(key)}: {type(exc).__name__}: {exc}") from exc
+            raise self._decode_error(i, exc) from exc
+
+    def _decode_error(self, i: int, exc: BaseException) -> DecodeError:
+        shard, offset, _, _, key = self.index.record(i)
+        return DecodeError(self.urls[shard], offset, f"sample {shown(key)}: {failure(exc)}")
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch random image crops are drawn for (:class:`tarindex.decode.Image`; shared with
+        DataLoader workers, persistent ones too): call it before each epoch, as ``sampler.set_epoch``."""
+        if self.decoder is not None:
+            self.decoder.set_epoch(epoch)
 
     def get(self, key: str) -> Any:
         """The sample with ``key`` (the first one, if several share it).

@@ -38,7 +38,7 @@ from ._split import (
 from ._state import EPOCHS, SharedEpoch, check_header, header, integer, slot_of, stream_states
 from .collate import batched, collate
 from .compression import ArchiveEnd, codec_of, detect, looks_like_shard, sniff_file
-from .decode import DecodeMode, Decoder
+from .decode import DecodeMode, Decoder, Image, failure
 from .errors import (
     CorruptArchiveError,
     DecodeError,
@@ -189,6 +189,15 @@ def _chunks_at(reader: Any, offset: int, block_size: int) -> Iterator[bytes]:
         yield data
 
 
+class _Raw:
+    """A sample read but not yet decoded, with where it is (for the error of a batch that decodes it)."""
+
+    __slots__ = ("offset", "sample", "url")
+
+    def __init__(self, url: str, offset: int, sample: Sample) -> None:
+        self.url, self.offset, self.sample = url, offset, sample
+
+
 class _Chain:
     """``second(first(x))``; picklable when both are (DataLoader workers)."""
 
@@ -308,7 +317,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self,
         urls: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | IndexReader,
         *,
-        decode: DecodeMode | None = None,
+        decode: DecodeMode | Image | None = None,
         decoders: Mapping[str, Callable[[bytes], Any]] | None = None,
         transform: Callable[[Sample], Any] | None = None,
         allow_pickle: bool = False,
@@ -374,6 +383,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self._run_epoch = 0
         self._readers: dict[int, Any] = {}  # per process: random readers of shards read from a position
         self._readers_fork = 0
+        self._defer = False  # this iteration decodes in batches (_decoded_batches), not sample by sample
 
     # -- webdataset's fluent stages: ds.shuffle(1000).decode("pil").to_tuple("jpg", "cls").map(fn).batched(64) --
     def shuffle(self, size: int | bool = True) -> TarStream:
@@ -389,13 +399,31 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         out.shuffle_shards = out.shuffle_size > 0
         return out
 
-    def decode(self, mode: DecodeMode | None = "pil", **options: Any) -> TarStream:
-        """A copy that decodes as ``TarDataset(decode=mode, decoders=..., allow_pickle=...)`` does.
+    def decode(
+        self,
+        mode: DecodeMode | Image | None = "pil",
+        *,
+        decoders: Mapping[str, Callable[[bytes], Any]] | None = None,
+        allow_pickle: bool | None = None,
+    ) -> TarStream:
+        """A copy that decodes images as ``mode`` says (webdataset's image specs with webdataset's meanings,
+        ``"numpy"``, or a :class:`tarindex.decode.Image`), keeping the decoders given before: the
+        constructor's or an earlier stage's ``decoders=`` (updated by ``decoders`` here) and
+        ``allow_pickle`` (unless given here).
 
-        Decoding runs before ``transform`` and every ``map``/``to_tuple`` stage, whatever the call order.
+        Decoding runs before ``transform`` and every ``map``/``to_tuple`` stage, whatever the call order;
+        with ``batched`` and an ``Image`` of a fixed size, it runs per batch (see :meth:`batched`).
+
+        Raises:
+            ValueError: an unknown ``mode``, or ``"torch"`` (ambiguous: the message says what to write).
         """
+        old = self.decoder
+        kept = dict(old.custom) if old is not None else {}
+        kept.update(decoders or {})
+        pickle = (old.allow_pickle if old is not None else False) if allow_pickle is None else allow_pickle
         out = copy.copy(self)
-        out.decoder = Decoder(mode, **options)
+        out.decoder = Decoder(mode, decoders=kept, allow_pickle=pickle)
+        out.decoder.set_epoch(self.epoch)
         return out
 
     def map(self, fn: Callable[[Any], Any]) -> TarStream:
@@ -429,6 +457,12 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         last batch of a worker is shorter unless ``partial=False`` drops it. Use it with
         ``DataLoader(stream, batch_size=None, num_workers=N)``: one message per batch between processes
         instead of one per sample.
+
+        With a :class:`tarindex.decode.Image` decoder of a fixed size, samples travel through the
+        shuffle buffer as bytes and each batch is decoded together: its images in a thread pool into
+        one ``uint8`` array per member, then the other members, ``transform`` and the ``map`` stages
+        sample by sample; the default collation hands the array on without a copy. A sample the
+        ``handler`` skips then leaves its batch one shorter.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {batch_size}")
@@ -498,18 +532,25 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 ``SourceError``, ``ShardNotFoundError`` or ``DecodeError``, each
                 naming the shard and the byte offset.
         """
-        for _, _, sample in self._samples(shard, enumerate(self._raw(shard))):
+        for _, _, sample in self._samples(shard, enumerate(self._raw(shard)), defer=False):
             if sample is not SKIP:
                 yield sample
 
-    def _samples(self, shard: int, numbered: Iterator[tuple[int, tuple[int, Sample]]]) -> Iterator[tuple[int, int, Any]]:
+    def _samples(
+        self, shard: int, numbered: Iterator[tuple[int, tuple[int, Sample]]], *, defer: bool | None = None
+    ) -> Iterator[tuple[int, int, Any]]:
         """``(offset, ordinal, sample)`` for raw ``(ordinal, (offset, sample))`` of ``shard`` (what
         ``enumerate`` makes of :meth:`_raw`): decoded and transformed, with the handler applied (a
-        skipped sample comes as ``SKIP``, so that positions still advance)."""
-        decoder, transform = self.decoder, self.transform
+        skipped sample comes as ``SKIP``, so that positions still advance). ``defer`` (default: this
+        iteration's choice): raw samples as ``_Raw``, decoded per batch by :meth:`_decoded_batches`."""
+        defer = self._defer if defer is None else defer
+        decoder, transform = (None, None) if defer else (self.decoder, self.transform)
         url = self.urls[shard]
         try:
             for ordinal, (offset, sample) in numbered:
+                if defer:
+                    yield offset, ordinal, _Raw(url, offset, sample)
+                    continue
                 if decoder is not None or transform is not None:
                     try:
                         if decoder is not None:
@@ -517,7 +558,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                         if transform is not None:
                             sample = transform(sample)
                     except Exception as exc:
-                        err = DecodeError(url, offset, f"sample {shown(str(sample.get('__key__')))}: {type(exc).__name__}: {exc}")
+                        err = DecodeError(url, offset, f"sample {shown(str(sample.get('__key__')))}: {failure(exc)}")
                         if not self._handle(err):
                             raise err from exc
                         yield offset, ordinal, SKIP
@@ -532,6 +573,30 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         except (TarIndexError, OSError) as exc:
             if isinstance(exc, DecodeError) or not self._handle(exc):
                 raise
+
+    def _decoded_batches(self, batches: Iterator[list[_Raw]], collation_fn: Callable[[list[Any]], Any] | None) -> Iterator[Any]:
+        """Batches of raw samples decoded together (``Decoder.decode_batch``: images in a thread pool, into
+        one array), transformed sample by sample, with the handler applied (a skipped sample is left out)."""
+        decoder, transform = self.decoder, self.transform
+        for items in batches:
+            samples = [it.sample for it in items]
+            errors = decoder.decode_batch(samples) if decoder is not None else [None] * len(samples)
+            out = []
+            for it, sample, exc in zip(items, samples, errors):
+                if exc is None and transform is not None:
+                    try:
+                        sample = transform(sample)
+                    except Exception as err:
+                        exc = err
+                if exc is not None:
+                    error = DecodeError(it.url, it.offset, f"sample {shown(str(it.sample.get('__key__')))}: {failure(exc)}")
+                    if not self._handle(error):
+                        raise error from exc
+                    continue
+                self._errors = 0
+                out.append(sample)
+            if out:
+                yield collation_fn(out) if collation_fn is not None else out
 
     # -- positions: reading from a sample on, reading one sample again ------------------------
     def _random(self, shard: int) -> Any:
@@ -689,6 +754,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     @epoch.setter
     def epoch(self, epoch: int) -> None:
         self._epoch.value = epoch
+        if self.decoder is not None:  # random image crops are drawn per epoch
+            self.decoder.set_epoch(epoch)
 
     def slot(self) -> Slot:
         """This process's reader slot (rank, world size, worker, workers)."""
@@ -883,13 +950,19 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 StreamWarning,
                 stacklevel=3,  # the caller of next() on __iter__
             )
+        if self.decoder is not None:
+            self.decoder.set_epoch(epoch)
+        self._defer = self.batching is not None and self.decoder is not None and self.decoder.batches
         run = self._run_for(slot, epoch)
         self._pending = None
         self._run, self._run_slot, self._run_epoch = run, slot, epoch
         stream: Iterator[Any] = iter(run)
         if self.batching is not None:
             size, collation_fn, partial = self.batching
-            stream = batched(stream, size, collation_fn, partial=partial)
+            if self._defer:
+                stream = self._decoded_batches(batched(stream, size, None, partial=partial), collation_fn)
+            else:
+                stream = batched(stream, size, collation_fn, partial=partial)
         return stream
 
     def __getstate__(self) -> dict[str, Any]:

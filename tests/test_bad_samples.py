@@ -76,7 +76,7 @@ def test_max_errors_raises_the_last_failure(shard: Path) -> None:
 def test_raise_names_shard_and_offset_and_keeps_its_type_through_workers(shard: Path) -> None:
     index = build_index([str(shard)]).path
     off = _offsets(shard)["s07"]
-    with pytest.raises(DecodeError, match=rf"{shard}: sample 's07': OSError: (?i:truncated).* at offset {off}"):
+    with pytest.raises(DecodeError, match=rf"{shard}: sample 's07': member 'jpg': OSError: (?i:truncated).* at offset {off}"):
         TarDataset(index, decode="pil")[7]
     loader = torch.utils.data.DataLoader(TarDataset(index, decode="numpy"), batch_size=None, num_workers=2, collate_fn=_key)
     with pytest.raises(DecodeError, match=rf"{shard}: sample 's03': .* at offset {_offsets(shard)['s03']}"):

@@ -144,7 +144,8 @@ def test_decode_pil(image_index: tuple[Path, np.ndarray]) -> None:
     assert isinstance(s["png"], Image.Image) and isinstance(s["jpg"], Image.Image)
     np.testing.assert_array_equal(np.asarray(s["png"]), arr)
     assert s["jpg"].size == (16, 12)
-    assert s["seg.png"].mode == "L"
+    assert s["seg.png"].mode == "RGB"  # webdataset's "pil" is RGB; "pill" is gray
+    assert TarDataset(path, decode="pill")[0]["seg.png"].mode == "L"
     _check_common(s)
 
 
@@ -159,17 +160,25 @@ def test_decode_numpy(image_index: tuple[Path, np.ndarray]) -> None:
     _check_common(s)
 
 
-def test_decode_torch(image_index: tuple[Path, np.ndarray]) -> None:
+def test_decode_torchrgb8(image_index: tuple[Path, np.ndarray]) -> None:
     import torch
 
     path, arr = image_index
-    s = TarDataset(path, decode="torch")[0]
+    s = TarDataset(path, decode="torchrgb8")[0]
     assert isinstance(s["png"], torch.Tensor) and s["png"].dtype == torch.uint8
     assert tuple(s["png"].shape) == (3, 12, 16)
     np.testing.assert_array_equal(s["png"].permute(1, 2, 0).numpy(), arr)
     assert tuple(s["jpg"].shape) == (3, 12, 16)
-    assert tuple(s["seg.png"].shape) == (1, 12, 16)
+    assert tuple(s["seg.png"].shape) == (3, 12, 16)  # webdataset's torchrgb8: gray repeated
+    np.testing.assert_array_equal(s["seg.png"][1].numpy(), arr[:, :, 0])
+    own = TarDataset(path, decode=tarindex.decode.Image(output="tensor", mode=None))[0]
+    assert tuple(own["seg.png"].shape) == (1, 12, 16)  # the image's own channels
     _check_common(s)
+
+
+def test_decode_torch_is_refused_with_both_spellings(image_index: tuple[Path, np.ndarray]) -> None:
+    with pytest.raises(ValueError, match=r"'torch' is ambiguous.*'torchrgb'.*'torchrgb8'"):
+        TarDataset(image_index[0], decode="torch")  # type: ignore[arg-type]
 
 
 def test_bad_decode_mode(image_index: tuple[Path, np.ndarray]) -> None:

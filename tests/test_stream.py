@@ -266,7 +266,7 @@ def test_decode_error_policies(tmp_path: Path) -> None:
             ti = tarfile.TarInfo(f"s{i}.json")
             ti.size = len(payload)
             tf.addfile(ti, io.BytesIO(payload))
-    with pytest.raises(DecodeError, match=r"j-000000\.tar: sample 's1': JSONDecodeError.*\(sample at offset 1024\)"):
+    with pytest.raises(DecodeError, match=r"j-000000\.tar: sample 's1': member 'json': JSONDecodeError.*\(sample at offset 1024\)"):
         list(TarStream([str(shard)], decode="pil"))
     with pytest.warns(StreamWarning, match="sample 's1'.*; skipping the sample"):
         assert _keys(list(TarStream([str(shard)], decode="pil", handler="warn"))) == ["s0", "s2"]

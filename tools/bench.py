@@ -3,7 +3,9 @@
 Run: python tools/bench.py [--dir bench-data] [--sets jpeg,small] [--only build,access,loader,open,stream,resume,mix,zstd,sampler,sampler_zstd,scale]
 ``--sets jpeg-ustar,jpeg-wds,jpeg-posix,jpeg-gnu``: the first shards of a set as they are and rewritten by
 webdataset's TarWriter, GNU tar --format=posix and GNU tar with long names (``WRITERS``).
-Every part but ``remote``, ``member`` and ``batches`` runs by default; ``--only`` picks some (``walk``: the tar walk alone, TarStream and
+Every part but ``remote``, ``member`` and ``batches`` runs by default; ``--only`` picks some (``loader``: images/s into a
+training batch, the PIL baseline, webdataset, wids and ``tarindex.decode.Image`` at 1 and 2 DataLoader workers on two
+generated JPEG sets, tools/bench_loader.py, with a chart in docs/loader.png; ``walk``: the tar walk alone, TarStream and
 index tables, in one process; ``--only walk --trees A,B``: the walk of two source trees over each cursor, alternated
 processes, tools/bench_walk.py; ``--only remote``: random access over loopback nginx with 20 ms added per
 request, tools/bench_remote.py; ``--only member``: peak memory of one 1 GiB member streamed from a
@@ -72,8 +74,12 @@ def _jpeg(rng: np.random.Generator, noise: np.ndarray, target: int) -> bytes:
     return out.getvalue()
 
 
-def make_set(root: Path, name: str, n_shards: int, per_shard: int, size_range: tuple[int, int]) -> list[str]:
-    """Shards of ``per_shard`` samples (main member + ``.cls`` + ``.json``), made once and reused."""
+def make_set(
+    root: Path, name: str, n_shards: int, per_shard: int, size_range: tuple[int, int],
+    main: Callable[[np.random.Generator], tuple[str, bytes]] | None = None,
+) -> list[str]:
+    """Shards of ``per_shard`` samples (main member + ``.cls`` + ``.json``), made once and reused; ``main``:
+    the main member from a generator seeded by the shard number (else noise JPEGs or random bytes)."""
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     noise = rng.integers(0, 255, (600, 600, 3), dtype=np.uint8)
@@ -84,14 +90,15 @@ def make_set(root: Path, name: str, n_shards: int, per_shard: int, size_range: t
         if p.exists():
             continue
         tmp = p.with_suffix(".tmp")
+        own = np.random.default_rng(s)
         with tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tf:
             for i in range(per_shard):
-                size = int(rng.integers(*size_range))
-                if name == "jpeg":
-                    main = ("jpg", _jpeg(rng, noise, size))
+                if main is not None:
+                    main_member = main(own)
                 else:
-                    main = ("bin", rng.integers(0, 255, size, dtype=np.uint8).tobytes())
-                members = dict([main, ("cls", str(i % 1000).encode()), ("json", json.dumps({"i": i}).encode())])
+                    size = int(rng.integers(*size_range))
+                    main_member = ("jpg", _jpeg(rng, noise, size)) if name == "jpeg" else ("bin", rng.integers(0, 255, size, dtype=np.uint8).tobytes())
+                members = dict([main_member, ("cls", str(i % 1000).encode()), ("json", json.dumps({"i": i}).encode())])
                 for ext, data in members.items():
                     ti = tarfile.TarInfo(f"{s:03d}{i:06d}.{ext}")
                     ti.size = len(data)
@@ -286,7 +293,7 @@ def bench_loader(index: Path, name: str, samples: int = 6000) -> list[Row]:
     """DataLoader scaling on a training-style pipeline: decode JPEG to a tensor, crop, batch of 32."""
     import torch
 
-    ds = tarindex.TarDataset(index, decode="torch", transform=_train_view)
+    ds = tarindex.TarDataset(index, decode="torchrgb8", transform=_train_view)
     sub = list(range(len(ds)))
     random.Random(1).shuffle(sub)
     sub = sub[:samples]
@@ -760,7 +767,7 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
     ds = tarindex.TarDataset(index)
     if "access" in only:
         yield from bench_access(ds, name)
-    if "loader" in only and name == "jpeg":
+    if "loader" in only and name == "jpeg":  # DataLoader scaling (issue 2); images/s into a batch: main()
         yield from bench_loader(index, name)
     if "open" in only and name == "small":
         yield from bench_open(ds, name, work)
@@ -986,6 +993,13 @@ def main() -> None:
         sizes = [int(float(s)) for s in args.sizes.split(",") if s]
         rows = bench_index_scale(work, sizes, args.parts) + (bench_many_shards(work, args.many_shards) if args.many_shards else [])
         for label, value, ratio in [*rows, *bench_sampler_scale()]:
+            print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
+    if "loader" in only:  # images/s into a batch: its own generated sets (tools/bench_loader.py), a chart when matplotlib is installed
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_loader import bench_loader as bench_images
+
+        chart = Path(__file__).resolve().parent.parent / "docs" / "loader.png"
+        for label, value, ratio in bench_images(args.dir, work, chart=chart):
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
     if "member" in only:  # not by default: it writes two 1 GiB-member shards once and starts 8 processes
         from bench_limits import bench_member

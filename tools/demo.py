@@ -58,7 +58,7 @@ def main() -> None:
 
     import tarindex
 
-    ds = tarindex.TarDataset(pattern, decode="torch")
+    ds = tarindex.TarDataset(pattern, decode="torchrgb8")
     order = list(range(len(ds)))
     random.Random(0).shuffle(order)
     t0 = time.perf_counter()
@@ -75,7 +75,7 @@ def main() -> None:
     sharded = tarindex.ShardSampler(ds, num_replicas=2, rank=1, seed=0, chunk_shards=1)
     print(f"ShardSampler rank 1 of 2: {len(list(sharded))} indices, shards touched first: "
           f"{sorted({ds[i]['__url__'][-10:-4] for i in list(sharded)[:10]})}")
-    stream = tarindex.TarStream(pattern, decode="torch", shuffle=50, seed=0)
+    stream = tarindex.TarStream(pattern, decode="torchrgb8", shuffle=50, seed=0)
     t0 = time.perf_counter()
     streamed = [s["__key__"] for s in torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)]
     dt = time.perf_counter() - t0
