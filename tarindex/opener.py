@@ -8,13 +8,21 @@ or the C ``ZstdReader``; :class:`tarindex.sources.RangeReader` for URL shards).
 that makes the checks), counts the reads in progress on each, evicts the least recently used beyond a
 bound (or when the process runs out of descriptors), and closes a handle only once no read uses it, so a
 descriptor number is never reused under a read, ``close()`` included.
+
+The bound is two-fold: each opener's own (``max_open_files`` of its dataset), and one for the whole process
+(:class:`_Budget`: half the soft ``RLIMIT_NOFILE``, lowered when the process runs out of descriptors), shared
+by every opener of every dataset and mix: twenty datasets under ``ulimit -n 64`` evict each other's least
+recently used files instead of running out.
 """
 
 from __future__ import annotations
 
 import errno
+import itertools
 import os
+import resource
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO, overload
@@ -22,7 +30,7 @@ from typing import Any, BinaryIO, overload
 import numpy as np
 
 from ._cache import FileCache
-from .errors import CommandNotAllowedError, CorruptFrameError, IndexFormatError, RandomAccessError
+from .errors import CommandNotAllowedError, CorruptFrameError, DescriptorLimitError, IndexFormatError, RandomAccessError
 from .gzip import random_access_refused
 from .gzip_random import GzipShardReader, SeekPoints
 from .objstore import open_reader
@@ -189,6 +197,69 @@ def close_handle(handle: Any) -> None:
         handle.close()
 
 
+_MAX_BUDGET = 1 << 20  # handles open at once, whatever the limit (RLIM_INFINITY)
+
+
+class _Budget:
+    """The process-wide bound on open shard handles, shared by every :class:`ShardOpener`, and the order in
+    which they were opened (or last asked for) across all of them. Its lock is every opener's lock.
+
+    The bound is half the soft ``RLIMIT_NOFILE`` (read again whenever it changed), the other half left to the
+    rest of the process (index files, sockets, DataLoader pipes); lowered to what the process could hold when
+    an open fails with ``EMFILE``/``ENFILE``.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.order: OrderedDict[tuple[int, int], weakref.ref[ShardOpener]] = OrderedDict()  # (opener, shard), oldest first
+        self._soft = -1
+        self._limit = 0
+
+    def limit(self) -> int:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft != self._soft:
+            self._soft = soft
+            self._limit = max(1, min(soft // 2, _MAX_BUDGET)) if soft != resource.RLIM_INFINITY else _MAX_BUDGET
+        return self._limit
+
+    def lower(self) -> None:
+        """The process ran out of descriptors with the handles open now: hold one fewer from now on (a descriptor
+        left for the rest of the process)."""
+        self._limit = max(1, len(self.order) - 1)
+
+    def took_the_last(self, fd: int) -> bool:
+        """Whether descriptor ``fd`` (just opened: the lowest free number) is the last the process may have."""
+        return fd >= self._soft - 1 and self._soft != resource.RLIM_INFINITY
+
+    def make_room(self) -> None:
+        """Evict the least recently used handles of any opener until one more fits the bound."""
+        limit = self.limit()
+        while len(self.order) >= limit and self.evict_oldest():
+            pass
+
+    def evict_oldest(self) -> bool:
+        """Evict the least recently used handle of any opener; ``False`` when none is left."""
+        while self.order:
+            (_, shard), ref = self.order.popitem(last=False)
+            opener = ref()
+            if opener is not None and shard in opener._lru:
+                opener._evict(shard)
+                return True
+        return False
+
+
+_BUDGET = _Budget()
+
+
+def _new_budget() -> None:  # a forked child holds none of the parent's handles as its own, nor its lock
+    global _BUDGET
+    _BUDGET = _Budget()
+
+
+os.register_at_fork(after_in_child=_new_budget)
+_SERIAL = itertools.count()
+
+
 class ShardOpener:
     """The one owner of a process's open handles of one index's shards.
 
@@ -206,8 +277,9 @@ class ShardOpener:
     Args:
         n_shards: shards of the index.
         open_handle: opens shard ``i`` and makes the checks (an int descriptor or an object with ``read_at``).
-        max_open: bound on open handles (least recently used evicted); lowered when the process runs
-            out of descriptors (``EMFILE``), after evicting one and retrying.
+        max_open: bound on this opener's open handles (least recently used evicted). The process-wide bound
+            (:class:`_Budget`) applies too: an open beyond it evicts the least recently used handle of any
+            opener; one that fails with ``EMFILE`` evicts one, lowers that bound and retries.
     """
 
     def __init__(self, n_shards: int, open_handle: Callable[[int], Any], max_open: int) -> None:
@@ -220,7 +292,10 @@ class ShardOpener:
         self._lru: OrderedDict[int, Any] = OrderedDict()  # shard -> handle, least recently used first
         self._closing: list[tuple[int, Any]] = []  # evicted or closed while read: closed when their reads end
         self._py_busy: dict[int, int] = {}  # the Python reader's reads in progress
-        self._lock = threading.RLock()
+        self._budget = _BUDGET
+        self._lock = self._budget.lock  # one lock for every opener: evicting another's handle takes it
+        self._serial = next(_SERIAL)
+        self._ref = weakref.ref(self)
 
     @property
     def open_count(self) -> int:
@@ -237,13 +312,19 @@ class ShardOpener:
             handle = self._lru.get(shard)
             if handle is not None:
                 self._lru.move_to_end(shard)
+                self._budget.order.move_to_end((self._serial, shard))
                 return handle
             if self._closing:
                 self.reap()
             while len(self._lru) >= self.max_open:
                 self._evict(next(iter(self._lru)))
+            self._budget.make_room()
             handle = self._open_retrying(shard)
             self._lru[shard] = handle
+            self._budget.order[(self._serial, shard)] = self._ref
+            if type(handle) is int and self._budget.took_the_last(handle) and len(self._budget.order) > 1:
+                self._budget.lower()  # as if the next open had failed: one descriptor stays free for the process
+                self._budget.evict_oldest()
             if type(handle) is int:
                 self.fds[shard] = handle
             else:
@@ -251,17 +332,29 @@ class ShardOpener:
             return handle
 
     def _open_retrying(self, shard: int) -> Any:
+        """Raises:
+        DescriptorLimitError: out of descriptors (``EMFILE``, ``ENFILE``) with no handle of any opener left to close.
+        """
         while True:
             try:
                 return self._open_handle(shard)
             except OSError as exc:
-                if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self._lru:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
                     raise
-                self.max_open = max(1, len(self._lru) - 1)  # what this process can hold: keep below it
-                self._evict(next(iter(self._lru)))
+                if self._budget.order:
+                    self._budget.lower()  # what this process can hold: keep below it
+                    self._budget.make_room()  # to one below the new bound: with this open, at the bound
+                else:
+                    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+                    raise DescriptorLimitError(
+                        f"{exc.filename or f'shard {shard}'}: cannot open: the process is out of file descriptors "
+                        f"(ulimit -n: {soft}) and holds no shard file tarindex could close; raise the limit (ulimit -n) "
+                        f"or hold fewer files open elsewhere ({exc.strerror})"
+                    ) from exc
 
     def _evict(self, shard: int) -> None:
         """Forget ``shard``'s handle first (no new read takes it), then close it, or later if a read uses it."""
+        self._budget.order.pop((self._serial, shard), None)
         handle = self._lru.pop(shard)
         self.fds[shard] = -1
         self.handles[shard] = None

@@ -79,6 +79,11 @@ def _storage_options(ctx: click.Context, param: click.Parameter, values: tuple[s
     help="An object-store or fsspec client option (repeatable), e.g. --storage-option endpoint_url=http://127.0.0.1:9000; "
     "VALUE is read as JSON when it parses (numbers, true/false), else as text. Never stored in the index.",
 )
+@click.option(
+    "--drop-unlisted", is_flag=True,
+    help="Let the build drop shards the existing index holds and SHARDS no longer names (left out, or deleted from disk); "
+    "without it such a build is refused, so indexing a subset never replaces the set's index.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def command(
     shards: tuple[str, ...],
@@ -88,6 +93,7 @@ def command(
     max_member_size: int | None,
     headers: dict[str, str],
     storage_options: dict[str, Any],
+    drop_unlisted: bool,
     quiet: bool,
 ) -> None:
     """Index SHARDS (paths, globs, brace patterns) into one LMDB index."""
@@ -111,7 +117,7 @@ def command(
 
         report = build_index(
             paths, index=index, workers=workers, part=part, progress=progress, max_member_size=max_member_size,
-            headers=headers, storage_options=storage_options,
+            headers=headers, storage_options=storage_options, drop_unlisted=drop_unlisted,
         )  # fmt: skip
     if not quiet:
         click.echo(f"{report.path}: {len(report.scanned)} shards scanned, {len(report.reused)} unchanged")
