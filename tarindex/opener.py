@@ -202,11 +202,15 @@ _MAX_BUDGET = 1 << 20  # handles open at once, whatever the limit (RLIM_INFINITY
 
 class _Budget:
     """The process-wide bound on open shard handles, shared by every :class:`ShardOpener`, and the order in
-    which they were opened (or last asked for) across all of them. Its lock is every opener's lock.
+    which they were opened (or last asked for) across all of them.
 
     The bound is half the soft ``RLIMIT_NOFILE`` (read again whenever it changed), the other half left to the
     rest of the process (index files, sockets, DataLoader pipes); lowered to what the process could hold when
-    an open fails with ``EMFILE``/``ENFILE``.
+    an open fails with ``EMFILE``/``ENFILE``, or takes the process's last descriptor.
+
+    Locking: ``lock`` guards ``order`` and the bound and is taken after an opener's own lock, never before one:
+    the handle of another opener is evicted only if its lock is free at once (``acquire(blocking=False)``;
+    else the next oldest is), so datasets never wait on each other's opens (a URL shard's can take seconds).
     """
 
     def __init__(self) -> None:
@@ -222,10 +226,11 @@ class _Budget:
             self._limit = max(1, min(soft // 2, _MAX_BUDGET)) if soft != resource.RLIM_INFINITY else _MAX_BUDGET
         return self._limit
 
-    def lower(self) -> None:
-        """The process ran out of descriptors with the handles open now: hold one fewer from now on (a descriptor
+    def lower(self, held: int) -> None:
+        """The process ran out of descriptors with ``held`` handles open: hold one fewer from now on (a descriptor
         left for the rest of the process)."""
-        self._limit = max(1, len(self.order) - 1)
+        with self.lock:
+            self._limit = max(1, held - 1)
 
     def took_the_last(self, fd: int) -> bool:
         """Whether descriptor ``fd`` (just opened: the lowest free number) is the last the process may have."""
@@ -238,14 +243,39 @@ class _Budget:
             pass
 
     def evict_oldest(self) -> bool:
-        """Evict the least recently used handle of any opener; ``False`` when none is left."""
-        while self.order:
-            (_, shard), ref = self.order.popitem(last=False)
-            opener = ref()
-            if opener is not None and shard in opener._lru:
-                opener._evict(shard)
-                return True
-        return False
+        """Evict the least recently used handle whose opener is free to evict it now; ``False`` when none is."""
+        with self.lock:
+            stale = []
+            try:
+                for key, ref in self.order.items():
+                    opener = ref()
+                    if opener is None or key[1] not in opener._lru:  # gone, or closed meanwhile: no handle to count
+                        stale.append(key)
+                        continue
+                    if not opener._lock.acquire(blocking=False):  # that opener is busy (opening): not waited for
+                        continue
+                    try:
+                        if key[1] in opener._lru:
+                            opener._evict(key[1])  # changes the order: the loop goes no further
+                            return True
+                    finally:
+                        opener._lock.release()
+                return False
+            finally:
+                for key in stale:
+                    self.order.pop(key, None)
+
+    def add(self, opener: ShardOpener, shard: int) -> None:
+        with self.lock:
+            self.order[(opener._serial, shard)] = opener._ref
+
+    def touch(self, opener: ShardOpener, shard: int) -> None:
+        with self.lock:
+            self.order.move_to_end((opener._serial, shard))
+
+    def forget(self, opener: ShardOpener, shard: int) -> None:
+        with self.lock:
+            self.order.pop((opener._serial, shard), None)
 
 
 _BUDGET = _Budget()
@@ -292,8 +322,8 @@ class ShardOpener:
         self._lru: OrderedDict[int, Any] = OrderedDict()  # shard -> handle, least recently used first
         self._closing: list[tuple[int, Any]] = []  # evicted or closed while read: closed when their reads end
         self._py_busy: dict[int, int] = {}  # the Python reader's reads in progress
+        self._lock = threading.RLock()
         self._budget = _BUDGET
-        self._lock = self._budget.lock  # one lock for every opener: evicting another's handle takes it
         self._serial = next(_SERIAL)
         self._ref = weakref.ref(self)
 
@@ -312,7 +342,7 @@ class ShardOpener:
             handle = self._lru.get(shard)
             if handle is not None:
                 self._lru.move_to_end(shard)
-                self._budget.order.move_to_end((self._serial, shard))
+                self._budget.touch(self, shard)
                 return handle
             if self._closing:
                 self.reap()
@@ -320,15 +350,15 @@ class ShardOpener:
                 self._evict(next(iter(self._lru)))
             self._budget.make_room()
             handle = self._open_retrying(shard)
+            if type(handle) is int and self._budget.took_the_last(handle) and self._budget.order:
+                self._budget.lower(len(self._budget.order) + 1)  # as if the next open failed: one descriptor stays free
+                self._budget.evict_oldest()  # another handle: this one is not in the order yet
             self._lru[shard] = handle
-            self._budget.order[(self._serial, shard)] = self._ref
-            if type(handle) is int and self._budget.took_the_last(handle) and len(self._budget.order) > 1:
-                self._budget.lower()  # as if the next open had failed: one descriptor stays free for the process
-                self._budget.evict_oldest()
             if type(handle) is int:
                 self.fds[shard] = handle
             else:
                 self.handles[shard] = handle
+            self._budget.add(self, shard)
             return handle
 
     def _open_retrying(self, shard: int) -> Any:
@@ -342,7 +372,7 @@ class ShardOpener:
                 if exc.errno not in (errno.EMFILE, errno.ENFILE):
                     raise
                 if self._budget.order:
-                    self._budget.lower()  # what this process can hold: keep below it
+                    self._budget.lower(len(self._budget.order))  # what this process can hold: keep below it
                     self._budget.make_room()  # to one below the new bound: with this open, at the bound
                 else:
                     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -354,7 +384,7 @@ class ShardOpener:
 
     def _evict(self, shard: int) -> None:
         """Forget ``shard``'s handle first (no new read takes it), then close it, or later if a read uses it."""
-        self._budget.order.pop((self._serial, shard), None)
+        self._budget.forget(self, shard)
         handle = self._lru.pop(shard)
         self.fds[shard] = -1
         self.handles[shard] = None

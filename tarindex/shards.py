@@ -12,7 +12,7 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -223,9 +223,9 @@ def default_index_path(shards: list[str]) -> Path:
     """
     if not shards:
         raise ShardNotFoundError("no shards given")
-    paths = [Path(s).absolute() for s in shards]
-    directory = Path(os.path.commonpath([str(p.parent) for p in paths]))
-    names = [p.name for p in paths]
+    paths = [os.path.abspath(s) for s in shards]
+    directory = Path(os.path.commonpath(list({os.path.dirname(p) for p in paths})))
+    names = [os.path.basename(p) for p in paths]
     stem = os.path.commonprefix(names) if len(names) > 1 else names[0].split(".", 1)[0]  # noqa: RUF071 - a common name prefix, not a path
     stem = stem.split(".", 1)[0]
     if len(names) > 1:
@@ -239,24 +239,25 @@ def _set_stem(stem: str) -> str:
     return stem.rstrip("0123456789").rstrip("-_.")
 
 
-def index_candidates(shards: list[str]) -> list[Path]:
+def index_candidates(shards: list[str]) -> Iterator[Path]:
     """Where an index of ``shards`` may be, in the order to look: :func:`default_index_path`, the default name of
     the set the first shard belongs to (``d/train.tarindex`` for ``d/train-000003.tar``), ``shards.tarindex``,
-    then every other ``*.tarindex`` in their directory by name, parts of a split (``*.part-K-of-N.tarindex``) last.
+    then every other ``*.tarindex`` in their directory by name, parts of a split (``*.part-K-of-N.tarindex``) last
+    (the directory is listed only when the caller asks past the names before).
     """
     first = default_index_path(shards)
     directory = first.parent
     stem = _set_stem(Path(shards[0]).name.split(".", 1)[0]) or "shards"
-    named = [first, directory / (stem + INDEX_SUFFIX), directory / ("shards" + INDEX_SUFFIX)]
+    seen: set[Path] = set()
+    for path in (first, directory / (stem + INDEX_SUFFIX), directory / ("shards" + INDEX_SUFFIX)):
+        if path not in seen:
+            seen.add(path)
+            yield path
     try:
         others = sorted(directory.glob("*" + INDEX_SUFFIX), key=lambda p: (".part-" in p.name, p.name))
     except OSError:
         others = []
-    out: list[Path] = []
-    for path in [*named, *others]:
-        if path not in out:
-            out.append(path)
-    return out
+    yield from (path for path in others if path not in seen)
 
 
 def fingerprint(fd: int, size: int) -> str:
