@@ -17,6 +17,7 @@ recently used files instead of running out.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
@@ -200,17 +201,22 @@ def close_handle(handle: Any) -> None:
 _MAX_BUDGET = 1 << 20  # handles open at once, whatever the limit (RLIM_INFINITY)
 
 
+_RLIMIT_EVERY = 64  # opens between two readings of RLIMIT_NOFILE (a system call)
+
+
 class _Budget:
     """The process-wide bound on open shard handles, shared by every :class:`ShardOpener`, and the order in
     which they were opened (or last asked for) across all of them.
 
-    The bound is half the soft ``RLIMIT_NOFILE`` (read again whenever it changed), the other half left to the
-    rest of the process (index files, sockets, DataLoader pipes); lowered to what the process could hold when
-    an open fails with ``EMFILE``/``ENFILE``, or takes the process's last descriptor.
+    The bound is half the soft ``RLIMIT_NOFILE`` (read again every ``_RLIMIT_EVERY`` opens, and used anew when it
+    changed), the other half left to the rest of the process (index files, sockets, DataLoader pipes); lowered
+    to what the process could hold when an open fails with ``EMFILE``/``ENFILE``, or takes its last descriptor.
 
-    Locking: ``lock`` guards ``order`` and the bound and is taken after an opener's own lock, never before one:
-    the handle of another opener is evicted only if its lock is free at once (``acquire(blocking=False)``;
-    else the next oldest is), so datasets never wait on each other's opens (a URL shard's can take seconds).
+    Threads: ``order`` changes by single calls (an insertion, a ``move_to_end``, a ``pop``: one step under the
+    GIL each) made by an opener holding its own lock; :meth:`evict_oldest` works on a copy of its oldest
+    entries, under ``lock``, and evicts another opener's handle only if that opener's lock is free at once
+    (``acquire(blocking=False)``; else the next oldest), so datasets never wait on each other's opens (a URL
+    shard's can take seconds) and no two locks are ever waited for in opposite orders.
     """
 
     def __init__(self) -> None:
@@ -218,64 +224,59 @@ class _Budget:
         self.order: OrderedDict[tuple[int, int], weakref.ref[ShardOpener]] = OrderedDict()  # (opener, shard), oldest first
         self._soft = -1
         self._limit = 0
+        self._opens = 0
+        self.last_fd = 0
 
     def limit(self) -> int:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if soft != self._soft:
-            self._soft = soft
-            self._limit = max(1, min(soft // 2, _MAX_BUDGET)) if soft != resource.RLIM_INFINITY else _MAX_BUDGET
+        self._opens += 1
+        if self._opens >= _RLIMIT_EVERY or self._soft < 0:
+            self._opens = 0
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            if soft != self._soft:
+                self._soft = soft
+                infinite = soft == resource.RLIM_INFINITY
+                self._limit = _MAX_BUDGET if infinite else max(1, min(soft // 2, _MAX_BUDGET))
+                self.last_fd = _MAX_BUDGET << 4 if infinite else soft - 1  # an open that got it took the last one
         return self._limit
 
     def lower(self, held: int) -> None:
         """The process ran out of descriptors with ``held`` handles open: hold one fewer from now on (a descriptor
-        left for the rest of the process)."""
-        with self.lock:
-            self._limit = max(1, held - 1)
-
-    def took_the_last(self, fd: int) -> bool:
-        """Whether descriptor ``fd`` (just opened: the lowest free number) is the last the process may have."""
-        return fd >= self._soft - 1 and self._soft != resource.RLIM_INFINITY
+        left for the rest of the process); the limit is read again at the next open."""
+        self._limit = max(1, held - 1)
+        self._opens = _RLIMIT_EVERY
 
     def make_room(self) -> None:
         """Evict the least recently used handles of any opener until one more fits the bound."""
-        limit = self.limit()
-        while len(self.order) >= limit and self.evict_oldest():
+        while len(self.order) >= self._limit and self.evict_oldest():
             pass
 
     def evict_oldest(self) -> bool:
         """Evict the least recently used handle whose opener is free to evict it now; ``False`` when none is."""
         with self.lock:
-            stale = []
-            try:
-                for key, ref in self.order.items():
+            for some in (64, None):  # the oldest few first: a copy of all of them only if none of those would do
+                for key, ref in list(itertools.islice(self.order.items(), some)):  # copied in one step
                     opener = ref()
                     if opener is None or key[1] not in opener._lru:  # gone, or closed meanwhile: no handle to count
-                        stale.append(key)
+                        self.order.pop(key, None)
                         continue
                     if not opener._lock.acquire(blocking=False):  # that opener is busy (opening): not waited for
                         continue
                     try:
                         if key[1] in opener._lru:
-                            opener._evict(key[1])  # changes the order: the loop goes no further
+                            opener._evict(key[1])
                             return True
                     finally:
                         opener._lock.release()
-                return False
-            finally:
-                for key in stale:
-                    self.order.pop(key, None)
-
-    def add(self, opener: ShardOpener, shard: int) -> None:
-        with self.lock:
-            self.order[(opener._serial, shard)] = opener._ref
+                if some is not None and len(self.order) <= some:
+                    break
+        return False
 
     def touch(self, opener: ShardOpener, shard: int) -> None:
-        with self.lock:
+        with contextlib.suppress(KeyError):  # evicted by another thread meanwhile: nothing to move
             self.order.move_to_end((opener._serial, shard))
 
     def forget(self, opener: ShardOpener, shard: int) -> None:
-        with self.lock:
-            self.order.pop((opener._serial, shard), None)
+        self.order.pop((opener._serial, shard), None)
 
 
 _BUDGET = _Budget()
@@ -348,17 +349,19 @@ class ShardOpener:
                 self.reap()
             while len(self._lru) >= self.max_open:
                 self._evict(next(iter(self._lru)))
-            self._budget.make_room()
+            budget = self._budget
+            if len(budget.order) >= budget.limit():
+                budget.make_room()
             handle = self._open_retrying(shard)
-            if type(handle) is int and self._budget.took_the_last(handle) and self._budget.order:
-                self._budget.lower(len(self._budget.order) + 1)  # as if the next open failed: one descriptor stays free
-                self._budget.evict_oldest()  # another handle: this one is not in the order yet
-            self._lru[shard] = handle
             if type(handle) is int:
+                if handle >= budget.last_fd and budget.order:  # the process's last descriptor: keep one free
+                    budget.lower(len(budget.order) + 1)  # as if the next open had failed
+                    budget.evict_oldest()  # another handle: this one is not in the order yet
                 self.fds[shard] = handle
             else:
                 self.handles[shard] = handle
-            self._budget.add(self, shard)
+            self._lru[shard] = handle
+            budget.order[(self._serial, shard)] = self._ref
             return handle
 
     def _open_retrying(self, shard: int) -> Any:

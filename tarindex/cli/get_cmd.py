@@ -26,7 +26,7 @@ def command(index: str, sample: str, ext: str | None, output: str | None, number
         except ValueError:
             raise click.BadParameter(f"{sample!r} is not a number", param_hint="SAMPLE") from None
         if not 0 <= i < len(ds):
-            raise SampleNotFoundError(f"{ds.index_path}: no sample {i} (index has {len(ds)})")
+            raise SampleNotFoundError(f"{index}: no sample {i} ({len(ds)} samples)")
         rec = ds.read(i)
     else:
         rec = ds.get(sample)

@@ -118,8 +118,8 @@ def _not_an_index(path: Path, st: os.stat_result) -> str | None:
     try:
         check_container(path)
         env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=0, readahead=False)
-    except (IndexFormatError, lmdb.Error):
-        return None  # a truncated or damaged index
+    except (IndexFormatError, lmdb.Error):  # a truncated or damaged index; or one this process has open (LMDB opens
+        return None  # a file once per process): the index a rebuild or a merge reads from
     try:
         with env.begin() as txn:
             raw = txn.get(META_KEY)
