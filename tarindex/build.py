@@ -297,10 +297,10 @@ def build_index(
             out = out.with_name(out.name[: -len(INDEX_SUFFIX)] + f".part-{part[0]:0{digits}d}-of-{part[1]}{INDEX_SUFFIX}")
     _check_not_a_shard(out, paths)
     index_dir = out.absolute().parent
-    listed = {relative_path(s, index_dir) for s in paths}  # the whole list: shards of other parts are not dropped
-    if part is not None:
-        paths = part_slice(paths, part)
     rel = [relative_path(s, index_dir) for s in paths]
+    listed = set(rel)  # the whole list: a part build does not drop the shards of other parts
+    if part is not None:
+        paths, rel = part_slice(paths, part), part_slice(rel, part)
     if len(set(rel)) != len(rel):
         raise TarIndexError("the same shard is named twice")
     previous = _Previous(out)

@@ -395,7 +395,8 @@ class IndexWriter:
             reader = IndexReader(self._tmp)
             try:
                 n = self._starts[-1]
-                if (reader.n_samples, len(reader.shards), reader.n_members, reader.part) != (n, len(self._infos), self._n_members, self.part):
+                written = (n, len(self._infos), self._n_members, tuple(self.part) if self.part else None)
+                if (reader.n_samples, len(reader.shards), reader.n_members, reader.part) != written:
                     raise IndexFormatError("its counts differ from those written")
                 if reader.shard_starts().tolist() != self._starts:
                     raise IndexFormatError("its shard start table differs from the one written")
