@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import tarindex
-from conftest import make_shard_set, tarfile_members, wds_write
+from conftest import gnu_tar, make_shard_set, tarfile_members, wds_write, write_tree
 from tarindex import IndexNotFoundError, PatternError, SampleNotFoundError, ShardSampler, TarDataset, build_index
 from tarindex.cli.main import main
 
@@ -76,10 +76,13 @@ def test_a_pattern_reads_exactly_the_shards_it_names(three: list[Path]) -> None:
 def test_shards_named_out_of_order_are_read_in_the_order_named(three: list[Path], tmp_path: Path) -> None:
     d = three[0].parent
     extra = wds_write(d / "train-000003.tar", [{"__key__": f"w{i:03d}", "txt": f"w {i}"} for i in range(7)])  # webdataset's writer
+    src = tmp_path / "src"
+    write_tree(src, [(f"g{i:03d}.{ext}", f"{ext} {i}".encode()) for i in range(5) for ext in ("txt", "json")])
+    pax = gnu_tar(src, d / "train-000004.tar", "pax", [f"g{i:03d}.{ext}" for i in range(5) for ext in ("txt", "json")])  # GNU tar
     build_index(str(d / "train-*.tar"), workers=1)
-    ds = TarDataset([str(extra), str(three[2]), str(three[0])])
-    expected = _oracle([extra, three[2], three[0]])
-    assert _samples(ds) == expected and ds.shard_sizes == [7, 10, 10]
+    ds = TarDataset([str(extra), str(three[2]), str(pax), str(three[0])])
+    expected = _oracle([extra, three[2], pax, three[0]])
+    assert _samples(ds) == expected and ds.shard_sizes == [7, 10, 5, 10]
     for i, (key, _, _) in enumerate(expected):
         assert ds.get(key)["__index__"] == i
     with pytest.raises(SampleNotFoundError, match="s01i000"):
