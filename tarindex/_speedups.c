@@ -15,6 +15,9 @@
  * the read is done, asks opener.open(shard) for a shard that is not open, and
  * calls opener.reap() after a read while closed handles wait for their reads
  * (busy[n_shards] != 0). The opener closes no handle whose count is not zero.
+ *
+ * A dataset of some shards of an index (tarindex/view.py) reads through a view: its sample i is index
+ * sample rindex[r] + i - rview[r], r the run that holds i (a bisection over the runs; none without a view).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,13 +37,17 @@
 
 typedef struct {
     PyObject_HEAD
-    Py_buffer cols[2];  /* the opener's fds and busy tables */
+    Py_buffer cols[4];  /* the opener's fds and busy tables, the view's runs */
     int ncols;
     PyObject *blocks;   /* blocks(b) -> memoryview of record block b, checked (tarindex/index/records.py) */
     PyObject **bobj;    /* per block: the memoryview, once asked for (keeps the map alive with its source) */
     struct Block **bhead; /* per block: its header, copied out of the map when the block is first read */
     Py_ssize_t per, n_blocks; /* samples per block */
-    Py_ssize_t n, n_exts, n_shards;
+    Py_ssize_t n, n_exts, n_shards; /* n: samples of the index */
+    Py_ssize_t len;     /* samples this reader reads: n, or the view's */
+    const uint64_t *rview, *rindex; /* the view's runs (NULL: no view): first sample of each in the view, then len;
+                                     * the index sample each run starts at */
+    Py_ssize_t nruns;
     PyObject *exts;     /* tuple of str */
     PyObject *urls;     /* list of str, None until a shard's name is resolved (by the fallback); its length never changes */
     PyObject *opener;   /* the ShardOpener: owns the tables below and every handle */
@@ -185,8 +192,45 @@ static int adopt_opener(Reader *self, PyObject *opener) {
     return 0;
 }
 
+/* The view's runs (run_view: nruns + 1 uint64, run_index: nruns uint64), checked: run_view starts at 0 and
+ * ascends, every run lies within the index's samples. */
+static int adopt_view(Reader *self, PyObject *view) {
+    PyObject *starts, *index;
+    const char *sv, *iv;
+    Py_ssize_t slen, ilen;
+    if (!PyArg_ParseTuple(view, "OO;view must be (run_view, run_index)", &starts, &index) ||
+        take(self, starts, &sv, &slen, PyBUF_SIMPLE) < 0 || take(self, index, &iv, &ilen, PyBUF_SIMPLE) < 0)
+        return -1;
+    const uint64_t *v = (const uint64_t *)sv, *x = (const uint64_t *)iv;
+    Py_ssize_t nruns = ilen / 8;
+    int bad = slen % 8 || ilen % 8 || slen / 8 != nruns + 1 || v[0] != 0 || v[nruns] > (uint64_t)PY_SSIZE_T_MAX;
+    for (Py_ssize_t r = 0; !bad && r < nruns; r++)
+        bad = v[r + 1] <= v[r] || x[r] > (uint64_t)self->n || v[r + 1] - v[r] > (uint64_t)self->n - x[r];
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "the view's runs do not fit the index");
+        return -1;
+    }
+    self->rview = v;
+    self->rindex = x;
+    self->nruns = nruns;
+    self->len = (Py_ssize_t)v[nruns];
+    return 0;
+}
+
+/* The index's number of view sample i (0 <= i < len): the run that holds it, found by bisection. */
+static inline Py_ssize_t to_index(const Reader *self, Py_ssize_t i) {
+    const uint64_t *v = self->rview;
+    Py_ssize_t lo = 0, hi = self->nruns;
+    while (hi - lo > 1) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (v[mid] <= (uint64_t)i) lo = mid;
+        else hi = mid;
+    }
+    return (Py_ssize_t)(self->rindex[lo] + ((uint64_t)i - v[lo]));
+}
+
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
-    PyObject *blocks, *exts, *urls, *opener, *fallback, *error, *fork;
+    PyObject *blocks, *exts, *urls, *opener, *fallback, *error, *fork, *view = Py_None;
     Py_ssize_t per, n;
     if (self->exts) {
         PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
@@ -196,8 +240,8 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "tarindex._speedups.init() was not called (tarindex._native calls it)");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OnnO!O!OOOO!", &blocks, &per, &n, &PyTuple_Type, &exts, &PyList_Type, &urls, &opener,
-                          &fallback, &error, &PyList_Type, &fork))
+    if (!PyArg_ParseTuple(args, "OnnO!O!OOOO!|O", &blocks, &per, &n, &PyTuple_Type, &exts, &PyList_Type, &urls, &opener,
+                          &fallback, &error, &PyList_Type, &fork, &view))
         return -1;
     if (PyList_GET_SIZE(fork) != 1 || !PyLong_Check(PyList_GET_ITEM(fork, 0))) {
         PyErr_SetString(PyExc_ValueError, "fork must be a list of one int");
@@ -215,7 +259,7 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     self->opener = Py_NewRef(opener);
     self->fallback = Py_NewRef(fallback);
     self->error = Py_NewRef(error);
-    self->n = n;
+    self->n = self->len = n;
     self->per = per;
     self->n_blocks = n / per + (n % per != 0);
     self->n_exts = PyTuple_GET_SIZE(self->exts);
@@ -226,7 +270,8 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
         PyErr_NoMemory();
         return -1;
     }
-    return adopt_opener(self, opener);
+    if (adopt_opener(self, opener) < 0) return -1;
+    return view == Py_None ? 0 : adopt_view(self, view);
 }
 
 /* Block b's header, from its bytes `b` (checked by `blocks`: the header, columns and patterns fit). */
@@ -565,13 +610,13 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
     if (asked == -1 && PyErr_Occurred()) return NULL;
     Py_ssize_t i = asked;
     int given = i >= 0 && PyLong_CheckExact(arg); /* then arg itself is __index__ */
-    if (i < 0) i += self->n;
-    if (i < 0 || i >= self->n) {
-        PyErr_Format(PyExc_IndexError, "sample %zd out of range for %zd samples", asked, self->n);
+    if (i < 0) i += self->len;
+    if (i < 0 || i >= self->len) {
+        PyErr_Format(PyExc_IndexError, "sample %zd out of range for %zd samples", asked, self->len);
         return NULL;
     }
     Record r;
-    int loaded = load(self, i, &r);
+    int loaded = load(self, self->rview ? to_index(self, i) : i, &r);
     if (loaded == -1) return NULL;
     if (loaded == -2) {
         PyObject *index = PyLong_FromSsize_t(i), *out = index ? PyObject_CallOneArg(self->fallback, index) : NULL;

@@ -27,6 +27,7 @@ class Reader:
         fallback: Callable[[int], dict[str, Any]],
         error: Callable[[str, int, str], BaseException],
         fork: list[int],  # tarindex._process.FORK: a reader made in another generation hands reads to fallback
+        view: tuple[bytes, bytes] | None = ...,  # tarindex.view.View.runs(): run_view, run_index (uint64); None: every sample
         /,
     ) -> None: ...
     def read(self, i: int, /) -> dict[str, Any]: ...

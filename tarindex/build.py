@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import multiprocessing
@@ -9,6 +10,7 @@ import operator
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -17,7 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptArchiveError, IndexFormatError, IndexNotFoundError, ShardNotFoundError, TarIndexError, shown
+from .errors import (
+    CorruptArchiveError,
+    IndexFormatError,
+    IndexNotFoundError,
+    OverwriteError,
+    ShardNotFoundError,
+    TarIndexError,
+    shown,
+)
 from .identity import current_info
 from .index.merge import merge, placed, relative_path
 from .index.reader import IndexReader
@@ -129,8 +139,15 @@ def part_slice(shards: list[str], part: tuple[int, int]) -> list[str]:
     return shards[(k - 1) * len(shards) // n : k * len(shards) // n]
 
 
-def _die_with_parent() -> None:
-    """In a scan worker: end with the build that started it (``kill -9`` of a build leaves no worker behind)."""
+def _scan_worker() -> None:
+    """In a scan worker, first: ignore SIGINT (a Ctrl-C reaches the whole process group; the build stops its
+    workers itself, so none prints a traceback or dies holding the pool's queue lock), then end with the build
+    that started it (``kill -9`` of a build leaves no worker behind).
+
+    The worker was forked with SIGINT blocked (:func:`_sigint_blocked`): one sent meanwhile is discarded here.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -161,13 +178,44 @@ def _scanned(
             if any(is_object_url(s) for s in shards):  # network-bound; and obstore's runtime does not survive fork
                 pool = ThreadPoolExecutor(max_workers=min(workers, len(shards)), thread_name_prefix="tarindex-scan")
             else:
-                pool = ProcessPoolExecutor(max_workers=min(workers, len(shards)), mp_context=ctx, initializer=_die_with_parent)
-            executor = stack.enter_context(pool)
-        results = executor.map(scan, shards) if executor is not None else map(scan, shards)
+                pool = ProcessPoolExecutor(max_workers=min(workers, len(shards)), mp_context=ctx, initializer=_scan_worker)
+            executor = stack.enter_context(_stopped_on_error(pool))
+        with _sigint_blocked():  # the workers start here: none may see a Ctrl-C before it ignores them
+            results = executor.map(scan, shards) if executor is not None else map(scan, shards)
         for result in results:
             if progress:  # before handing it out: the last shard's count must not wait for a next() that never comes
                 progress(1)
             yield result
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT held back while workers are forked (they inherit the mask); a Ctrl-C meanwhile is raised after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+@contextlib.contextmanager
+def _stopped_on_error(pool: Executor) -> Iterator[Executor]:
+    """``pool``, shut down when done; on an error or interruption (Ctrl-C, a failed shard, the consumer gone)
+    its queued scans are cancelled and its worker processes killed at once, not waited for."""
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        processes = list((getattr(pool, "_processes", None) or {}).values())  # no public way to stop workers (3.14 adds one)
+        for process in processes:
+            process.kill()
+        for process in processes:
+            process.join(5)
+        raise
+    pool.shutdown(wait=True)
 
 
 def build_index(
@@ -183,6 +231,7 @@ def build_index(
     storage_options: Mapping[str, Any] | None = None,
     headers: Mapping[str, str] | None = None,
     allow_missing_end: bool = False,
+    drop_unlisted: bool = False,
 ) -> BuildReport:
     """Index tar shards into one LMDB index file.
 
@@ -217,16 +266,25 @@ def build_index(
         allow_missing_end: accept shards that end without the end-of-archive marker (written by tools
             that omit it); by default such a shard is a :class:`~tarindex.errors.CorruptArchiveError`,
             since a shard cut at a member boundary looks the same.
+        drop_unlisted: allow the build to drop shards the existing index holds and the shard
+            list no longer names (left out of the list, or deleted from disk so a glob no longer
+            matches them); each is named in a logged warning. Without it such a build is refused
+            (:class:`~tarindex.errors.OverwriteError`), so that indexing a subset of a set
+            (``'d/train-{000028..000029}.tar'``) never replaces the set's index: write a subset's
+            index elsewhere (``index=``). A ``part`` build compares with the whole list, not its slice.
 
-    Shards of the existing index that are no longer in the list are dropped
-    from it, each with a logged warning naming it. When nothing changed (the
-    same shards in the same order, each with its indexed size and mtime), the
-    index is left as it is: the build costs an ``open`` and ``fstat`` per shard.
+    When nothing changed (the same shards in the same order, each with its indexed size and
+    mtime), the index is left as it is: the build costs an ``open`` and ``fstat`` per shard.
+    The new index is opened and checked before it replaces the old one: a build that fails,
+    at any step, leaves the previous index as it was.
 
     Raises:
         ValueError: ``part`` is not K/N with 1 <= K <= N.
         ShardNotFoundError: a shard does not exist.
+        NotRegularFileError: a shard is a FIFO, a socket or a device.
         CorruptArchiveError: a shard is not a valid tar archive, or has a member over ``max_member_size``.
+        OverwriteError: the index path holds a file that is not a tarindex index, or is one of the
+            shards, or the existing index holds shards the list does not name (see ``drop_unlisted``).
     """
     if max_member_size is not None and max_member_size < 0:
         raise ValueError(f"max_member_size must be >= 0, not {max_member_size}")
@@ -244,20 +302,25 @@ def build_index(
         if part is not None:
             digits = len(str(part[1]))  # zero-padded, so the parts also sort by name
             out = out.with_name(out.name[: -len(INDEX_SUFFIX)] + f".part-{part[0]:0{digits}d}-of-{part[1]}{INDEX_SUFFIX}")
-    if part is not None:
-        paths = part_slice(paths, part)
+    _check_not_a_shard(out, paths)
     index_dir = out.absolute().parent
     rel = [relative_path(s, index_dir) for s in paths]
+    listed = set(rel)  # the whole list: a part build does not drop the shards of other parts
+    if part is not None:
+        paths, rel = part_slice(paths, part), part_slice(rel, part)
     if len(set(rel)) != len(rel):
         raise TarIndexError("the same shard is named twice")
     previous = _Previous(out)
     known = previous.shards
     try:
+        if not drop_unlisted:
+            _refuse_drops(out, index_dir, [r for r in known if r not in listed])
         kept = {s: info for s, r in zip(paths, rel) if r in known and (info := current_info(s, previous.info(known[r]))) is not None}
         todo = [s for s in paths if s not in kept]  # new or changed: scanned
         if progress and len(todo) < len(paths):
             progress(len(paths) - len(todo))
-        if not todo and list(known) == rel and all(kept[s] == previous.info(known[r]) for s, r in zip(paths, rel)):
+        unchanged = previous.reader is not None and previous.reader.part == part and list(known) == rel
+        if not todo and unchanged and all(kept[s] == previous.info(known[r]) for s, r in zip(paths, rel)):
             if max_member_size is not None:  # the index stands if every shard's members are within the bound
                 for s, r in zip(paths, rel):
                     _check_members(s, previous.table(known[r]), max_member_size)
@@ -274,10 +337,42 @@ def build_index(
                     if max_member_size is not None:
                         _check_members(s, table, max_member_size)
                     writer.add(kept[s], table)
+            next(scans, None)  # the scans are done: the pool shuts down in order (closed early, it is stopped)
         _warn_dropped(out, known, rel)  # once the new index has replaced the old one
     finally:
         previous.close()
     return BuildReport(out, todo, [s for s in paths if s not in todo_set])
+
+
+def _check_not_a_shard(out: Path, paths: list[str]) -> None:
+    """Refuse an index path that names one of the shards (``-o d/train-000002.tar``, a typo).
+
+    Raises:
+        OverwriteError: naming the shard.
+    """
+    target = os.path.abspath(out)
+    if any(shard_kind(s) == "file" and os.path.abspath(s) == target for s in paths):
+        raise OverwriteError(f"{out}: is one of the shards to index; refusing to write the index over it (choose another index path, -o)")
+
+
+def _refuse_drops(out: Path, index_dir: Path, dropped: list[str]) -> None:
+    """Refuse a build that would drop shards the existing index holds and the shard list does not name.
+
+    Raises:
+        OverwriteError: naming the index, how many shards it would lose (and which), and the flags.
+    """
+    if not dropped:
+        return
+    gone = sum(1 for r in dropped if shard_kind(r) == "file" and not os.path.lexists(index_dir / r))
+    names = ", ".join(dropped[:3]) + (f" and {len(dropped) - 3} more" if len(dropped) > 3 else "")
+    one = len(dropped) == 1
+    why = ("; it no longer exists" if one else f"; {gone} of them no longer exist") if gone else ""
+    them = "it" if one else "them"
+    raise OverwriteError(
+        f"{out}: holds {len(dropped)} shard{'' if one else 's'} this build was not given ({names}{why}); building would "
+        f"drop {them} from the index. To index only the shards given, write another index (-o, e.g. -o "
+        f"{out.parent / ('val' + INDEX_SUFFIX)}); to drop {them}, pass --drop-unlisted (drop_unlisted=True)"
+    )
 
 
 def _check_members(shard: str, table: ShardTable, max_member_size: int) -> None:

@@ -144,6 +144,11 @@ def looks_like_shard(head: bytes) -> bool:
     )
 
 
+def looks_like_index(head: bytes) -> bool:
+    """Whether ``head`` starts an LMDB file (the container of a tarindex index), which no shard is."""
+    return head[16:20] == _LMDB_MAGIC and not looks_like_shard(head)
+
+
 def sniff_file(path: str | os.PathLike[str]) -> bytes:
     """The first :data:`HEAD_BYTES` of a local file (fewer if it is shorter)."""
     with open(path, "rb") as f:

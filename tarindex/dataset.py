@@ -16,7 +16,9 @@ from .errors import (
     CorruptArchiveError,
     DecodeError,
     IndexFormatError,
+    IndexNotFoundError,
     RandomAccessError,
+    SampleNotFoundError,
     ShardNotFoundError,
     TarIndexError,
     shown,
@@ -26,7 +28,7 @@ from .index.reader import IndexReader
 from .objstore import is_remote_reader, read_many
 from .opener import ShardNames, ShardOpener, open_gzip_shard, open_url, open_zstd_shard
 from .options import SourceOptions
-from .shards import resolve_index
+from .view import View, find_index, view_of
 
 _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
 
@@ -70,8 +72,12 @@ class TarDataset:
     process, and pickling carries paths and options only.
 
     Args:
-        source: an index file, or shards (list, glob or brace pattern) with the
-            default index beside them.
+        source: an index file (every sample of the index), or shards (list,
+            glob or brace pattern): exactly the samples of those shards, in the
+            order named, from the index beside them that holds them all (the
+            default name, else any other ``*.tarindex`` there; docs/dataset.md,
+            "Shards of an index"). Relative paths are resolved when the dataset
+            is made (a later ``os.chdir`` does not move it).
         decode: image decoding: one of webdataset's image specs with webdataset's
             meaning (``"pil"``, ``"rgb8"``, ``"torchrgb8"``, ``"torchrgb"``, ...:
             :data:`tarindex.decode.IMAGE_SPECS`), ``"numpy"`` (``uint8`` HWC, the
@@ -115,8 +121,10 @@ class TarDataset:
             overrides ``options.headers``.
 
     Raises:
-        IndexNotFoundError: no index at ``source`` or beside the shards.
+        IndexNotFoundError: no index at ``source``, or none beside the shards
+            that holds every one of them (the message names the shards it lacks).
         IndexFormatError: the file is not a tarindex index.
+        PatternError: a shard is named twice.
     """
 
     def __init__(
@@ -144,7 +152,7 @@ class TarDataset:
         self.on_error: OnError = on_error
         self.max_errors = max_errors
         self._failures = 0  # failures in a row, in this process
-        self.index_path = resolve_index(source)
+        self.index_path, self._view = find_index(source)
         self._load_index()
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
@@ -167,10 +175,24 @@ class TarDataset:
         return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def _load_index(self) -> None:
-        """The per-index state: the reader, sample count, shard names, and the index file's identity."""
+        """The per-index state: the reader, the view and sample count, shard names, and the index file's identity.
+
+        Raises:
+            IndexNotFoundError: the dataset names shards and the index (rebuilt since) no longer holds them all.
+        """
         self.index = IndexReader(self.index_path)
         self._index_id = self._index_identity()  # after the open: a rebuild in between only costs a reload
-        self._n = self.index.n_samples
+        view = self._view
+        if view is not None and view.build_id != self.index.build_id:  # rebuilt since the view was made: map anew
+            found, missing = view_of(self.index, view.named)
+            if found is None:
+                raise IndexNotFoundError(
+                    f"{self.index_path}: the index was rebuilt and no longer holds {len(missing)} of this dataset's shards "
+                    f"(first {missing[0]}); build it over them again, or make the dataset again"
+                )
+            self._view = view = found
+        self._map: View | None = view if view is not None and not view.whole else None
+        self._n = self._map.n if self._map is not None else self.index.n_samples
         self._samples_per_frame: int | None = None
         self.urls = ShardNames(self.index.path, self.index.shards)  # a shard's record is read when it is first read from
         self._remote = self.index.url_shards > 0  # batches of URL shards: concurrent requests
@@ -199,13 +221,14 @@ class TarDataset:
             self._fast = _speedups.Reader(
                 self._blocks.payload,
                 self._blocks.block_samples,
-                self._n,
+                ix.n_samples,
                 tuple(self._exts),
                 self.urls.names,  # None until a shard is first read (the C reader hands such a read to _read_py)
                 self._opener,
                 self._read_py,
                 CorruptArchiveError,
                 FORK,
+                self._map.runs() if self._map is not None else None,
             )
         self._gen = FORK[0]
         # The hot path: this instance's `read` is the reader's own method, not the class's wrapper. Both
@@ -227,11 +250,11 @@ class TarDataset:
             points = self.index.gzip_points(shard) if info.compression == "gzip" else None
             return open_url(path, info, self.index.frame_table(shard), self.options, points=points, index=self.index_path)
         try:
-            fd = open_shard(path)
+            fd, st = open_shard(path)
         except FileNotFoundError as exc:
             raise ShardNotFoundError(f"{path}: shard named by {self.index_path} is missing") from exc
         try:
-            mtime_ns = check_shard(path, fd, info, check=self.verify)
+            mtime_ns = check_shard(path, fd, info, check=self.verify, st=st)
         except BaseException:
             os.close(fd)
             raise
@@ -259,7 +282,9 @@ class TarDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = {
-            k: v for k, v in self.__dict__.items() if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame", "_remote", "_index_id")
+            k: v
+            for k, v in self.__dict__.items()
+            if (not k.startswith("_") and k != "read") or k in ("_n", "_samples_per_frame", "_remote", "_index_id", "_view", "_map")
         }
         state["_gen"] = -1
         state["_failures"] = 0
@@ -314,7 +339,7 @@ class TarDataset:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range for {n} samples")
-        shard, offset, size, members, key = self._blocks.record(i)
+        shard, offset, size, members, key = self._blocks.record(i if self._map is None else self._map.to_index(i))
         if shard >= len(self.urls):
             raise IndexFormatError(f"{self.index_path}: the record of sample {i} names shard {shard} of {len(self.urls)}; rebuild the index")
         return i, offset, size, shard, members, key
@@ -493,7 +518,7 @@ class TarDataset:
             raise self._decode_error(i, exc) from exc
 
     def _decode_error(self, i: int, exc: BaseException) -> DecodeError:
-        shard, offset, _, _, key = self.index.record(i)
+        shard, offset, _, _, key = self.index.record(self._index_of(i))
         return DecodeError(self.urls[shard], offset, f"sample {shown(key)}: {failure(exc)}")
 
     def set_epoch(self, epoch: int) -> None:
@@ -502,17 +527,34 @@ class TarDataset:
         if self.decoder is not None:
             self.decoder.set_epoch(epoch)
 
+    def _index_of(self, i: int) -> int:
+        """The index's number of this dataset's sample ``i`` (``0 <= i < len(self)``)."""
+        return i if self._map is None else self._map.to_index(i)
+
     def get(self, key: str) -> Any:
-        """The sample with ``key`` (the first one, if several share it).
+        """The sample with ``key`` (the first one in the index, if several share it).
 
         Raises:
-            SampleNotFoundError: no sample has this key.
+            SampleNotFoundError: no sample has this key, or (a dataset of some shards of an index) the
+                index's sample with this key is in a shard the dataset does not read.
         """
-        return self[self.index.lookup(key)]
+        j = self.index.lookup(key)
+        if self._map is None:
+            return self[j]
+        i = self._map.from_index(j)
+        if i is None:
+            shard = self.index.record(j)[0]
+            raise SampleNotFoundError(
+                f"{self.index_path}: the sample with key {shown(key)} is in {self.urls[shard]}, "
+                f"not one of this dataset's {len(self._map.shards)} shards"
+            )
+        return self[i]
 
     @property
     def shard_sizes(self) -> list[int]:
-        """Samples per shard, in index order (sample numbers run shard after shard)."""
+        """Samples per shard, in the dataset's order (sample numbers run shard after shard)."""
+        if self._map is not None:
+            return list(self._map.sizes)
         starts = self.index.shard_starts()
         return [int(b - a) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
 
@@ -528,13 +570,14 @@ class TarDataset:
         return self._samples_per_frame
 
     def keys(self) -> Iterator[str]:
-        """Every sample's key, in index order."""
+        """Every sample's key, in the dataset's order."""
         for i in range(self._n):
-            yield self.index.key(i)
+            yield self.index.key(self._index_of(i))
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(self._n):
             yield self[i]
 
     def __repr__(self) -> str:
-        return f"TarDataset({str(self.index_path)!r}, samples={self._n}, shards={len(self.urls)})"
+        shards = len(self._map.shards) if self._map is not None else len(self.urls)
+        return f"TarDataset({str(self.index_path)!r}, samples={self._n}, shards={shards})"

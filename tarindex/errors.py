@@ -12,12 +12,15 @@ __all__ = [
     "CorruptFrameError",
     "DecodeError",
     "DecompressionLimitError",
+    "DescriptorLimitError",
     "DuplicateMemberError",
     "IndexChangedError",
     "IndexFormatError",
     "IndexNotFoundError",
+    "NotRegularFileError",
     "OptionError",
     "OptionTypeError",
+    "OverwriteError",
     "PatternError",
     "RandomAccessError",
     "SampleNotFoundError",
@@ -170,6 +173,20 @@ class OptionError(TarIndexError, ValueError):
 class OptionTypeError(OptionError, TypeError):
     """An argument is of a type the function does not take (``shuffle="100"``); the message names the
     argument, the types it accepts and the one given."""
+class NotRegularFileError(TarIndexError, OSError):
+    """A shard's path names something other than a regular file (a FIFO, a device, a socket): opening it
+    could block for good, and it cannot be read at random."""
+
+
+class OverwriteError(TarIndexError, FileExistsError):
+    """A write refused because it would destroy something: an output that exists and is not a tarindex
+    index (a shard named by mistake, any other file), an output that is one of the shards being indexed,
+    or an index that holds shards the build was not given (``drop_unlisted=True`` allows that)."""
+
+
+class DescriptorLimitError(TarIndexError, OSError):
+    """The process ran out of file descriptors (``EMFILE``, ``ENFILE``) with no shard file of tarindex's left to
+    close; the message names the limit and what to change (``ulimit -n``, ``max_open_files``)."""
 
 
 class PatternError(TarIndexError, ValueError):

@@ -21,6 +21,7 @@ from typing import Literal
 
 from .errors import StaleIndexError
 from .shards import fingerprint
+from .sources import open_regular
 from .tables import ShardInfo
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
@@ -28,37 +29,41 @@ __all__: list[str] = []  # internal module: its names serve the package, the pub
 _noatime = getattr(os, "O_NOATIME", 0)  # 0 once the system refuses it (a shard this user does not own)
 
 
-def open_shard(path: str) -> int:
-    """A read-only descriptor of a local shard for random reads, opened with ``O_NOATIME`` where the system
-    allows it (the caller owns the file, or is privileged): each read then skips the access-time check that
-    costs a cache miss on the file's kernel structures when thousands of shards are open; else a plain open.
+def open_shard(path: str) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of a local shard for random reads, and its ``fstat``: opened with ``O_NOATIME`` where
+    the system allows it (the caller owns the file, or is privileged): each read then skips the access-time check
+    that costs a cache miss on the file's kernel structures when thousands of shards are open; else a plain open.
+    Never blocks: a FIFO in a shard's place is refused (:func:`tarindex.sources.open_regular`).
 
     Raises:
+        NotRegularFileError: the path is a FIFO, a socket, a device or a directory.
         OSError: the file cannot be opened (``FileNotFoundError`` when it is missing).
     """
     global _noatime
     if _noatime:
         try:
-            return os.open(path, os.O_RDONLY | _noatime)
+            return open_regular(path, _noatime)
         except PermissionError as exc:
             if exc.errno != errno.EPERM:  # EACCES: not readable at all, said by the plain open below
                 raise
             _noatime = 0  # EPERM: not this user's file; never asked again in this process
-    return os.open(path, os.O_RDONLY)
+    return open_regular(path)
 
 
 Check = Literal["stat", "fingerprint"]
 """``stat``: size and mtime, the fingerprint when only the mtime differs; ``fingerprint``: always the fingerprint too."""
 
 
-def check_shard(path: str, fd: int, info: ShardInfo, *, check: Check = "stat") -> int:
-    """Check that the open file ``fd`` is the shard ``info`` describes; returns its mtime in nanoseconds.
+def check_shard(path: str, fd: int, info: ShardInfo, *, check: Check = "stat", st: os.stat_result | None = None) -> int:
+    """Check that the open file ``fd`` (whose ``fstat`` is ``st`` when the caller has it) is the shard ``info``
+    describes; returns its mtime in nanoseconds.
 
     Raises:
         StaleIndexError: the size differs, or the fingerprint does (compared when the mtime differs,
             or always with ``check="fingerprint"``).
     """
-    st = os.fstat(fd)
+    if st is None:
+        st = os.fstat(fd)
     if st.st_size != info.size:
         raise StaleIndexError(path, f"size {info.size} -> {st.st_size}")
     if st.st_mtime_ns == info.mtime_ns and check == "stat":
@@ -88,11 +93,11 @@ def check_source(url: str, info: ShardInfo, size: int | None, mtime_ns: int) -> 
 def current_info(path: str, info: ShardInfo) -> ShardInfo | None:
     """``info`` with the file's current mtime when ``path`` is still that shard (see the module rule), else ``None``."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd, st = open_regular(path)  # a FIFO in its place: not that shard (its scan then names it)
     except OSError:
         return None
     try:
-        mtime_ns = check_shard(path, fd, info)
+        mtime_ns = check_shard(path, fd, info, st=st)
     except StaleIndexError:
         return None
     finally:
@@ -121,10 +126,9 @@ class Checked:
         if self._size is None or self._mtime is None or self._size[shard] < 0:
             return None
         try:
-            fd = open_shard(path)
+            fd, st = open_shard(path)
         except OSError:
             return None
-        st = os.fstat(fd)
         if st.st_size == self._size[shard] and st.st_mtime_ns == self._mtime[shard]:
             return fd
         os.close(fd)

@@ -8,13 +8,22 @@ or the C ``ZstdReader``; :class:`tarindex.sources.RangeReader` for URL shards).
 that makes the checks), counts the reads in progress on each, evicts the least recently used beyond a
 bound (or when the process runs out of descriptors), and closes a handle only once no read uses it, so a
 descriptor number is never reused under a read, ``close()`` included.
+
+The bound is two-fold: each opener's own (``max_open_files`` of its dataset), and one for the whole process
+(:class:`_Budget`: half the soft ``RLIMIT_NOFILE``, lowered when the process runs out of descriptors), shared
+by every opener of every dataset and mix: twenty datasets under ``ulimit -n 64`` evict each other's least
+recently used files instead of running out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import os
+import resource
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO, overload
@@ -22,7 +31,7 @@ from typing import Any, BinaryIO, overload
 import numpy as np
 
 from ._cache import FileCache
-from .errors import CommandNotAllowedError, CorruptFrameError, IndexFormatError, RandomAccessError
+from .errors import CommandNotAllowedError, CorruptFrameError, DescriptorLimitError, IndexFormatError, RandomAccessError
 from .gzip import random_access_refused
 from .gzip_random import GzipShardReader, SeekPoints
 from .objstore import open_reader
@@ -196,6 +205,99 @@ def close_handle(handle: Any) -> None:
         handle.close()
 
 
+_MAX_BUDGET = 1 << 20  # handles open at once, whatever the limit (RLIM_INFINITY)
+
+
+_RLIMIT_EVERY = 64  # opens between two readings of RLIMIT_NOFILE (a system call)
+
+
+class _Budget:
+    """The process-wide bound on open shard handles, shared by every :class:`ShardOpener`, and the order in
+    which they were opened (or last asked for) across all of them.
+
+    The bound is half the soft ``RLIMIT_NOFILE`` (read again every ``_RLIMIT_EVERY`` opens, and used anew when it
+    changed), the other half left to the rest of the process (index files, sockets, DataLoader pipes); lowered
+    to what the process could hold when an open fails with ``EMFILE``/``ENFILE``, or takes its last descriptor.
+
+    Threads: ``order`` changes by single calls (an insertion, a ``move_to_end``, a ``pop``: one step under the
+    GIL each) made by an opener holding its own lock; :meth:`evict_oldest` works on a copy of its oldest
+    entries, under ``lock``, and evicts another opener's handle only if that opener's lock is free at once
+    (``acquire(blocking=False)``; else the next oldest), so datasets never wait on each other's opens (a URL
+    shard's can take seconds) and no two locks are ever waited for in opposite orders.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.order: OrderedDict[tuple[int, int], weakref.ref[ShardOpener]] = OrderedDict()  # (opener, shard), oldest first
+        self._soft = -1
+        self._limit = 0
+        self._opens = 0
+        self.last_fd = 0
+
+    def limit(self) -> int:
+        self._opens += 1
+        if self._opens >= _RLIMIT_EVERY or self._soft < 0:
+            self._opens = 0
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            if soft != self._soft:
+                self._soft = soft
+                infinite = soft == resource.RLIM_INFINITY
+                self._limit = _MAX_BUDGET if infinite else max(1, min(soft // 2, _MAX_BUDGET))
+                self.last_fd = _MAX_BUDGET << 4 if infinite else soft - 1  # an open that got it took the last one
+        return self._limit
+
+    def lower(self, held: int) -> None:
+        """The process ran out of descriptors with ``held`` handles open: hold one fewer from now on (a descriptor
+        left for the rest of the process); the limit is read again at the next open."""
+        self._limit = max(1, held - 1)
+        self._opens = _RLIMIT_EVERY
+
+    def make_room(self) -> None:
+        """Evict the least recently used handles of any opener until one more fits the bound."""
+        while len(self.order) >= self._limit and self.evict_oldest():
+            pass
+
+    def evict_oldest(self) -> bool:
+        """Evict the least recently used handle whose opener is free to evict it now; ``False`` when none is."""
+        with self.lock:
+            for some in (64, None):  # the oldest few first: a copy of all of them only if none of those would do
+                for key, ref in list(itertools.islice(self.order.items(), some)):  # copied in one step
+                    opener = ref()
+                    if opener is None or key[1] not in opener._lru:  # gone, or closed meanwhile: no handle to count
+                        self.order.pop(key, None)
+                        continue
+                    if not opener._lock.acquire(blocking=False):  # that opener is busy (opening): not waited for
+                        continue
+                    try:
+                        if key[1] in opener._lru:
+                            opener._evict(key[1])
+                            return True
+                    finally:
+                        opener._lock.release()
+                if some is not None and len(self.order) <= some:
+                    break
+        return False
+
+    def touch(self, opener: ShardOpener, shard: int) -> None:
+        with contextlib.suppress(KeyError):  # evicted by another thread meanwhile: nothing to move
+            self.order.move_to_end((opener._serial, shard))
+
+    def forget(self, opener: ShardOpener, shard: int) -> None:
+        self.order.pop((opener._serial, shard), None)
+
+
+_BUDGET = _Budget()
+
+
+def _new_budget() -> None:  # a forked child holds none of the parent's handles as its own, nor its lock
+    global _BUDGET
+    _BUDGET = _Budget()
+
+
+os.register_at_fork(after_in_child=_new_budget)
+_SERIAL = itertools.count()
+
+
 class ShardOpener:
     """The one owner of a process's open handles of one index's shards.
 
@@ -213,8 +315,9 @@ class ShardOpener:
     Args:
         n_shards: shards of the index.
         open_handle: opens shard ``i`` and makes the checks (an int descriptor or an object with ``read_at``).
-        max_open: bound on open handles (least recently used evicted); lowered when the process runs
-            out of descriptors (``EMFILE``), after evicting one and retrying.
+        max_open: bound on this opener's open handles (least recently used evicted). The process-wide bound
+            (:class:`_Budget`) applies too: an open beyond it evicts the least recently used handle of any
+            opener; one that fails with ``EMFILE`` evicts one, lowers that bound and retries.
     """
 
     def __init__(self, n_shards: int, open_handle: Callable[[int], Any], max_open: int) -> None:
@@ -228,6 +331,9 @@ class ShardOpener:
         self._closing: list[tuple[int, Any]] = []  # evicted or closed while read: closed when their reads end
         self._py_busy: dict[int, int] = {}  # the Python reader's reads in progress
         self._lock = threading.RLock()
+        self._budget = _BUDGET
+        self._serial = next(_SERIAL)
+        self._ref = weakref.ref(self)
 
     @property
     def open_count(self) -> int:
@@ -244,31 +350,51 @@ class ShardOpener:
             handle = self._lru.get(shard)
             if handle is not None:
                 self._lru.move_to_end(shard)
+                self._budget.touch(self, shard)
                 return handle
             if self._closing:
                 self.reap()
             while len(self._lru) >= self.max_open:
                 self._evict(next(iter(self._lru)))
+            budget = self._budget
+            if len(budget.order) >= budget.limit():
+                budget.make_room()
             handle = self._open_retrying(shard)
-            self._lru[shard] = handle
             if type(handle) is int:
+                if handle >= budget.last_fd and budget.order:  # the process's last descriptor: keep one free
+                    budget.lower(len(budget.order) + 1)  # as if the next open had failed
+                    budget.evict_oldest()  # another handle: this one is not in the order yet
                 self.fds[shard] = handle
             else:
                 self.handles[shard] = handle
+            self._lru[shard] = handle
+            budget.order[(self._serial, shard)] = self._ref
             return handle
 
     def _open_retrying(self, shard: int) -> Any:
+        """Raises:
+        DescriptorLimitError: out of descriptors (``EMFILE``, ``ENFILE``) with no handle of any opener left to close.
+        """
         while True:
             try:
                 return self._open_handle(shard)
             except OSError as exc:
-                if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self._lru:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
                     raise
-                self.max_open = max(1, len(self._lru) - 1)  # what this process can hold: keep below it
-                self._evict(next(iter(self._lru)))
+                if self._budget.order:
+                    self._budget.lower(len(self._budget.order))  # what this process can hold: keep below it
+                    self._budget.make_room()  # to one below the new bound: with this open, at the bound
+                else:
+                    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+                    raise DescriptorLimitError(
+                        f"{exc.filename or f'shard {shard}'}: cannot open: the process is out of file descriptors "
+                        f"(ulimit -n: {soft}) and holds no shard file tarindex could close; raise the limit (ulimit -n) "
+                        f"or hold fewer files open elsewhere ({exc.strerror})"
+                    ) from exc
 
     def _evict(self, shard: int) -> None:
         """Forget ``shard``'s handle first (no new read takes it), then close it, or later if a read uses it."""
+        self._budget.forget(self, shard)
         handle = self._lru.pop(shard)
         self.fds[shard] = -1
         self.handles[shard] = None

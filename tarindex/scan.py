@@ -28,7 +28,7 @@ from .gzip import decompress_gzip
 from .gzip_random import decompress_indexed
 from .options import SourceOptions
 from .shards import FINGERPRINT_SPAN, fingerprint, fingerprint_stream
-from .sources import is_url, open_source
+from .sources import is_url, open_regular, open_source
 from .tables import ShardInfo, ShardTable
 from .tar import Buffer, Entry, index_tar, index_tar_file
 from .zstd import (
@@ -188,11 +188,10 @@ def scan_shard(
     if is_url(path):
         return scan_sequential(path, max_member_size=max_member_size, options=options, allow_missing_end=allow_missing_end)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd, st = open_regular(path)  # a FIFO is refused, not waited on
     except FileNotFoundError as exc:
         raise ShardNotFoundError(f"{path}: no such shard") from exc
     try:
-        st = os.fstat(fd)
         if st.st_size == 0:
             raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
         codec = codec_of(os.pread(fd, HEAD_BYTES, 0), path)

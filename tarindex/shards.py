@@ -11,12 +11,13 @@ import glob
 import hashlib
 import os
 import re
-from collections.abc import Iterable
+import stat
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from .compression import looks_like_shard, sniff_file
-from .errors import IndexNotFoundError, PatternError, ShardNotFoundError
+from .compression import HEAD_BYTES, looks_like_index, looks_like_shard, sniff_file
+from .errors import NotRegularFileError, PatternError, ShardNotFoundError
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
@@ -152,18 +153,47 @@ def expand_shards(
             elif kind != "file":
                 out.append(s)
             elif glob.has_magic(s):
-                matches = sorted(glob.glob(s))
+                found = sorted(glob.glob(s))
+                matches = [m for m in found if not is_index_file(m)]  # an index beside its shards is no shard
                 if not matches and must_exist:
-                    raise ShardNotFoundError(f"{s}: no shard matches this pattern (from {text!r})")
+                    also = f" (only the tarindex index {found[0]})" if len(found) == 1 else f" (only {len(found)} tarindex indexes)" if found else ""
+                    raise ShardNotFoundError(f"{s}: no shard matches this pattern{also} (from {text!r})")
                 out.extend(as_path(m) for m in matches)
             else:
                 if must_exist and os.path.isdir(s):
                     example = os.path.join(s, "*.tar")
                     raise ShardNotFoundError(f"{s}: is a directory, not a shard; name its shards, for example '{example}'")
                 if must_exist and not os.path.isfile(s):
+                    if os.path.exists(s):
+                        raise NotRegularFileError(f"{s}: not a regular file (a FIFO, socket or device); a shard must be a regular file")
                     raise ShardNotFoundError(f"{s}: no such shard")
                 out.append(s)
     return out
+
+
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd", ".tzst")
+"""Names a glob match is taken as a shard by, unread; any other match is read to tell an index from a shard."""
+
+
+def is_index_file(path: str) -> bool:
+    """Whether a glob's match is a tarindex index (an LMDB file, by its first bytes), to be left out of the shards.
+
+    A name with a shard's suffix (:data:`SHARD_SUFFIXES`) is not read: a glob over 100,000 shards on a network
+    file system opens none of them here. Something that is not a regular file is not read either (a FIFO would
+    block): opening it as a shard names it.
+    """
+    if path.endswith(SHARD_SUFFIXES):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and looks_like_index(os.pread(fd, HEAD_BYTES, 0))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 _UNLISTED_SCHEMES = frozenset(("http", "https"))  # no listing (and ``?`` starts a query there, not a glob)
@@ -193,15 +223,41 @@ def default_index_path(shards: list[str]) -> Path:
     """
     if not shards:
         raise ShardNotFoundError("no shards given")
-    paths = [Path(s).absolute() for s in shards]
-    directory = Path(os.path.commonpath([str(p.parent) for p in paths]))
-    names = [p.name for p in paths]
+    paths = [os.path.abspath(s) for s in shards]
+    directory = Path(os.path.commonpath(list({os.path.dirname(p) for p in paths})))
+    names = [os.path.basename(p) for p in paths]
     stem = os.path.commonprefix(names) if len(names) > 1 else names[0].split(".", 1)[0]  # noqa: RUF071 - a common name prefix, not a path
     stem = stem.split(".", 1)[0]
     if len(names) > 1:
-        stem = stem.rstrip("0123456789")
+        stem = _set_stem(stem)
     stem = stem.rstrip("-_.") or "shards"
     return directory / (stem + INDEX_SUFFIX)
+
+
+def _set_stem(stem: str) -> str:
+    """The name of the set a shard name's stem belongs to: ``train-000003`` -> ``train``."""
+    return stem.rstrip("0123456789").rstrip("-_.")
+
+
+def index_candidates(shards: list[str]) -> Iterator[Path]:
+    """Where an index of ``shards`` may be, in the order to look: :func:`default_index_path`, the default name of
+    the set the first shard belongs to (``d/train.tarindex`` for ``d/train-000003.tar``), ``shards.tarindex``,
+    then every other ``*.tarindex`` in their directory by name, parts of a split (``*.part-K-of-N.tarindex``) last
+    (the directory is listed only when the caller asks past the names before).
+    """
+    first = default_index_path(shards)
+    directory = first.parent
+    stem = _set_stem(Path(shards[0]).name.split(".", 1)[0]) or "shards"
+    seen: set[Path] = set()
+    for path in (first, directory / (stem + INDEX_SUFFIX), directory / ("shards" + INDEX_SUFFIX)):
+        if path not in seen:
+            seen.add(path)
+            yield path
+    try:
+        others = sorted(directory.glob("*" + INDEX_SUFFIX), key=lambda p: (".part-" in p.name, p.name))
+    except OSError:
+        others = []
+    yield from (path for path in others if path not in seen)
 
 
 def fingerprint(fd: int, size: int) -> str:
@@ -222,18 +278,12 @@ def fingerprint_stream(size: int, head: bytes, tail: bytes) -> str:
     return h.hexdigest()
 
 
-def resolve_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Path:
-    """An index given as its file, or as the shards (list, glob, brace pattern) it sits beside.
-
-    Raises:
-        IndexNotFoundError: shards were given and no index sits beside them.
-        ShardNotFoundError: a shard pattern matches nothing.
-    """
-    if isinstance(source, (str, os.PathLike)):
-        p = Path(source)
-        if p.suffix == INDEX_SUFFIX or (p.is_file() and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
-            return p
-    index = default_index_path(expand_shards(source))
-    if not index.is_file():
-        raise IndexNotFoundError(f"{index}: no index beside these shards (build one with 'tarindex build')")
-    return index
+def given_index(source: object) -> Path | None:
+    """``source`` as an absolute path when it names an index file (``*.tarindex``, or a regular file that is not a
+    shard by its content: a ``.tgz`` shard is a shard), else ``None`` (shards, to look for their index)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    p = Path(source)
+    if p.suffix == INDEX_SUFFIX or (p.is_file() and not looks_like_shard(sniff_file(p))):
+        return p.absolute()
+    return None

@@ -38,11 +38,40 @@ from ._network import RangeReader as RangeReader
 from ._source import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE
 from ._source import Source, _reads
 from ._source import is_url as is_url
-from .errors import ShardNotFoundError, SourceError
+from .errors import NotRegularFileError, ShardNotFoundError, SourceError
 from .objstore import OBJECT_SCHEMES, open_stream
 from .options import SourceOptions
 
 __all__ = ["Source", "open_source"]  # public: open_source and what it returns; the rest serves the package
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))  # fmt: skip
+
+
+def open_regular(path: str, flags: int = 0) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file at ``path`` and its ``fstat``; ``flags`` are added (``O_NOATIME``).
+
+    Opened with ``O_NONBLOCK``, so that a FIFO where a shard should be (named by a pattern or by an index record)
+    is refused at once instead of blocking ``open`` until some process writes to it. The flag stays on the
+    descriptor: it has no effect on a regular file's reads (open(2)).
+
+    Raises:
+        NotRegularFileError: ``path`` is a FIFO, a socket, a device or a directory.
+        OSError: the file cannot be opened (``FileNotFoundError`` when it is missing).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | flags)
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+        raise NotRegularFileError(
+            f"{path}: is {kind}, not a regular file; a shard must be a regular file (to stream a pipe, name it as 'pipe:cat {path}')"
+        )
+    return fd, st
 
 
 class FileSource(Source):
@@ -55,15 +84,13 @@ class FileSource(Source):
     def __init__(self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         super().__init__(url, block_size=block_size)
         try:
-            self._fd = os.open(url, os.O_RDONLY)
+            self._fd, st = open_regular(url)
         except FileNotFoundError as exc:
             raise ShardNotFoundError(f"{url}: no such shard") from exc
         except IsADirectoryError as exc:
             raise ShardNotFoundError(f"{url}: is a directory, not a shard") from exc
-        st = os.fstat(self._fd)
-        if stat.S_ISREG(st.st_mode):
-            self.size = st.st_size
-            self.mtime_ns = st.st_mtime_ns
+        self.size = st.st_size
+        self.mtime_ns = st.st_mtime_ns
 
     def _chunks(self) -> Iterator[bytes]:
         with open(self._fd, "rb", closefd=False) as f:

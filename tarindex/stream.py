@@ -55,7 +55,7 @@ from .index.reader import IndexReader
 from .opener import check_commands, shard_name
 from .options import SourceOptions
 from .scan import archive
-from .shards import INDEX_SUFFIX, expand_shards
+from .shards import INDEX_SUFFIX, expand_shards, shard_kind
 from .sources import DEFAULT_BLOCK_SIZE, FileSource, RangeReader, is_url, open_source
 from .tables import ShardInfo
 from .tar import DirectArchive
@@ -100,9 +100,9 @@ def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] |
     elif isinstance(urls, (str, os.PathLike)):
         p = os.fspath(urls)
         if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
-            reader = IndexReader(p)
-    if reader is None:
-        return expand_shards(urls), None, None, None
+            reader = IndexReader(os.path.abspath(p))
+    if reader is None:  # paths made absolute now: a later os.chdir (Hydra) does not move the stream
+        return [os.path.abspath(u) if shard_kind(u) == "file" else u for u in expand_shards(urls)], None, None, None
     try:
         check_commands(reader.path, reader.shards, allow_commands)
         names = [shard_name(reader.path, info) for info in reader.shards]

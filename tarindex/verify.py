@@ -13,6 +13,7 @@ from .identity import check_shard
 from .index.reader import IndexReader
 from .opener import check_commands, shard_name
 from .scan import scan_shard
+from .sources import open_regular
 from .tables import ShardInfo, ShardTable
 
 __all__ = ["VerifyReport", "verify_index"]
@@ -89,11 +90,11 @@ def _check_url(url: str, info: ShardInfo) -> ShardTable:
 def _check_file(path: str, info: ShardInfo, index: Path) -> None:
     """Size and fingerprint of a local shard."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd, st = open_regular(path)  # a FIFO in a shard's place is refused, not waited on
     except FileNotFoundError:
         raise ShardNotFoundError(f"{path}: shard named by {index} is missing") from None
     try:
-        check_shard(path, fd, info, check="fingerprint")
+        check_shard(path, fd, info, check="fingerprint", st=st)
     finally:
         os.close(fd)
 

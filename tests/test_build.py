@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from conftest import make_shard_set
-from tarindex import CorruptArchiveError, build_index
+import tarindex
+import tarindex.scan
+from conftest import gnu_tar, make_shard_set
+from tarindex import CorruptArchiveError, OverwriteError, build_index
 from tarindex.build import parse_part
 from tarindex.cli.main import main
 from tarindex.index.reader import IndexReader
@@ -44,13 +49,21 @@ def test_part_as_a_string_or_a_pair(shards: list[Path], tmp_path: Path) -> None:
     assert not (tmp_path / "bad.tarindex").exists()
 
 
-def test_a_shard_left_out_of_the_list_is_dropped_with_a_warning(
+def test_a_shard_left_out_of_the_list_is_dropped_only_when_asked_with_a_warning(
     shards: list[Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     index = tmp_path / "train.tarindex"
     build_index([str(p) for p in shards], index=index)
+    before = index.read_bytes()
+    with pytest.raises(OverwriteError, match=re.escape(
+        f"{index}: holds 1 shard this build was not given (data/train-000003.tar); building would drop it from the index. "
+        f"To index only the shards given, write another index (-o, e.g. -o {tmp_path / 'val.tarindex'}); "
+        "to drop it, pass --drop-unlisted (drop_unlisted=True)"
+    )):  # fmt: skip
+        build_index([str(p) for p in shards[:3]], index=index)
+    assert index.read_bytes() == before
     with caplog.at_level(logging.WARNING, logger="tarindex"):
-        report = build_index([str(p) for p in shards[:3]], index=index)
+        report = build_index([str(p) for p in shards[:3]], index=index, drop_unlisted=True)
     assert report.scanned == [] and len(report.reused) == 3
     assert _shard_paths(index) == [f"data/{p.name}" for p in shards[:3]]
     assert [r.getMessage() for r in caplog.records] == [
@@ -60,9 +73,13 @@ def test_a_shard_left_out_of_the_list_is_dropped_with_a_warning(
     bad = tmp_path / "bad.tar"
     bad.write_bytes(b"not a tar archive" * 64)
     with caplog.at_level(logging.WARNING, logger="tarindex"), pytest.raises(CorruptArchiveError):
-        build_index([str(bad)], index=index)  # a failed build keeps the index, and drops nothing
+        build_index([str(bad)], index=index, drop_unlisted=True)  # a failed build keeps the index, and drops nothing
     assert caplog.records == [] and len(_shard_paths(index)) == 3
-    result = CliRunner().invoke(main, ["build", str(shards[0]), "-o", str(index), "-q"])
+    refused = CliRunner().invoke(main, ["build", str(shards[0]), "-o", str(index), "-q"])
+    assert refused.exit_code == 1 and refused.stderr.count("\n") == 1, refused.output
+    assert refused.stderr.startswith(f"tarindex: error: {index}: holds 2 shards this build was not given (data/train-000001.tar, ")
+    assert "pass --drop-unlisted" in refused.stderr and len(_shard_paths(index)) == 3
+    result = CliRunner().invoke(main, ["build", str(shards[0]), "-o", str(index), "-q", "--drop-unlisted"])
     assert result.exit_code == 0, result.output
     assert f"tarindex: warning: {index}: shard data/train-000001.tar is no longer in the shard list" in result.stderr
 
@@ -177,3 +194,218 @@ def test_ctrl_c_exits_130_and_keeps_the_previous_index(shards: list[Path], tmp_p
     assert proc.returncode == 130, err
     assert b"tarindex: interrupted; any previous index is unchanged" in err
     assert index.read_bytes() == before
+
+
+# -- what a build may replace ---------------------------------------------------------------------
+def _one_line(result: object, start: str) -> str:
+    err = result.stderr  # type: ignore[attr-defined]
+    assert result.exit_code == 1 and err.count("\n") == 1 and err.startswith(f"tarindex: error: {start}"), err  # type: ignore[attr-defined]
+    return str(err)
+
+
+def test_an_output_that_is_not_an_index_is_never_overwritten(shards: list[Path], tmp_path: Path) -> None:
+    """``-o`` naming a shard (a typo), a text file, another program's LMDB database, a directory: refused in one
+    line, the file untouched; by build and merge, from the CLI and the API alike."""
+    import lmdb
+
+    from tarindex import merge_indexes
+
+    runner = CliRunner()
+    d = shards[0].parent
+    shard = shards[2]
+    kept = shard.read_bytes()
+    err = _one_line(runner.invoke(main, ["build", str(d / "train-00000[01].tar"), "-o", str(shard)]), f"{shard}: ")
+    assert "is one of the shards to index" not in err and "exists and is not a tarindex index (a tar shard); refusing to overwrite it" in err
+    err = _one_line(runner.invoke(main, ["build", str(d / "train-00000[012].tar"), "-o", str(shard)]), f"{shard}: ")
+    assert "is one of the shards to index; refusing to write the index over it" in err
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    _one_line(runner.invoke(main, ["build", str(shards[0]), "-o", str(notes)]), f"{notes}: exists and is not a tarindex index (a file of 8 bytes)")
+    part = build_index([str(shards[0])], index=tmp_path / "a.tarindex").path
+    _one_line(runner.invoke(main, ["merge", str(part), "-o", str(shard)]), f"{shard}: exists and is not a tarindex index (a tar shard)")
+    _one_line(runner.invoke(main, ["merge", str(part), "-o", str(notes)]), f"{notes}: exists and is not a tarindex index")
+    other = tmp_path / "other.mdb"
+    env = lmdb.open(str(other), subdir=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"meta", b'{"magic": "something else"}')
+    env.close()
+    with pytest.raises(OverwriteError, match=re.escape(f"{other}: exists and is not a tarindex index (an LMDB database without a tarindex meta)")):
+        build_index([str(shards[0])], index=other)
+    with pytest.raises(OverwriteError, match=re.escape(f"{tmp_path}: exists and is not a tarindex index (a directory)")):
+        merge_indexes([part], tmp_path)
+    assert shard.read_bytes() == kept and notes.read_text() == "my notes" and IndexReader(part).n_samples == 5
+    empty = tmp_path / "empty.tarindex"
+    empty.touch()  # nothing to lose: written
+    assert build_index([str(shards[0])], index=empty).path == empty and IndexReader(empty).n_samples == 5
+    truncated = tmp_path / "truncated.tarindex"
+    truncated.write_bytes(empty.read_bytes()[:4096])  # a damaged index: rebuilding it is the fix
+    assert IndexReader(build_index([str(shards[0])], index=truncated).path).n_samples == 5
+
+
+def test_building_a_subset_never_replaces_the_sets_index(shards: list[Path], tmp_path: Path) -> None:
+    """``build 'd/train-{000002..000003}.tar'`` beside ``d/train.tarindex`` of 4 shards: refused, naming the count and
+    the flags; with ``-o`` another index; a grown list adds; a shard deleted from disk needs ``--drop-unlisted``."""
+    runner = CliRunner()
+    d = shards[0].parent
+    index = build_index(str(d / "train-*.tar")).path
+    before = index.read_bytes()
+    err = _one_line(runner.invoke(main, ["build", str(d / "train-{000002..000003}.tar"), "-q"]), f"{index}: holds 2 shards this build was not given ")
+    assert f"(train-000000.tar, train-000001.tar); building would drop them from the index. To index only the shards given, write another index (-o, e.g. -o {d / 'val.tarindex'}); to drop them, pass --drop-unlisted (drop_unlisted=True)" in err
+    assert index.read_bytes() == before
+    val = runner.invoke(main, ["build", str(d / "train-{000002..000003}.tar"), "-o", str(d / "val.tarindex"), "-q"])
+    assert val.exit_code == 0 and index.read_bytes() == before and _shard_paths(d / "val.tarindex") == ["train-000002.tar", "train-000003.tar"]
+    grown = make_shard_set(tmp_path / "more", n_shards=5, per=5)[4]
+    os.rename(grown, d / "train-000004.tar")
+    report = build_index(str(d / "train-*.tar"))
+    assert report.scanned == [str(d / "train-000004.tar")] and len(report.reused) == 4
+    before = index.read_bytes()
+    shards[1].unlink()  # deleted from disk: the glob no longer matches it
+    with pytest.raises(OverwriteError, match=re.escape(f"{index}: holds 1 shard this build was not given (train-000001.tar; it no longer exists)")):
+        build_index(str(d / "train-*.tar"))
+    assert index.read_bytes() == before
+    dropped = runner.invoke(main, ["build", str(d / "train-*.tar"), "--drop-unlisted", "-q"])
+    assert dropped.exit_code == 0 and _shard_paths(index) == [f"train-00000{k}.tar" for k in (0, 2, 3, 4)]
+
+
+def test_parts_of_a_grown_list_move_shards_between_parts_freely(tmp_path: Path) -> None:
+    """``--part K/N`` compares with the whole list: a shard that moved to another part is not a drop; the parts
+    merge into the index a whole build makes."""
+    paths = make_shard_set(tmp_path / "d", n_shards=6, per=3)
+    first = [str(p) for p in paths[:4]]
+    assert _shard_paths(build_index(first, part="2/2").path) == ["train-000002.tar", "train-000003.tar"]
+    parts = [build_index([str(p) for p in paths], part=f"{k}/2").path for k in (1, 2)]  # part 2 is now 3, 4, 5
+    assert _shard_paths(parts[1]) == ["train-000003.tar", "train-000004.tar", "train-000005.tar"]
+    with pytest.raises(OverwriteError, match="holds 1 shard this build was not given"):
+        build_index([str(p) for p in paths[:5]], part="2/2")  # shard 5 left the list altogether
+    merged = tarindex.merge_indexes(parts, tmp_path / "d" / "merged.tarindex")
+    assert _shard_paths(merged) == [f"train-00000{k}.tar" for k in range(6)]
+
+
+def test_an_empty_part_is_written_and_merged(tmp_path: Path) -> None:
+    """Two shards in three parts (the per-machine recipe with more machines than shards): part 1 holds none and
+    is written all the same, an empty index; the merge of the three is the whole build."""
+    paths = make_shard_set(tmp_path / "d", n_shards=2, per=4)
+    runner = CliRunner()
+    for k in (1, 2, 3):
+        result = runner.invoke(main, ["build", *map(str, paths), "--part", f"{k}/3", "-q"])
+        assert result.exit_code == 0, result.output
+    parts = sorted((tmp_path / "d").glob("train.part-*-of-3.tarindex"))
+    assert [p.name for p in parts] == [f"train.part-{k}-of-3.tarindex" for k in (1, 2, 3)]
+    empty = IndexReader(parts[0])
+    assert (empty.n_samples, len(empty.shards), empty.part) == (0, 0, (1, 3))
+    empty.close()
+    merged = runner.invoke(main, ["merge", *map(str, parts), "-o", str(tmp_path / "d" / "all.tarindex")])
+    assert merged.exit_code == 0, merged.output
+    assert [s["__key__"] for s in tarindex.TarDataset(tmp_path / "d" / "all.tarindex")] == [f"s0{s}i00{i}" for s in (0, 1) for i in range(4)]
+    again = build_index([str(p) for p in paths], part="1/3")  # nothing changed: the empty part stands
+    assert again.scanned == again.reused == []
+
+
+def test_a_zstd_shard_without_samples_is_indexed_and_a_failed_check_keeps_the_old_index(tmp_path: Path) -> None:
+    """A valid zstd shard with no samples (a member without an extension; an empty archive) is indexed; an index
+    whose meta the reader refuses is never renamed into place (was: renamed, then unreadable)."""
+    import subprocess
+
+    from tarindex.index.writer import IndexWriter
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "README").write_bytes(b"no extension: no sample")
+    plain = gnu_tar(src, tmp_path / "noext.tar", "gnu", ["README"])
+    subprocess.run(["zstd", "-q", str(plain), "-o", str(tmp_path / "noext.tar.zst")], check=True)
+    empty = tmp_path / "empty.tar"
+    subprocess.run(["tar", "cf", str(empty), "--files-from", "/dev/null"], check=True)
+    subprocess.run(["zstd", "-q", str(empty), "-o", str(tmp_path / "empty.tar.zst")], check=True)
+    index = tmp_path / "i.tarindex"
+    good = make_shard_set(tmp_path / "d", n_shards=1, per=3)[0]
+    build_index([str(good)], index=index)
+    before = index.read_bytes()
+    report = build_index([str(good), str(tmp_path / "noext.tar.zst"), str(tmp_path / "empty.tar.zst"), str(empty)], index=index)
+    reader = IndexReader(index)
+    assert len(report.scanned) == 3 and reader.n_samples == 3 and [s.n_samples for s in reader.shards] == [3, 0, 0, 0]
+    assert reader.shards[1].compression == "zstd" and reader.samples_per_frame == 1
+    reader.close()
+    before = index.read_bytes()
+    failed = re.escape(f"{index}: the new index fails its check (") + ".*bad part.*" + re.escape("; the previous index is unchanged")
+    with pytest.raises(tarindex.IndexFormatError, match=failed), IndexWriter(index, part=(3, 2)) as writer:  # K > N: refused by the reader
+        writer.add(*tarindex.scan.scan_shard(str(good)))
+    assert index.read_bytes() == before and not list(tmp_path.glob(".i.tarindex.tmp-*"))
+
+
+_SAMPLES_PER_SHARD = 8_000
+
+
+def _slow_shards(root: Path, n: int) -> list[Path]:
+    """Shards of many small members (GNU tar): a build with 2 workers takes a while to interrupt."""
+    root.mkdir()
+    src = root / "src"
+    src.mkdir()
+    names = []
+    for i in range(_SAMPLES_PER_SHARD):
+        name = f"k{i:06d}.txt"
+        (src / name).write_bytes(b"x" * (i % 200))
+        names.append(name)
+    listing = root / "names"
+    listing.write_text("\n".join(names))
+    out = []
+    for s in range(n):
+        path = root / f"b-{s:06d}.tar"
+        subprocess.run(["tar", "--format=gnu", "-C", str(src), "-cf", str(path), "-T", str(listing)], check=True)
+        out.append(path)
+    return out
+
+
+def test_repeated_ctrl_c_during_a_parallel_build_ends_at_once_in_one_line(tmp_path: Path) -> None:
+    """Ctrl-C (1-3 SIGINTs to the process group, as a terminal sends) at random moments of ``build -w 2``: never a
+    hang, never a worker's traceback: one line and exit 130 (or the build had finished: exit 0), the previous
+    index intact or the new one whole, no temporary file, no process left."""
+    import random
+    import signal
+    import sys
+    import time
+
+    shards = _slow_shards(tmp_path / "s", 4)
+    index = tmp_path / "b.tarindex"
+    started = time.monotonic()
+    build_index([str(p) for p in shards], index=index, workers=2)
+    took = time.monotonic() - started  # the signals land within about a build's time: scans, writing, the rename
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    rng = random.Random(20260)
+    outcomes: dict[int, int] = {}
+    for attempt in range(10):
+        os.utime(shards[attempt % 4])  # a changed mtime: the build rewrites the index
+        before = index.read_bytes()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tarindex.cli.main", "build", str(tmp_path / "s" / "b-*.tar"), "-o", str(index), "-w", "2", "-q"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True,
+        )  # fmt: skip
+        tmp = tmp_path / f".b.tarindex.tmp-{proc.pid}"
+        deadline = time.monotonic() + 60
+        while not tmp.exists() and proc.poll() is None and time.monotonic() < deadline:  # the build is under way
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0, 1.2 * took))
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(rng.uniform(0, 0.05))
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            pytest.fail(f"attempt {attempt}: the build hangs after Ctrl-C")
+        code = proc.returncode
+        outcomes[code] = outcomes.get(code, 0) + 1
+        if code == 130:
+            assert err == b"tarindex: interrupted; any previous index is unchanged\n", err.decode()
+            assert index.read_bytes() == before
+        else:  # done before the signal (0), or killed by it after the work, as any process is (-2: the shell's 130)
+            assert code in (0, -signal.SIGINT) and err == b"", err.decode()
+            reader = IndexReader(index)
+            assert reader.n_samples == 4 * _SAMPLES_PER_SHARD
+            reader.close()
+        assert not list(tmp_path.glob(".b.tarindex.tmp-*"))
+        time.sleep(0.1)
+        with pytest.raises(ProcessLookupError):  # the workers went with their build
+            os.killpg(proc.pid, 0)
+    assert outcomes.get(130, 0) >= 4, outcomes  # most attempts stop a build under way

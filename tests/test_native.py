@@ -129,3 +129,25 @@ def test_error_classes_are_handed_in(speedups: Any) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert "init() was not called" in out.stdout
+
+
+def test_the_reader_checks_the_view_runs(speedups: Any, tmp_path: Path) -> None:
+    """A view's runs (tarindex/view.py) reach the C reader checked: within the index, from 0, no empty run."""
+    from conftest import make_shard_set
+    from tarindex import TarDataset, build_index
+
+    paths = make_shard_set(tmp_path / "d", n_shards=3, per=10)
+    build_index(paths, workers=1)
+    ds = TarDataset([str(paths[2]), str(paths[0])])
+    assert [ds[i]["__key__"] for i in (0, 10)] == ["s02i000", "s00i000"]
+    args = (ds._blocks.payload, ds._blocks.block_samples, 30, tuple(ds._exts), ds.urls.names, ds._opener, ds._read_py, IndexFormatError, [0])
+    runs = np.array([0, 10, 20], np.uint64).tobytes(), np.array([20, 0], np.uint64).tobytes()
+    assert speedups.Reader(*args, runs) is not None
+    for view, index in [
+        ([0, 10, 20], [25, 0]),  # a run past the index's end
+        ([1, 10, 20], [20, 0]),  # not from 0
+        ([0, 10, 10], [20, 0]),  # an empty run
+        ([0, 10], [20, 0]),  # one start short
+    ]:
+        with pytest.raises(ValueError, match="the view's runs do not fit the index"):
+            speedups.Reader(*args, (np.array(view, np.uint64).tobytes(), np.array(index, np.uint64).tobytes()))

@@ -155,3 +155,82 @@ def test_reopened_shards_need_no_record_and_a_changed_one_is_stale(tmp_path: Pat
             ds[i]
     with pytest.raises(StaleIndexError, match=str(victim.name)):
         ds[stale]
+
+
+_MANY_DATASETS = """
+import os, resource, sys
+import tarindex
+from torch.utils.data import ConcatDataset
+limit, n, mixed, indexes = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "mix", sys.argv[4:]
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+datasets = [tarindex.TarDataset(indexes[k % len(indexes)]) for k in range(n)]
+if mixed:  # the map-style mix: every dataset read in its ShardSampler order, drawn at random
+    whole = ConcatDataset(datasets)
+    samples = [whole[i] for i in tarindex.MixSampler(datasets, seed=1)]
+else:
+    samples = [ds[i] for _ in range(2) for ds in datasets for i in range(len(ds))]
+others = [os.open(os.devnull, os.O_RDONLY) for _ in range(limit // 4)]  # what the rest of a job opens (pipes, checkpoints)
+print(len(samples), len({(s["__url__"], s["__key__"]) for s in samples}), len(os.listdir("/proc/self/fd")) <= limit)
+"""
+
+
+@pytest.mark.parametrize(("limit", "n", "how", "shards"), [(64, 20, "each", 12), (1024, 16, "mix", 70)])
+def test_many_datasets_share_one_bound_on_open_files(tmp_path: Path, limit: int, n: int, how: str, shards: int) -> None:
+    """20 datasets under ``ulimit -n 64`` (4 indexes), 16 in a MixSampler at 1,024 (each of 70 shards, 64 files
+    open each by default): the process-wide bound keeps them to half the limit, no EMFILE (was a bare OSError,
+    in the reads, or in whatever the process opened next once the datasets held every descriptor)."""
+    import subprocess
+    import sys
+
+    indexes = []
+    for k in range(4 if how == "each" else 1):
+        paths = make_shard_set(tmp_path / f"set{k}", n_shards=shards, per=2)
+        indexes.append(str(build_index(paths, workers=1).path))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _MANY_DATASETS, str(limit), str(n), how, *indexes], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    total = n * shards * 2
+    assert done.stdout.split() == [str(2 * total if how == "each" else total), str(len(indexes) * shards * 2), "True"]
+
+
+_NO_DESCRIPTOR_LEFT = """
+import os, resource, sys
+import tarindex
+ds = tarindex.TarDataset(sys.argv[1])
+ds.read(0)
+ds.close()  # no shard file of tarindex's open in this process
+held = []
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+try:
+    while True:  # every descriptor taken by something else
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+try:
+    ds[0]
+except tarindex.DescriptorLimitError as exc:
+    print(type(exc).__name__, isinstance(exc, OSError), exc)
+for fd in held:
+    os.close(fd)
+print(ds[0]["__key__"])
+"""
+
+
+def test_out_of_descriptors_with_nothing_to_close_is_a_named_error(tmp_path: Path) -> None:
+    """No shard file of tarindex's open and the process out of descriptors: a DescriptorLimitError (an OSError)
+    naming the shard and the limit, not a bare OSError; the same read works once descriptors are free."""
+    import subprocess
+    import sys
+
+    paths = make_shard_set(tmp_path / "d", n_shards=2, per=2)
+    index = build_index(paths, workers=1).path
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _NO_DESCRIPTOR_LEFT, str(index)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        f"DescriptorLimitError True {paths[0]}: cannot open: the process is out of file descriptors (ulimit -n: 64) and holds no "
+        "shard file tarindex could close; raise the limit (ulimit -n) or hold fewer files open elsewhere (Too many open files)",
+        "s00i000",
+    ]

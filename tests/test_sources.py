@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
+import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from _servers import HTTPServer
 
 from conftest import make_shard_set
-from tarindex.errors import ShardNotFoundError, SourceError
+from tarindex.errors import NotRegularFileError, ShardNotFoundError, SourceError
 from tarindex.scan import iter_archive
 from tarindex.sources import FileSource, HTTPSource, PipeSource, is_url, open_source
 
@@ -151,3 +155,51 @@ def test_fsspec_s3_against_moto(s3_server, shard: Path) -> None:  # type: ignore
     assert data == shard.read_bytes()
     with pytest.raises(ShardNotFoundError, match="no such shard"):
         _read(f"s3://{s3_server.bucket}/src/missing.tar", storage_options=s3_server.storage_options())
+
+
+@contextlib.contextmanager
+def _bounded(seconds: int) -> Iterator[None]:
+    """Fail instead of hanging: an ``open`` of a FIFO without the fix blocks until SIGALRM interrupts it."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"blocked for {seconds} s (an open of a FIFO?)")
+
+    before = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+
+
+def test_a_fifo_in_a_shards_place_is_refused_not_waited_on(tmp_path: Path, impl: str) -> None:
+    """A FIFO named by an index record, by a glob or by name: TarDataset, verify, build and TarStream refuse it
+    with a NotRegularFileError that names it; nothing blocks in open()."""
+    from click.testing import CliRunner
+
+    import tarindex
+    from tarindex.cli.main import main
+
+    paths = make_shard_set(tmp_path / "d", n_shards=3, per=4)
+    ds = tarindex.TarDataset(tarindex.build_index(paths, workers=1).path)
+    paths[1].unlink()
+    os.mkfifo(paths[1])
+    message = f"{paths[1]}: is a FIFO (named pipe), not a regular file; a shard must be a regular file"
+    with _bounded(20):
+        assert ds[0]["__key__"] == "s00i000"
+        with pytest.raises(NotRegularFileError, match=re.escape(message)):
+            ds[4]  # shard 1's first sample: named by the index record
+        with pytest.raises(NotRegularFileError, match=re.escape(message)):
+            tarindex.verify_index(ds.index_path)
+        result = CliRunner().invoke(main, ["verify", str(ds.index_path)])
+        assert result.exit_code == 1 and result.stderr == f"tarindex: error: {message} (to stream a pipe, name it as 'pipe:cat {paths[1]}')\n"
+        with pytest.raises(NotRegularFileError, match=re.escape(message)):
+            tarindex.build_index(str(tmp_path / "d" / "train-*.tar"), index=tmp_path / "new.tarindex", workers=2)  # by a glob
+        with pytest.raises(NotRegularFileError, match=re.escape(message)):
+            tarindex.build_index(str(tmp_path / "d" / "train-*.tar"), workers=1)  # an incremental rebuild over it
+        with pytest.raises(NotRegularFileError, match=re.escape(message)):
+            list(tarindex.TarStream(str(tmp_path / "d" / "train-*.tar")))
+        with pytest.raises(NotRegularFileError, match=re.escape(f"{paths[1]}: not a regular file (a FIFO, socket or device)")):
+            tarindex.TarDataset([str(paths[0]), str(paths[1])])  # named: refused before anything opens it
+    assert not (tmp_path / "new.tarindex").exists()

@@ -479,7 +479,7 @@ def test_cli_build_over_http(http_server: HTTPServer, shards: list[Path], tmp_pa
     served.write_bytes(bytes(data))
     result = CliRunner().invoke(main, ["verify", str(out)])
     assert result.exit_code == 1 and f"{urls[0]}: shard changed since it was indexed (content fingerprint differs)" in result.output
-    result = CliRunner().invoke(main, ["build", urls[0].replace(".tar", "-missing.tar"), "-o", str(out), "-q"])
+    result = CliRunner().invoke(main, ["build", urls[0].replace(".tar", "-missing.tar"), "-o", str(tmp_path / "missing.tarindex"), "-q"])
     assert result.exit_code == 1 and "no such shard (HTTP 404)" in result.output
     assert len(result.output.strip().splitlines()) == 1
 

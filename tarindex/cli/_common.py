@@ -6,15 +6,33 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..index.reader import IndexReader
+    from ..view import View
 
 
-def open_index(spec: str) -> IndexReader:
-    """An index given as its file, or as the shards it sits beside (imported on use: ``--help`` stays light)."""
+def index_of(spec: str) -> Path:
+    """The index file ``spec`` names, or the index beside the shards ``spec`` names that holds them all
+    (:func:`tarindex.view.find_index`); an index file given is not opened here (``info`` imports no numpy)."""
+    from ..shards import given_index
+
+    given = given_index(spec)
+    if given is not None:
+        return given
+    from ..view import find_index
+
+    return find_index(spec)[0]
+
+
+def open_index(spec: str) -> tuple[IndexReader, View | None]:
+    """The index ``spec`` names (a file, or the shards it sits beside) and the view of it the shards make
+    (``None``: every sample), imported on use: ``--help`` stays light."""
     from ..index.reader import IndexReader
-    from ..shards import resolve_index
+    from ..view import find_index
 
-    return IndexReader(resolve_index(spec))
+    path, view = find_index(spec)
+    return IndexReader(path), view if view is not None and not view.whole else None
 
 
 def human(n: float) -> str:

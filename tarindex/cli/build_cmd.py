@@ -84,6 +84,11 @@ def _storage_options(ctx: click.Context, param: click.Parameter, values: tuple[s
     help="Accept shards that end without the end-of-archive marker (some writers omit it); "
     "by default that is an error, as a shard cut at a member boundary looks the same.",
 )
+@click.option(
+    "--drop-unlisted", is_flag=True,
+    help="Let the build drop shards the existing index holds and SHARDS no longer names (left out, or deleted from disk); "
+    "without it such a build is refused, so indexing a subset never replaces the set's index.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def command(
     shards: tuple[str, ...],
@@ -94,6 +99,7 @@ def command(
     headers: dict[str, str],
     storage_options: dict[str, Any],
     allow_missing_end: bool,
+    drop_unlisted: bool,
     quiet: bool,
 ) -> None:
     """Index SHARDS (paths, globs, brace patterns) into one LMDB index."""
@@ -118,6 +124,7 @@ def command(
         report = build_index(
             paths, index=index, workers=workers, part=part, progress=progress, max_member_size=max_member_size,
             headers=headers, storage_options=storage_options, allow_missing_end=allow_missing_end,
+            drop_unlisted=drop_unlisted,
         )  # fmt: skip
     if not quiet:
         click.echo(f"{report.path}: {len(report.scanned)} shards scanned, {len(report.reused)} unchanged")

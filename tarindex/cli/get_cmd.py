@@ -16,21 +16,20 @@ from ..errors import SampleNotFoundError
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default stdout).")
 @click.option("-n", "--number", is_flag=True, help="SAMPLE is a sample number, not a key.")
 def command(index: str, sample: str, ext: str | None, output: str | None, number: bool) -> None:
-    """Write a member of SAMPLE (a key, or a number with -n) from INDEX."""
+    """Write a member of SAMPLE (a key, or a number with -n) from INDEX (an index file, or shards: theirs only)."""
     from ..dataset import TarDataset
-    from ..shards import resolve_index
 
-    ds = TarDataset(resolve_index(index))
+    ds = TarDataset(index)
     if number:
         try:
             i = int(sample)
         except ValueError:
             raise click.BadParameter(f"{sample!r} is not a number", param_hint="SAMPLE") from None
         if not 0 <= i < len(ds):
-            raise SampleNotFoundError(f"{ds.index_path}: no sample {i} (index has {len(ds)})")
+            raise SampleNotFoundError(f"{index}: no sample {i} ({len(ds)} samples)")
+        rec = ds.read(i)
     else:
-        i = ds.index.lookup(sample)
-    rec = ds.read(i)
+        rec = ds.get(sample)
     exts = [k for k in rec if not k.startswith("__")]
     if ext is None:
         if len(exts) != 1:

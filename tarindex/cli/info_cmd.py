@@ -16,11 +16,11 @@ if TYPE_CHECKING:
 @click.argument("index")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(index: str, as_json: bool) -> None:
-    """Summarise INDEX (an index file, or the shards it sits beside)."""
+    """Summarise INDEX (an index file, or the index beside shards that holds them)."""
     from ..index.meta import read_meta
-    from ..shards import resolve_index
+    from ._common import index_of
 
-    path = resolve_index(index)
+    path = index_of(index)
     meta = read_meta(path)  # the totals are in the meta: no record is decoded, numpy is not imported
     content = _kept(meta) or _counted(path)
     exts = {e: n for e, n in sorted(content["ext_members"].items(), key=lambda kv: -kv[1]) if n}

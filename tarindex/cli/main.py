@@ -7,7 +7,9 @@ torch): the package facade and the command modules import only click and the err
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
 from typing import Any
 
 import click
@@ -35,6 +37,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         from ..errors import TarIndexError
 
+        before = _one_interrupt()
         try:
             return super().invoke(ctx)
         except TarIndexError as exc:
@@ -43,6 +46,25 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("tarindex: interrupted; any previous index is unchanged", err=True)
             sys.exit(130)
+        finally:
+            if before is not None and signal.getsignal(signal.SIGINT) is _interrupted:  # not interrupted: as it was
+                signal.signal(signal.SIGINT, before)
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    """The first Ctrl-C stops the command; the ones after it are ignored while it cleans up (stops its workers,
+    removes its temporary files) and exits 130 with one line, whatever the number of presses (until the end of
+    the process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _one_interrupt() -> Any:
+    """Install :func:`_interrupted` for SIGINT when Python's default handler is there (in the main thread);
+    returns the handler it replaced, or ``None``."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return None
+    return signal.signal(signal.SIGINT, _interrupted)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

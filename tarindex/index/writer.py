@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,7 +25,8 @@ import lmdb
 import numpy as np
 
 from .._atomic import clean_stale, commit, temp_name, write_error
-from ..errors import TarIndexError
+from ..compression import HEAD_BYTES, looks_like_index, looks_like_shard
+from ..errors import IndexFormatError, OverwriteError, TarIndexError
 from .format import (
     BLOCK_PREFIX,
     BLOCK_SAMPLES,
@@ -47,9 +49,11 @@ from .format import (
     numbered,
     seal,
 )
+from .meta import check_container
+from .reader import IndexReader
 from .records import Columns, encode_block, parse
 
-__all__ = ["IndexWriter", "remove_stale_temporaries"]
+__all__ = ["IndexWriter", "check_output", "remove_stale_temporaries"]
 
 _PARTITIONS = 256  # key hashes spilled by their top 8 bits: one partition in memory at a time
 _SPILL_ROWS = 1 << 20  # key entries (16 bytes each) held in memory before they go to the spill files (16 MB)
@@ -71,6 +75,66 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry)
     return removed
+
+
+def check_output(path: Path) -> None:
+    """Refuse to write an index over a file that is not one: the one guard of every index write (``build``,
+    ``merge``, :class:`IndexWriter`), made before the work and again before the rename.
+
+    Replaced are: nothing (no file), an empty file, a tarindex index (any format version: an LMDB file whose
+    meta says so), and an LMDB file that cannot be opened (a truncated or damaged index; rebuilding it is
+    the fix). Anything else is refused: a shard named by mistake (``-o d/train-000002.tar``), a text file,
+    another program's LMDB database, a directory, a FIFO.
+
+    Raises:
+        OverwriteError: naming the file, what it is, and what to do.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:  # nothing there (or nothing to look at: the write names the problem)
+        return
+    if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+        return
+    what = _not_an_index(path, st)
+    if what is not None:
+        raise OverwriteError(
+            f"{path}: exists and is not a tarindex index ({what}); refusing to overwrite it: remove it first, or choose another index path"
+        )
+
+
+def _not_an_index(path: Path, st: os.stat_result) -> str | None:
+    """What the file at ``path`` is when it is not a tarindex index that may be replaced, else ``None``."""
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+    if not looks_like_index(head):
+        return "a tar shard" if looks_like_shard(head) else f"a file of {st.st_size} bytes"
+    try:
+        check_container(path)
+        env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=0, readahead=False)
+    except (IndexFormatError, lmdb.Error):  # a truncated or damaged index; or one this process has open (LMDB opens
+        return None  # a file once per process): the index a rebuild or a merge reads from
+    try:
+        with env.begin() as txn:
+            raw = txn.get(META_KEY)
+            meta = bytes(raw) if raw is not None else b""
+    except lmdb.Error:
+        return None
+    finally:
+        env.close()
+    try:  # JSON behind a 4-byte checksum (format 4 on), or bare (older formats)
+        found = json.loads(meta if meta[:1] == b"{" else meta[4:])
+    except ValueError:
+        found = None
+    if not isinstance(found, dict) or found.get("magic") != MAGIC:
+        return "an LMDB database without a tarindex meta"
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -140,6 +204,7 @@ class IndexWriter:
     def _start(self) -> None:
         if self._env is not None:
             return
+        check_output(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(self.path)
@@ -204,7 +269,7 @@ class IndexWriter:
         self._n_members += len(cols.member_ext)
         self._summary["url_shards"] += info.kind == "url"
         self._summary["command_shards"] += info.kind == "command"
-        if info.compression == "zstd" and frames is not None and len(frames):
+        if info.compression == "zstd" and frames is not None and len(frames) and n:  # samples per frame: of shards with samples
             self._summary["zstd_samples"] += n
             self._summary["zstd_frames"] += len(frames)
         remap = np.array([self._exts.setdefault(e, len(self._exts)) for e in exts] or [0], np.uint16)
@@ -308,12 +373,39 @@ class IndexWriter:
             self._env.close()
             self._env = None
             _fsync(self._tmp)
+            self._check_written()
+            check_output(self.path)  # still nothing but an index to replace
             commit(self._tmp, self.path)
+        except OverwriteError:
+            raise
         except (OSError, lmdb.Error) as exc:  # a full disk, a read-only directory: one line naming the index
             raise write_error(self.path, exc) from exc
         finally:
             self._discard()
         return self.path
+
+    def _check_written(self) -> None:
+        """Open the finished file as a reader does (container, sealed meta and its schema) and compare its counts,
+        shard start table and last block of shard records with what was written, before it replaces anything.
+
+        Raises:
+            IndexFormatError: the new index does not open or differs (the previous index stays).
+        """
+        try:
+            reader = IndexReader(self._tmp)
+            try:
+                n = self._starts[-1]
+                written = (n, len(self._infos), self._n_members, tuple(self.part) if self.part else None)
+                if (reader.n_samples, len(reader.shards), reader.n_members, reader.part) != written:
+                    raise IndexFormatError("its counts differ from those written")
+                if reader.shard_starts().tolist() != self._starts:
+                    raise IndexFormatError("its shard start table differs from the one written")
+                if self._infos:  # the shard records, to the last block
+                    reader.shards[len(self._infos) - 1]
+            finally:
+                reader.close()
+        except (IndexFormatError, lmdb.Error, OSError) as exc:
+            raise IndexFormatError(f"{self.path}: the new index fails its check ({exc}); the previous index is unchanged") from exc
 
     def _count(self, info: ShardInfo, cols: Columns, member_ext: np.ndarray) -> None:
         """Add one shard to the content totals (``CONTENT_SUMMARY``, members per extension)."""
