@@ -21,9 +21,12 @@ from .errors import (
     DecodeError,
     DecompressionLimitError,
     DuplicateMemberError,
+    ExportError,
     IndexChangedError,
     IndexFormatError,
     IndexNotFoundError,
+    ListError,
+    PackError,
     PatternError,
     RandomAccessError,
     SampleNotFoundError,
@@ -43,9 +46,11 @@ if TYPE_CHECKING:
     from ._state import stream_states
     from .build import BuildReport, build_index, merge_indexes
     from .dataset import TarDataset
+    from .export import export_dali, export_wids
     from .index.reader import IndexReader
     from .mixing import Mix, mix
     from .options import SourceOptions
+    from .packing import PackReport, pack
     from .sampler import MixSampler, ShardSampler
     from .shard_writer import ShardWriter, compress_shard
     from .stream import TarStream
@@ -62,12 +67,16 @@ __all__ = [
     "DecodeError",
     "DecompressionLimitError",
     "DuplicateMemberError",
+    "ExportError",
     "IndexChangedError",
     "IndexFormatError",
     "IndexNotFoundError",
     "IndexReader",
+    "ListError",
     "Mix",
     "MixSampler",
+    "PackError",
+    "PackReport",
     "PatternError",
     "RandomAccessError",
     "SampleNotFoundError",
@@ -90,8 +99,11 @@ __all__ = [
     "__version__",
     "build_index",
     "compress_shard",
+    "export_dali",
+    "export_wids",
     "merge_indexes",
     "mix",
+    "pack",
     "stream_states",
     "verify_index",
 ]
@@ -114,6 +126,10 @@ _LAZY = {
     "stream_states": "_state",
     "Mix": "mixing",  # imports torch; the module is not named `mix`, so that `tarindex.mix` stays the function
     "mix": "mixing",
+    "export_dali": "export",
+    "export_wids": "export",
+    "PackReport": "packing",
+    "pack": "packing",  # the module is not named `pack`, so that `tarindex.pack` stays the function
 }
 """Public names imported on first use, so that ``import tarindex`` (and the CLI's ``--help``) imports
 neither numpy, lmdb nor torch."""
