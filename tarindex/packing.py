@@ -377,17 +377,17 @@ def _pack_files(
         else:
             inputs.add(item)
         lists.append(found)
-    classes: list[str] | None = None
-    if label:
-        classes = class_names(s for found in lists for s in found)
-        lists = [add_labels(found, item, classes) for found, item in zip(lists, items)]
     for kind, found in zip(kinds, lists):
         if kind != "folder":  # a folder's files are inside it: an output is not (checked below)
             for _, members in found:
                 for _, data in members:
                     if isinstance(data, FileMember):
                         inputs.add(data.path)
-    samples = select((s for found in lists for s in found), exts, keys)
+    classes = class_names(s for found in lists for s in found) if label else None
+    lists = [select(found, exts, keys) for found in lists]
+    if classes is not None:  # after the selection: a label is a member the pack adds, not one it selects
+        lists = [add_labels(found, item, classes) for found, item in zip(lists, items)]
+    samples = [s for found in lists for s in found]
     del lists
     if shuffle:
         order = np.argsort(_order(len(samples), seed), kind="stable")
@@ -477,6 +477,41 @@ def _pack_shards(
     work = Path(tmpdir) if tmpdir is not None else out_index.absolute().parent
     source_index, temporary = _input_index(items, out_index, work, run)
     cache = work / f".{out_index.name}.zstd-cache"
+    try:
+        done = _from_index(source_index, pattern, out_index, opts, run, exts, keys, shuffle, seed, maxcount, maxsize, memory, work, cache)
+    except Exception:
+        if temporary:  # an error: nothing to resume; an interrupted or killed pack keeps it for the next run
+            _remove_index(source_index)
+        raise
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    if temporary:
+        _remove_index(source_index)
+    return _report(out_index, done)
+
+
+def _remove_index(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def _from_index(
+    source_index: Path,
+    pattern: str,
+    out_index: Path,
+    opts: _Options,
+    run: _Runner,
+    exts: frozenset[str] | None,
+    keys: Callable[[str], bool] | None,
+    shuffle: bool,
+    seed: int,
+    maxcount: int,
+    maxsize: int,
+    memory: int,
+    work: Path,
+    cache: Path,
+) -> tuple[list[str], list[str], int, int]:
+    """The shards of the samples of the input index (through the readers of :class:`tarindex.TarDataset`)."""
     inputs = _Entries()
     inputs.add(str(source_index))
     reader = IndexReader(source_index)
@@ -491,23 +526,17 @@ def _pack_shards(
             threads = threads or is_object_url(name)  # network-bound; and obstore's runtime does not survive fork
         inputs.check(str(out_index))
         if shuffle:
-            done = _shuffled(reader, pattern, out_index, opts, run, exts, keys, seed, maxcount, maxsize, memory, work, cache, inputs, threads)
-        else:
-            ranges = list(_ranges(reader, exts, keys, maxcount, maxsize))
-            reader.close()
-            jobs = [_ShardsJob(pattern % k, str(source_index), str(cache), lo, hi, numbers, exts, opts) for k, (lo, hi, numbers) in enumerate(ranges)]
-            run.total = sum(hi - lo if numbers is None else len(numbers) for lo, hi, numbers in ranges)
-            for job in jobs:
-                inputs.check(job.path)
-            done = _written(run.map(_shards_job, jobs, threads=threads), out_index, run, pattern)
+            return _shuffled(reader, pattern, out_index, opts, run, exts, keys, seed, maxcount, maxsize, memory, work, cache, inputs, threads)
+        ranges = list(_ranges(reader, exts, keys, maxcount, maxsize))
+        reader.close()
+        jobs = [_ShardsJob(pattern % k, str(source_index), str(cache), lo, hi, numbers, exts, opts) for k, (lo, hi, numbers) in enumerate(ranges)]
+        run.total = sum(hi - lo if numbers is None else len(numbers) for lo, hi, numbers in ranges)
+        for job in jobs:
+            inputs.check(job.path)
+        return _written(run.map(_shards_job, jobs, threads=threads), out_index, run, pattern)
     finally:
         reader.close()
         _close_datasets()
-    if temporary:  # kept while the pack is not done: a pack run again reuses what it holds
-        with contextlib.suppress(OSError):
-            source_index.unlink()
-    shutil.rmtree(cache, ignore_errors=True)
-    return _report(out_index, done)
 
 
 def _input_index(items: list[str], out_index: Path, work: Path, run: _Runner) -> tuple[Path, bool]:

@@ -88,6 +88,7 @@ def command(
     CSV). Anything else is shards (paths, globs, patterns, URLs, an index, a wids .json list), resharded. The
     index is written beside the shards; run again after an interruption, complete shards are kept.
     """
+    from ..errors import TarIndexError
     from ..packing import pack
 
     show = not quiet and sys.stderr.isatty()
@@ -115,6 +116,10 @@ def command(
                 label=label, shuffle=shuffle, seed=seed, memory=memory, level=level, frame_size=frame_size,
                 resume=not no_resume, progress=progress, tmpdir=tmpdir,
             )  # fmt: skip
+    except ValueError as exc:
+        if isinstance(exc, TarIndexError):  # bad data: one line, exit 1 (cli/main.py)
+            raise
+        raise click.UsageError(str(exc)) from None  # a bad option
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
