@@ -9,7 +9,8 @@ processes, tools/bench_walk.py; ``--only remote``: random access over loopback n
 request, tools/bench_remote.py; ``--only member``: peak memory of one 1 GiB member streamed from a
 .tar.zst and a .tar.gz, tools/bench_limits.py; ``--only batches``: the walk's batch size against two streams
 read one after the other, alternated and mixed, and over nginx; ``--only gzip``: .tar.gz shards through seek points on the first 2
-shards, or ``--zstd-shards N``, tools/bench_gzip.py, not by default). ``--only stream,quick``: the streaming benchmark over
+shards, or ``--zstd-shards N``, tools/bench_gzip.py, not by default; ``--only pack``: making shards, tools/bench_pack.py, not
+by default). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set. ``--only scale --sets ''``: indexes of ``--sizes`` samples written in
 ``--parts`` parts and merged, an index of ``--many-shards`` shards opened (tools/bench_index.py), the
@@ -944,7 +945,7 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=10, help="scale: parts written, then merged, per size")
     ap.add_argument("--many-shards", type=int, default=500_000, help="scale: shards of the index whose open is timed (0: none)")
     ap.add_argument("--trees", default="", help="walk: two source trees A,B (each built in place), compared in alternated processes (tools/bench_walk.py)")
-    ap.add_argument("--rounds", type=int, default=10, help="walk --trees: passes per walk and tree, asked in turn (best of)")
+    ap.add_argument("--rounds", type=int, default=10, help="walk --trees: passes per walk and tree, asked in turn (best of); pack: rounds of each contender (3 is plenty)")
     args = ap.parse_args()
     ZSTD_SHARDS[0] = args.zstd_shards
     only = set(args.only.split(","))
@@ -980,6 +981,17 @@ def main() -> None:
         sizes = [int(float(s)) for s in args.sizes.split(",") if s]
         rows = bench_index_scale(work, sizes, args.parts) + (bench_many_shards(work, args.many_shards) if args.many_shards else [])
         for label, value, ratio in [*rows, *bench_sampler_scale()]:
+            print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
+    if "pack" in only:  # not by default: making shards, beside tar -cf, litdata and Mosaic (tools/bench_pack.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_pack import bench_pack
+
+        jpeg = make_set(args.dir / "jpeg", "jpeg", *SPECS["jpeg"])
+        small = make_set(args.dir / "small", "small", *SPECS["small"])
+        tarindex.build_index(jpeg, index=work / "jpeg.tarindex")
+        ds = tarindex.TarDataset(work / "jpeg.tarindex")
+        scaled = _scaled_index(ds, work / "jpeg-scaled1k-1000000.tarindex", 1_000_000)
+        for label, value, ratio in bench_pack(jpeg, small, work / "jpeg.tarindex", scaled, work, args.rounds):
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
     if "member" in only:  # not by default: it writes two 1 GiB-member shards once and starts 8 processes
         from bench_limits import bench_member
