@@ -12,7 +12,6 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -27,7 +26,7 @@ __all__ = ["export_dali", "export_wids"]
 
 DALI_VERSION = "v1.2"
 """The index version DALI's ``wds2idx`` writes (DALI reads ``v1.1`` and ``v1.2``)."""
-_SPACE = re.compile(r"\s")
+_SPACE = re.compile(rb"\s")
 
 
 def _open(index: str | os.PathLike[str]) -> IndexReader:
@@ -75,17 +74,17 @@ def export_dali(index: str | os.PathLike[str], directory: str | os.PathLike[str]
             files[target] = name
         paths = []
         for i, (target, name) in enumerate(files.items()):
-            text = _dali_text(reader, i, name)
+            data = _dali_bytes(reader, i, name)
             path = out / target
             with atomic_write(path) as f:
-                f.write(text.encode("utf-8", "surrogateescape"))
+                f.write(data)
             paths.append(path)
         return paths
     finally:
         reader.close()
 
 
-def _dali_text(reader: IndexReader, shard: int, name: str) -> str:
+def _dali_bytes(reader: IndexReader, shard: int, name: str) -> bytes:
     """One shard's DALI index file.
 
     Raises:
@@ -95,11 +94,10 @@ def _dali_text(reader: IndexReader, shard: int, name: str) -> str:
     n = len(cols)
     if n == 0:
         raise ExportError(name, "has no samples; a DALI index lists at least one")
-    exts = reader.exts
-    keys = [k.decode("utf-8", "surrogateescape") for k in cols.keys]
-    found = _SPACE.search("\0".join(keys)) or _SPACE.search("\0".join(exts))
-    if found is not None:
-        bad = next((k for k in keys if _SPACE.search(k)), None)
+    exts = [e.encode("utf-8", "surrogateescape") for e in reader.exts]
+    keys = cols.keys
+    bad = next((k for k in keys if _SPACE.search(k)), None) if _SPACE.search(b"\0".join(keys)) else None
+    if bad is not None or any(_SPACE.search(e) for e in exts):
         what = f"key {shown(bad)}" if bad is not None else f"extension {shown(next(e for e in exts if _SPACE.search(e)))}"
         raise ExportError(name, f"{what} holds white space, which separates the fields of a DALI index line")
     nmembers = cols.nmembers.astype(np.int64)
@@ -109,22 +107,22 @@ def _dali_text(reader: IndexReader, shard: int, name: str) -> str:
     ids = cols.member_ext.astype(np.int64)
     if bool((nmembers == width).all()) and bool((ids.reshape(n, width) == ids[:width]).all()):
         # every sample has the same extensions (the common case): one format, filled per sample
-        pattern = [exts[e] for e in ids[:width].tolist()]
-        template = " ".join(f"{ext} %d %d %s.{ext}" for ext in pattern)
-        columns: list[list[Any]] = []
+        pattern = [exts[e].replace(b"%", b"%%") for e in ids[:width].tolist()]
+        template = b" ".join(ext + b" %d %d %b." + ext for ext in pattern)
+        columns: list[list[int] | list[bytes]] = []
         for k in range(width):
             columns += [offsets[k::width].tolist(), sizes[k::width].tolist(), keys]
-        body = "\n".join(map(template.__mod__, zip(*columns)))
+        body = b"\n".join(map(template.__mod__, zip(*columns)))
     else:
-        lines = []
         member_ext = [exts[e] for e in ids.tolist()]
         offs, sz = offsets.tolist(), sizes.tolist()
+        lines = []
         m = 0
         for key, count in zip(keys, nmembers.tolist()):
-            lines.append(" ".join(f"{member_ext[j]} {offs[j]} {sz[j]} {key}.{member_ext[j]}" for j in range(m, m + count)))
+            lines.append(b" ".join(b"%b %d %d %b.%b" % (member_ext[j], offs[j], sz[j], key, member_ext[j]) for j in range(m, m + count)))
             m += count
-        body = "\n".join(lines)
-    return f"{DALI_VERSION} {n}\n{body}\n"
+        body = b"\n".join(lines)
+    return b"%b %d\n%b\n" % (DALI_VERSION.encode(), n, body)
 
 
 def export_wids(index: str | os.PathLike[str], path: str | os.PathLike[str], *, name: str | None = None) -> Path:

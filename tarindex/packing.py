@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ._atomic import clean_stale
+from ._atomic import _alive, clean_stale
 from ._packin import KeyFilter, Sample, add_labels, class_names, key_test, samples_of, select, source_kind
 from ._packout import Compress, FileMember, ShardOut, newest_mtime, same_table
 from ._split import stream_key
@@ -93,6 +93,26 @@ class _Options:
     level: int
     frame_size: int
     resume: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """One pack's choices, as its parent process uses them (the jobs get :class:`_Options`)."""
+
+    pattern: str
+    index: Path
+    """The output index."""
+    opts: _Options
+    exts: frozenset[str] | None
+    keys: Callable[[str], bool] | None
+    label: bool
+    shuffle: bool
+    seed: int
+    maxcount: int
+    maxsize: int
+    memory: int
+    work: Path
+    """Where bucket files, the index of input shards and the decompressed-shard cache go."""
 
 
 # -- the pack -----------------------------------------------------------------------------------
@@ -178,19 +198,21 @@ def pack(
         raise ValueError("no sources given")
     kinds = [source_kind(s) for s in items]
     out_index = Path(index) if index is not None else default_index_path([pattern % 0, pattern % 1])
-    ext_set = frozenset(e.lower() for e in exts) if exts is not None else None
-    opts = _Options(compress, level, frame_size, resume)
+    spec = _Spec(
+        pattern, out_index, _Options(compress, level, frame_size, resume), frozenset(e.lower() for e in exts) if exts is not None else None,
+        key_test(keys), label, shuffle, seed, maxcount, maxsize, memory, Path(tmpdir) if tmpdir is not None else out_index.absolute().parent,
+    )  # fmt: skip
     run = _Runner(workers or os.cpu_count() or 1, executor, progress)
     if all(k == "shards" for k in kinds):
         if label:
             raise ValueError("label=True takes its labels from directories; these sources are shards")
-        return _pack_shards(items, pattern, out_index, opts, run, ext_set, key_test(keys), shuffle, seed, maxcount, maxsize, memory, tmpdir)
+        return _pack_shards(items, spec, run)
     if any(k == "shards" for k in kinds):
         shards = next(s for s, k in zip(items, kinds) if k == "shards")
         raise ValueError(f"{shards}: shards cannot be packed together with directories or lists; pack them on their own")
     if label and any(k != "folder" for k in kinds):
         raise ValueError("label=True takes its labels from directories; give only directories")
-    return _pack_files(items, kinds, pattern, out_index, opts, run, ext_set, key_test(keys), label, shuffle, seed, maxcount, maxsize)
+    return _pack_files(items, kinds, spec, run)
 
 
 def _pattern(output: str | os.PathLike[str]) -> tuple[str, Compress]:
@@ -268,7 +290,8 @@ def _written(results: Iterable[tuple[ShardInfo, ShardTable, bool]], out_index: P
 
 def _report(out_index: Path, done: tuple[list[str], list[str], int, int], classes: list[str] | None = None) -> PackReport:
     shards, written, samples, total = done
-    kept = [s for s in shards if s not in set(written)]
+    new = set(written)
+    kept = [s for s in shards if s not in new]
     return PackReport(out_index, shards, written, kept, samples, total, classes)
 
 
@@ -353,21 +376,7 @@ def _order(n: int, seed: int, numbers: np.ndarray | None = None) -> np.ndarray:
     return _mix(base + (z + np.uint64(1)) * _GAMMA)
 
 
-def _pack_files(
-    items: list[str],
-    kinds: list[Any],
-    pattern: str,
-    out_index: Path,
-    opts: _Options,
-    run: _Runner,
-    exts: frozenset[str] | None,
-    keys: Callable[[str], bool] | None,
-    label: bool,
-    shuffle: bool,
-    seed: int,
-    maxcount: int,
-    maxsize: int,
-) -> PackReport:
+def _pack_files(items: list[str], kinds: list[Any], spec: _Spec, run: _Runner) -> PackReport:
     inputs = _Entries()
     lists: list[list[Sample]] = []
     for item, kind in zip(items, kinds):
@@ -383,28 +392,28 @@ def _pack_files(
                 for _, data in members:
                     if isinstance(data, FileMember):
                         inputs.add(data.path)
-    classes = class_names(s for found in lists for s in found) if label else None
-    lists = [select(found, exts, keys) for found in lists]
+    classes = class_names(s for found in lists for s in found) if spec.label else None
+    lists = [select(found, spec.exts, spec.keys) for found in lists]
     if classes is not None:  # after the selection: a label is a member the pack adds, not one it selects
         lists = [add_labels(found, item, classes) for found, item in zip(lists, items)]
     samples = [s for found in lists for s in found]
     del lists
-    if shuffle:
-        order = np.argsort(_order(len(samples), seed), kind="stable")
+    if spec.shuffle:
+        order = np.argsort(_order(len(samples), spec.seed), kind="stable")
         samples = [samples[i] for i in order.tolist()]
-    cutter = _Cutter(maxcount, maxsize)
+    cutter = _Cutter(spec.maxcount, spec.maxsize)
     chunks: list[list[Sample]] = []
     for sample in samples:
         if cutter.starts_shard(_sample_bytes(*sample)):
             chunks.append([])
         chunks[-1].append(sample)
-    jobs = [_FilesJob(pattern % k, chunk, opts) for k, chunk in enumerate(chunks)]
+    jobs = [_FilesJob(spec.pattern % k, chunk, spec.opts) for k, chunk in enumerate(chunks)]
     run.total = len(samples)
     for job in jobs:
         inputs.check(job.path)
-    inputs.check(str(out_index))
-    done = _written(run.map(_files_job, jobs), out_index, run, pattern)
-    return _report(out_index, done, classes)
+    inputs.check(str(spec.index))
+    done = _written(run.map(_files_job, jobs), spec.index, run, spec.pattern)
+    return _report(spec.index, done, classes)
 
 
 def _files_job(job: _FilesJob) -> tuple[ShardInfo, ShardTable, bool]:
@@ -459,26 +468,11 @@ def _complete(path: str, opts: _Options, fill: Callable[[ShardOut], None], input
 # -- shards ------------------------------------------------------------------------------------
 
 
-def _pack_shards(
-    items: list[str],
-    pattern: str,
-    out_index: Path,
-    opts: _Options,
-    run: _Runner,
-    exts: frozenset[str] | None,
-    keys: Callable[[str], bool] | None,
-    shuffle: bool,
-    seed: int,
-    maxcount: int,
-    maxsize: int,
-    memory: int,
-    tmpdir: str | os.PathLike[str] | None,
-) -> PackReport:
-    work = Path(tmpdir) if tmpdir is not None else out_index.absolute().parent
-    source_index, temporary = _input_index(items, out_index, work, run)
-    cache = work / f".{out_index.name}.zstd-cache"
+def _pack_shards(items: list[str], spec: _Spec, run: _Runner) -> PackReport:
+    source_index, temporary = _input_index(items, spec.index, spec.work, run)
+    cache = spec.work / f".{spec.index.name}.zstd-cache"
     try:
-        done = _from_index(source_index, pattern, out_index, opts, run, exts, keys, shuffle, seed, maxcount, maxsize, memory, work, cache)
+        done = _from_index(source_index, spec, run, cache)
     except Exception:
         if temporary:  # an error: nothing to resume; an interrupted or killed pack keeps it for the next run
             _remove_index(source_index)
@@ -487,7 +481,7 @@ def _pack_shards(
         shutil.rmtree(cache, ignore_errors=True)
     if temporary:
         _remove_index(source_index)
-    return _report(out_index, done)
+    return _report(spec.index, done)
 
 
 def _remove_index(path: Path) -> None:
@@ -495,22 +489,7 @@ def _remove_index(path: Path) -> None:
         path.unlink()
 
 
-def _from_index(
-    source_index: Path,
-    pattern: str,
-    out_index: Path,
-    opts: _Options,
-    run: _Runner,
-    exts: frozenset[str] | None,
-    keys: Callable[[str], bool] | None,
-    shuffle: bool,
-    seed: int,
-    maxcount: int,
-    maxsize: int,
-    memory: int,
-    work: Path,
-    cache: Path,
-) -> tuple[list[str], list[str], int, int]:
+def _from_index(source_index: Path, spec: _Spec, run: _Runner, cache: Path) -> tuple[list[str], list[str], int, int]:
     """The shards of the samples of the input index (through the readers of :class:`tarindex.TarDataset`)."""
     inputs = _Entries()
     inputs.add(str(source_index))
@@ -524,16 +503,16 @@ def _from_index(
             if info.kind == "file":
                 inputs.add(name)
             threads = threads or is_object_url(name)  # network-bound; and obstore's runtime does not survive fork
-        inputs.check(str(out_index))
-        if shuffle:
-            return _shuffled(reader, pattern, out_index, opts, run, exts, keys, seed, maxcount, maxsize, memory, work, cache, inputs, threads)
-        ranges = list(_ranges(reader, exts, keys, maxcount, maxsize))
+        inputs.check(str(spec.index))
+        if spec.shuffle:
+            return _shuffled(reader, spec, run, cache, inputs, threads)
+        ranges = list(_ranges(reader, spec))
         reader.close()
-        jobs = [_ShardsJob(pattern % k, str(source_index), str(cache), lo, hi, numbers, exts, opts) for k, (lo, hi, numbers) in enumerate(ranges)]
+        jobs = [_ShardsJob(spec.pattern % k, str(source_index), str(cache), lo, hi, numbers, spec.exts, spec.opts) for k, (lo, hi, numbers) in enumerate(ranges)]
         run.total = sum(hi - lo if numbers is None else len(numbers) for lo, hi, numbers in ranges)
         for job in jobs:
             inputs.check(job.path)
-        return _written(run.map(_shards_job, jobs, threads=threads), out_index, run, pattern)
+        return _written(run.map(_shards_job, jobs, threads=threads), spec.index, run, spec.pattern)
     finally:
         reader.close()
         _close_datasets()
@@ -629,19 +608,22 @@ def _kept(m: _Members, keys: Callable[[str], bool] | None) -> np.ndarray:
     return np.flatnonzero(keep) + m.lo
 
 
-def _ranges(
-    reader: IndexReader, exts: frozenset[str] | None, keys: Callable[[str], bool] | None, maxcount: int, maxsize: int
-) -> Iterator[tuple[int, int, np.ndarray | None]]:
-    """Output shards as ranges ``lo..hi`` of input samples, with the numbers of those kept when a filter drops some."""
+def _input_shards(reader: IndexReader, spec: _Spec) -> Iterator[tuple[_Members, np.ndarray]]:
+    """Each input shard with samples: its records, and the numbers of the samples the filters keep."""
     starts = reader.shard_starts()
-    cutter = _Cutter(maxcount, maxsize)
-    pieces: list[np.ndarray] = []
     for s in range(len(reader.shards)):
         lo, hi = int(starts[s]), int(starts[s + 1])
-        if lo == hi:
-            continue
-        m = _members(reader, lo, hi, exts)
-        numbers = _kept(m, keys)
+        if lo < hi:
+            m = _members(reader, lo, hi, spec.exts)
+            yield m, _kept(m, spec.keys)
+
+
+def _ranges(reader: IndexReader, spec: _Spec) -> Iterator[tuple[int, int, np.ndarray | None]]:
+    """Output shards as ranges ``lo..hi`` of input samples, with the numbers of those kept when a filter drops some."""
+    cutter = _Cutter(spec.maxcount, spec.maxsize)
+    pieces: list[np.ndarray] = []
+    for m, numbers in _input_shards(reader, spec):
+        lo = m.lo
         first = 0
         for i, nbytes in enumerate(m.nbytes[numbers - lo].tolist()):
             if cutter.starts_shard(nbytes):
@@ -809,53 +791,32 @@ class _Restart(Exception):
     """A shard kept from an earlier run is not what this gather makes: gather again, writing every shard."""
 
 
-def _shuffled(
-    reader: IndexReader,
-    pattern: str,
-    out_index: Path,
-    opts: _Options,
-    run: _Runner,
-    exts: frozenset[str] | None,
-    keys: Callable[[str], bool] | None,
-    seed: int,
-    maxcount: int,
-    maxsize: int,
-    memory: int,
-    work: Path,
-    cache: Path,
-    inputs: _Entries,
-    threads: bool,
-) -> tuple[list[str], list[str], int, int]:
+def _shuffled(reader: IndexReader, spec: _Spec, run: _Runner, cache: Path, inputs: _Entries, threads: bool) -> tuple[list[str], list[str], int, int]:
     """Scatter the input samples into bucket files by a random key (jobs in parallel), then gather the buckets in
     key order, one at a time, into the shards (here)."""
-    starts = reader.shard_starts()
     ranges: list[tuple[int, int, np.ndarray | None]] = []
     total = 0
-    for s in range(len(reader.shards)):
-        lo, hi = int(starts[s]), int(starts[s + 1])
-        if lo == hi:
-            continue
-        m = _members(reader, lo, hi, exts)
-        numbers = _kept(m, keys)
+    for m, numbers in _input_shards(reader, spec):
+        lo, hi = m.lo, m.lo + len(m.keys)
         total += int(m.sizes[m.kept].sum()) + 64 * len(numbers)
         run.total += len(numbers)
         ranges.append((lo, hi, None if len(numbers) == hi - lo else numbers))
     newest = max((info.mtime_ns for info in reader.shards), default=0)
     source = str(reader.path)
-    buckets = max(1, -(-total // max(1, memory // 4)))  # a bucket holds a quarter of the memory, on average
-    _remove_stale_buckets(work, out_index)
-    directory = work / f".{out_index.name}.shuffle-{os.getpid()}"
+    buckets = max(1, -(-total // max(1, spec.memory // 4)))  # a bucket holds a quarter of the memory, on average
+    _remove_stale_buckets(spec.work, spec.index)
+    directory = spec.work / f".{spec.index.name}.shuffle-{os.getpid()}"
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        jobs = [_ScatterJob(i, source, str(cache), lo, hi, numbers, exts, seed, buckets, str(directory)) for i, (lo, hi, numbers) in enumerate(ranges)]
+        jobs = [_ScatterJob(i, source, str(cache), lo, hi, numbers, spec.exts, spec.seed, buckets, str(directory)) for i, (lo, hi, numbers) in enumerate(ranges)]
         for _ in run.map(_scatter_job, jobs, threads=threads):
             pass
-        gather = functools.partial(_gather, directory, buckets, len(jobs), pattern, opts, maxcount, maxsize, newest, inputs)
+        gather = functools.partial(_gather, directory, buckets, len(jobs), spec, newest, inputs)
         try:
-            return _written(gather(resume=opts.resume), out_index, run, pattern)
+            return _written(gather(resume=spec.opts.resume), spec.index, run, spec.pattern)
         except _Restart as exc:
             _log.warning("%s; writing every shard again", exc)
-            return _written(gather(resume=False), out_index, run, pattern)
+            return _written(gather(resume=False), spec.index, run, spec.pattern)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -866,34 +827,12 @@ def _remove_stale_buckets(work: Path, out_index: Path) -> None:
     with contextlib.suppress(OSError):
         for entry in work.iterdir():
             found = pattern.fullmatch(entry.name)
-            if found is not None and not _alive(int(found.group(1))):
+            if found is not None and int(found.group(1)) != os.getpid() and not _alive(int(found.group(1))):
                 shutil.rmtree(entry, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
 def _gather(
-    directory: Path,
-    buckets: int,
-    jobs: int,
-    pattern: str,
-    opts: _Options,
-    maxcount: int,
-    maxsize: int,
-    newest: int,
-    inputs: _Entries,
-    *,
-    resume: bool,
+    directory: Path, buckets: int, jobs: int, spec: _Spec, newest: int, inputs: _Entries, *, resume: bool
 ) -> Iterator[tuple[ShardInfo, ShardTable, bool]]:
     """The shards of the gathered samples, written one after the other (a shard an earlier run completed is only
     compared, not written).
@@ -901,23 +840,23 @@ def _gather(
     Raises:
         _Restart: a shard of an earlier run is not the one this gather makes.
     """
-    cutter = _Cutter(maxcount, maxsize)
+    cutter = _Cutter(spec.maxcount, spec.maxsize)
     out: ShardOut | None = None
     k = -1
     try:
         for key, members in _gathered(directory, buckets, jobs):
             if cutter.starts_shard(_sample_bytes(key, members)):
                 if out is not None:
-                    yield _gathered_shard(out, pattern % k, opts)
+                    yield _gathered_shard(out, spec.pattern % k, spec.opts)
                 k += 1
-                path = pattern % k
+                path = spec.pattern % k
                 inputs.check(path)
                 clean_stale(Path(path))
                 kept = resume and os.path.exists(path) and os.stat(path).st_mtime_ns >= newest
-                out = ShardOut(None if kept else path, compress=opts.compress, level=opts.level, frame_size=opts.frame_size)
+                out = ShardOut(None if kept else path, compress=spec.opts.compress, level=spec.opts.level, frame_size=spec.opts.frame_size)
             out.add(key, members)  # type: ignore[union-attr]  # made with the first sample
         if out is not None:
-            yield _gathered_shard(out, pattern % k, opts)
+            yield _gathered_shard(out, spec.pattern % k, spec.opts)
     except BaseException:
         if out is not None:
             out.abort()

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -96,7 +96,7 @@ def bench_pack_folder(shards: list[str], work: Path, rounds: int) -> list[Row]:
     n_samples = len(_keys(folder))
     out = work / "pack-folder"
     workers = os.cpu_count() or 1
-    contenders: dict[str, Callable[[], None] | None] = {
+    contenders: dict[str, Callable[[], object] | None] = {
         "tar -cf": lambda: subprocess.run(["tar", "-cf", str(out / "all.tar"), "-C", str(folder), "."], check=True),
         "tarindex pack": lambda: tarindex.pack(folder, str(out / "train-%06d.tar"), maxcount=math.ceil(n_samples / 20)),
         "litdata optimize": _litdata(folder, out, workers),
@@ -170,11 +170,16 @@ def bench_reshard(shards: list[str], index: Path, work: Path, rounds: int) -> li
 
 
 _SHUFFLE = """
-import json, resource, sys, time, tarindex, tarindex.packing
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+import json, sys, time, tarindex, tarindex.packing
+
+def high_water():  # peak resident memory of this process (VmHWM starts anew at exec; ru_maxrss does not)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+base = high_water()
 t0 = time.perf_counter()
 report = tarindex.pack(sys.argv[1:-2], sys.argv[-2], shuffle=True, memory=int(sys.argv[-1]), workers=1, maxcount=10000)
-print(json.dumps({"seconds": time.perf_counter() - t0, "base": base * 1024, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "samples": report.samples, "bytes": report.bytes}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "base": base, "peak": high_water(), "samples": report.samples, "bytes": report.bytes}))
 """
 
 
@@ -206,14 +211,12 @@ def bench_export(index: Path, work: Path) -> list[Row]:
     return [(f"export --dali of a {n:,}-sample index (s)", best, f"target < 2 s; {size / 1e6:,.0f} MB of DALI index files")]
 
 
-def bench_pack(jpeg: list[str], small: list[str], jpeg_index: Path, scaled_index: Path, work: Path, rounds: int = 3) -> list[Row]:
-    """Every measurement of this module (see its docstring)."""
+def bench_pack(jpeg: list[str], small: list[str], jpeg_index: Path, scaled_index: Path, work: Path, rounds: int = 3) -> Iterator[Row]:
+    """Every measurement of this module (see its docstring), each part's rows as soon as they are measured."""
     for shard in jpeg[:1]:
         with tarfile.open(shard) as tf:
             assert {m.name.split(".", 1)[1] for m in tf} == {"jpg", "cls", "json"}
-    return [
-        *bench_pack_folder(jpeg, work, rounds),
-        *bench_reshard(jpeg, jpeg_index, work, rounds),
-        *bench_shuffle(small, work),
-        *bench_export(scaled_index, work),
-    ]
+    yield from bench_export(scaled_index, work)
+    yield from bench_shuffle(small, work)
+    yield from bench_reshard(jpeg, jpeg_index, work, rounds)
+    yield from bench_pack_folder(jpeg, work, rounds)
