@@ -68,12 +68,10 @@ class ShardOut:
         WriteError: the temporary file cannot be created.
     """
 
-    def __init__(self, path: str | None, *, compress: Compress = None, level: int = 3, frame_size: int = 8 << 10, threads: int = 1) -> None:
+    def __init__(self, path: str | None, *, compress: Compress = None, level: int = 3, frame_size: int = 8 << 10) -> None:
         self.path = path
         self._out = AtomicFile(path) if path is not None else None
-        self._zw = None
-        if self._out is not None and compress == "zstd":
-            self._zw = SeekableZstdWriter(self._out.file, level=level, frame_size=frame_size, threads=threads)
+        self._zw = SeekableZstdWriter(self._out.file, level=level, frame_size=frame_size) if self._out is not None and compress == "zstd" else None
         self._fd = self._out.file.fileno() if self._out is not None else -1
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0

@@ -93,8 +93,6 @@ class _Options:
     level: int
     frame_size: int
     resume: bool
-    threads: int = 1
-    """zstd output: frames compressed at once in threads (a job with no other beside it keeps every core busy)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +199,7 @@ def pack(
     kinds = [source_kind(s) for s in items]
     out_index = Path(index) if index is not None else default_index_path([pattern % 0, pattern % 1])
     spec = _Spec(
-        pattern, out_index, _Options(compress, level, frame_size, resume, os.cpu_count() or 1), frozenset(e.lower() for e in exts) if exts is not None else None,
+        pattern, out_index, _Options(compress, level, frame_size, resume), frozenset(e.lower() for e in exts) if exts is not None else None,
         key_test(keys), label, shuffle, seed, maxcount, maxsize, memory, Path(tmpdir) if tmpdir is not None else out_index.absolute().parent,
     )  # fmt: skip
     run = _Runner(workers or os.cpu_count() or 1, executor, progress)
@@ -438,7 +436,7 @@ def _write_shard(path: str, opts: _Options, fill: Callable[[ShardOut], None], in
     kept = _complete(path, opts, fill, inputs_mtime) if opts.resume else None
     if kept is not None:
         return (*kept, False)
-    out = ShardOut(path, compress=opts.compress, level=opts.level, frame_size=opts.frame_size, threads=opts.threads)
+    out = ShardOut(path, compress=opts.compress, level=opts.level, frame_size=opts.frame_size)
     try:
         fill(out)
         info, table = out.finish()
@@ -855,8 +853,7 @@ def _gather(
                 inputs.check(path)
                 clean_stale(Path(path))
                 kept = resume and os.path.exists(path) and os.stat(path).st_mtime_ns >= newest
-                opts = spec.opts
-                out = ShardOut(None if kept else path, compress=opts.compress, level=opts.level, frame_size=opts.frame_size, threads=opts.threads)
+                out = ShardOut(None if kept else path, compress=spec.opts.compress, level=spec.opts.level, frame_size=spec.opts.frame_size)
             out.add(key, members)  # type: ignore[union-attr]  # made with the first sample
         if out is not None:
             yield _gathered_shard(out, spec.pattern % k, spec.opts)

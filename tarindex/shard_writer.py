@@ -37,7 +37,6 @@ DEFAULT_FRAME_SIZE = 8 << 10
 """Target uncompressed bytes per frame; chosen from the table in docs/performance.md."""
 
 _READ = 4 << 20
-_BATCH_BYTES = 8 << 20  # uncompressed bytes of whole frames compressed together when there are threads
 
 
 class SeekableZstdWriter:
@@ -52,19 +51,14 @@ class SeekableZstdWriter:
         file: binary file to write to (not closed).
         level: zstd compression level.
         frame_size: uncompressed bytes after which the next boundary ends a frame.
-        threads: compress this many frames at once, in threads (frames are independent: the bytes are the same
-            as one thread's); with more than one, frames are held until ``_BATCH_BYTES`` of them are pending.
     """
 
-    def __init__(self, file: BinaryIO, *, level: int = DEFAULT_LEVEL, frame_size: int = DEFAULT_FRAME_SIZE, threads: int = 1) -> None:
+    def __init__(self, file: BinaryIO, *, level: int = DEFAULT_LEVEL, frame_size: int = DEFAULT_FRAME_SIZE) -> None:
         if frame_size < 1:
             raise ValueError(f"frame size must be positive, got {frame_size}")
         self.file = file
         self.frame_size = min(frame_size, MAX_FRAME_BYTES)
         self._cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
-        self._threads = max(1, threads)
-        self._batch: list[bytes | memoryview] = []  # whole frames waiting to be compressed together (threads > 1)
-        self._batch_bytes = 0
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
         self.sizes: list[tuple[int, int]] = []
@@ -92,34 +86,14 @@ class SeekableZstdWriter:
         if not self._pending_bytes:
             return
         data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-        self._pending, self._pending_bytes = [], 0
-        if self._threads == 1:
-            self._write(self._cctx.compress(data), len(data))
-            return
-        self._batch.append(data)
-        self._batch_bytes += len(data)
-        if self._batch_bytes >= _BATCH_BYTES:
-            self._compress_batch()
-
-    def _compress_batch(self) -> None:
-        if not self._batch:
-            return
-        batch, self._batch, self._batch_bytes = self._batch, [], 0
-        if len(batch) == 1:
-            self._write(self._cctx.compress(batch[0]), len(batch[0]))
-            return
-        frames = self._cctx.multi_compress_to_buffer([bytes(b) for b in batch], threads=self._threads)
-        for k, data in enumerate(batch):
-            self._write(frames[k].tobytes(), len(data))
-
-    def _write(self, frame: bytes, size: int) -> None:
+        frame = self._cctx.compress(data)
         self.file.write(frame)
-        self.sizes.append((len(frame), size))
+        self.sizes.append((len(frame), self._pending_bytes))
+        self._pending, self._pending_bytes = [], 0
 
     def close(self) -> None:
         """Write the last frame and the seek table."""
         self._flush()
-        self._compress_batch()
         self.file.write(seek_table_frame(self.sizes))
 
 

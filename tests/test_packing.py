@@ -542,22 +542,3 @@ def test_the_command_fails_in_one_line(tmp_path: Path, args: list[str], code: in
     assert message in proc.stderr
     if code == 1:
         assert proc.stderr.startswith("tarindex: error: ") and proc.stderr.count("\n") == 1
-
-
-def test_frames_compressed_in_threads_are_the_bytes_of_one_thread(tmp_path: Path) -> None:
-    from tarindex.shard_writer import SeekableZstdWriter
-
-    rng = np.random.default_rng(3)
-    pieces = [rng.integers(0, 8, int(rng.integers(1, 40_000)), dtype=np.uint8).tobytes() for _ in range(600)]
-    outputs = []
-    for threads in (1, 3):
-        with open(tmp_path / f"t{threads}.zst", "wb") as f:
-            writer = SeekableZstdWriter(f, frame_size=16 << 10, threads=threads)
-            for piece in pieces:
-                writer.write(piece)
-                writer.boundary()
-            writer.close()
-        outputs.append((tmp_path / f"t{threads}.zst").read_bytes())
-        assert len(writer.sizes) > 100
-    assert outputs[0] == outputs[1]
-    assert subprocess.run(["zstd", "-dc", str(tmp_path / "t3.zst")], capture_output=True, check=True).stdout == b"".join(pieces)
