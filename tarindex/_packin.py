@@ -38,8 +38,9 @@ def source_kind(source: str) -> SourceKind:
     return LIST_SUFFIXES.get(os.path.splitext(source)[1].lower(), "shards")
 
 
-def samples_of(source: str, kind: SourceKind) -> list[Sample]:
-    """The samples of a folder or list source, in order.
+def samples_of(source: str, kind: SourceKind, first: int = 0) -> list[Sample]:
+    """The samples of a folder or list source, in order (``first``: the number of the first row of a CSV or
+    JSON lines list, whose rows without ``__key__`` are keyed by their number).
 
     Raises:
         PackError: a file cannot be read or listed; two files of a folder would be one member.
@@ -50,8 +51,8 @@ def samples_of(source: str, kind: SourceKind) -> list[Sample]:
     if kind == "text":
         return text_list_samples(source)
     if kind == "csv":
-        return table_list_samples(source, _csv_rows(source))
-    return table_list_samples(source, _jsonl_rows(source))
+        return table_list_samples(source, _csv_rows(source), first)
+    return table_list_samples(source, _jsonl_rows(source), first)
 
 
 # -- folders ----------------------------------------------------------------------------------
@@ -245,8 +246,9 @@ def _jsonl_rows(lst: str) -> Iterator[Row]:
         yield n, obj
 
 
-def table_list_samples(lst: str, rows: Iterable[Row]) -> list[Sample]:
-    """One sample per row of a CSV or JSON lines list: ``__key__`` (default: the row's number, 9 digits), and a
+def table_list_samples(lst: str, rows: Iterable[Row], first: int = 0) -> list[Sample]:
+    """One sample per row of a CSV or JSON lines list: ``__key__`` (default: the row's number from ``first``, 9
+    digits: the lists of one pack are numbered on from one to the next), and a
     field per member: ``EXT`` is the path of a file (relative to the list's directory), ``EXT:text`` the text
     itself; in JSON, a value that is not a string (number, object, list) is written as JSON, ``null`` is no member.
 
@@ -255,7 +257,7 @@ def table_list_samples(lst: str, rows: Iterable[Row]) -> list[Sample]:
         PackError: a listed file cannot be read.
     """
     out: list[Sample] = []
-    for number, (n, fields) in enumerate(rows):
+    for number, (n, fields) in enumerate(rows, first):
         key = fields.get("__key__", f"{number:09d}")
         if not isinstance(key, str) or not key:
             raise ListError(lst, f"line {n}: __key__ must be a non-empty string, got {key!r}")

@@ -42,6 +42,7 @@ from .index.reader import IndexReader
 from .index.writer import IndexWriter
 from .objstore import is_object_url
 from .opener import shard_name
+from .options import SourceOptions
 from .sampler import _mix
 from .scan import scan_shard
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, shard_kind
@@ -113,6 +114,7 @@ class _Spec:
     memory: int
     work: Path
     """Where bucket files, the index of input shards and the decompressed-shard cache go."""
+    options: SourceOptions | None
 
 
 # -- the pack -----------------------------------------------------------------------------------
@@ -138,6 +140,7 @@ def pack(
     resume: bool = True,
     progress: Progress | None = None,
     tmpdir: str | os.PathLike[str] | None = None,
+    options: SourceOptions | None = None,
 ) -> PackReport:
     """Write samples as numbered shards with their index, in one pass.
 
@@ -180,6 +183,8 @@ def pack(
             samples the pack writes in all.
         tmpdir: where a shuffle of shards keeps its bucket files, and where the index of input shards that have
             none is built; default the output's directory.
+        options: how URL shards are read and listed (headers, object-store credentials, retries: see
+            :class:`~tarindex.options.SourceOptions`); never written anywhere.
 
     Raises:
         ValueError: a bad option, an output pattern without one ``%d``-style number or with another suffix,
@@ -201,6 +206,7 @@ def pack(
     spec = _Spec(
         pattern, out_index, _Options(compress, level, frame_size, resume), frozenset(e.lower() for e in exts) if exts is not None else None,
         key_test(keys), label, shuffle, seed, maxcount, maxsize, memory, Path(tmpdir) if tmpdir is not None else out_index.absolute().parent,
+        options,
     )  # fmt: skip
     run = _Runner(workers or os.cpu_count() or 1, executor, progress)
     if all(k == "shards" for k in kinds):
@@ -379,8 +385,11 @@ def _order(n: int, seed: int, numbers: np.ndarray | None = None) -> np.ndarray:
 def _pack_files(items: list[str], kinds: list[Any], spec: _Spec, run: _Runner) -> PackReport:
     inputs = _Entries()
     lists: list[list[Sample]] = []
+    rows = 0  # rows of CSV and JSON lines lists so far: keys by number go on from list to list
     for item, kind in zip(items, kinds):
-        found = samples_of(item, kind)
+        found = samples_of(item, kind, rows)
+        if kind in ("csv", "jsonl"):
+            rows += len(found)
         if kind == "folder":
             inputs.add_folder(item)
         else:
@@ -469,7 +478,7 @@ def _complete(path: str, opts: _Options, fill: Callable[[ShardOut], None], input
 
 
 def _pack_shards(items: list[str], spec: _Spec, run: _Runner) -> PackReport:
-    source_index, temporary = _input_index(items, spec.index, spec.work, run)
+    source_index, temporary = _input_index(items, spec, run)
     cache = spec.work / f".{spec.index.name}.zstd-cache"
     try:
         done = _from_index(source_index, spec, run, cache)
@@ -508,7 +517,7 @@ def _from_index(source_index: Path, spec: _Spec, run: _Runner, cache: Path) -> t
             return _shuffled(reader, spec, run, cache, inputs, threads)
         ranges = list(_ranges(reader, spec))
         reader.close()
-        jobs = [_ShardsJob(spec.pattern % k, str(source_index), str(cache), lo, hi, numbers, spec.exts, spec.opts) for k, (lo, hi, numbers) in enumerate(ranges)]
+        jobs = [_ShardsJob(spec.pattern % k, str(source_index), str(cache), lo, hi, numbers, spec.exts, spec.opts, spec.options) for k, (lo, hi, numbers) in enumerate(ranges)]
         run.total = sum(hi - lo if numbers is None else len(numbers) for lo, hi, numbers in ranges)
         for job in jobs:
             inputs.check(job.path)
@@ -518,7 +527,7 @@ def _from_index(source_index: Path, spec: _Spec, run: _Runner, cache: Path) -> t
         _close_datasets()
 
 
-def _input_index(items: list[str], out_index: Path, work: Path, run: _Runner) -> tuple[Path, bool]:
+def _input_index(items: list[str], spec: _Spec, run: _Runner) -> tuple[Path, bool]:
     """The index of the input shards: an index given as the source, the one beside the shards when it lists
     exactly them and each is unchanged, else one built for this pack in ``work`` (``True``: to remove when the
     pack is done).
@@ -528,13 +537,14 @@ def _input_index(items: list[str], out_index: Path, work: Path, run: _Runner) ->
     """
     if len(items) == 1 and items[0].endswith(INDEX_SUFFIX) and os.path.isfile(items[0]):
         return Path(items[0]), False
-    paths = expand_shards(items)
+    storage = dict(spec.options.storage_options) if spec.options is not None else {}
+    paths = expand_shards(items, storage_options=storage or None)
     if all(shard_kind(p) == "file" for p in paths):
         beside = default_index_path(paths)
         if beside.is_file() and _current(beside, paths):
             return beside, False
-    built = work / f".{out_index.name}.inputs{INDEX_SUFFIX}"
-    build_index(paths, index=built, workers=run.workers, executor=run.executor)
+    built = spec.work / f".{spec.index.name}.inputs{INDEX_SUFFIX}"
+    build_index(paths, index=built, workers=run.workers, executor=run.executor, options=spec.options)
     return built, True
 
 
@@ -647,11 +657,11 @@ def _range(pieces: list[np.ndarray]) -> tuple[int, int, np.ndarray | None]:
 _DATASETS: dict[tuple[str, str], TarDataset] = {}
 
 
-def _dataset(index: str, cache: str) -> TarDataset:
+def _dataset(index: str, cache: str, options: SourceOptions | None) -> TarDataset:
     """This process's dataset over the input index (zstd shards of large frames read through a cache in ``cache``)."""
     found = _DATASETS.get((index, cache))
     if found is None:
-        found = _DATASETS[(index, cache)] = TarDataset(index, zstd_cache_dir=cache)
+        found = _DATASETS[(index, cache)] = TarDataset(index, zstd_cache_dir=cache, options=options)
     return found
 
 
@@ -684,6 +694,7 @@ class _ShardsJob:
     numbers: np.ndarray | None
     exts: frozenset[str] | None
     opts: _Options
+    options: SourceOptions | None
 
     def sample_numbers(self) -> Iterable[int]:
         return self.numbers.tolist() if self.numbers is not None else range(self.lo, self.hi)
@@ -691,7 +702,7 @@ class _ShardsJob:
 
 def _shards_job(job: _ShardsJob) -> tuple[ShardInfo, ShardTable, bool]:
     """Write one shard of input samples (or keep the complete one an earlier run wrote)."""
-    ds = _dataset(job.index, job.cache)
+    ds = _dataset(job.index, job.cache, job.options)
     m = _members(ds.index, job.lo, job.hi, job.exts)
 
     def fill(out: ShardOut) -> None:
@@ -721,6 +732,7 @@ class _ScatterJob:
     seed: int
     buckets: int
     directory: str
+    options: SourceOptions | None
 
     def sample_numbers(self) -> list[int]:
         return self.numbers.tolist() if self.numbers is not None else list(range(self.lo, self.hi))
@@ -732,7 +744,7 @@ def _bucket_file(directory: str | Path, job: int, bucket: int) -> str:
 
 def _scatter_job(job: _ScatterJob) -> int:
     """Append the kept samples of a range of input samples to bucket files, by their order keys; returns the samples."""
-    ds = _dataset(job.index, job.cache)
+    ds = _dataset(job.index, job.cache, job.options)
     m = _members(ds.index, job.lo, job.hi, job.exts)
     numbers = job.sample_numbers()
     order = _order(0, job.seed, np.array(numbers, np.uint64))
@@ -808,7 +820,7 @@ def _shuffled(reader: IndexReader, spec: _Spec, run: _Runner, cache: Path, input
     directory = spec.work / f".{spec.index.name}.shuffle-{os.getpid()}"
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        jobs = [_ScatterJob(i, source, str(cache), lo, hi, numbers, spec.exts, spec.seed, buckets, str(directory)) for i, (lo, hi, numbers) in enumerate(ranges)]
+        jobs = [_ScatterJob(i, source, str(cache), lo, hi, numbers, spec.exts, spec.seed, buckets, str(directory), spec.options) for i, (lo, hi, numbers) in enumerate(ranges)]
         for _ in run.map(_scatter_job, jobs, threads=threads):
             pass
         gather = functools.partial(_gather, directory, buckets, len(jobs), spec, newest, inputs)

@@ -247,7 +247,7 @@ def test_lists_name_files_and_inline_text(tmp_path: Path) -> None:
     assert _samples(rows.index) == [
         ("first", {"jpg": b"A" * 700, "txt": b"a caption, with a comma", "cls": b"1"}),
         ("second", {"jpg": b"B" * 10, "cls": b"2"}),
-        ("000000000", {"jpg": b"C", "txt": "ünï".encode(), "json": b'{"w": 3}', "cls": b"7"}),
+        ("000000002", {"jpg": b"C", "txt": "ünï".encode(), "json": b'{"w": 3}', "cls": b"7"}),  # rows are numbered on across lists
         ("k/x", {"txt": b"A" * 700}),
     ]
     _same_index(rows.index, tarindex.build_index(rows.shards, index=tmp_path / "b.tarindex").path)
@@ -329,6 +329,24 @@ def test_gzip_and_url_shards_are_read_as_they_are_indexed(tmp_path: Path, impl: 
     remote = tarindex.pack(urls, str(tmp_path / "b" / "x-%d.tar"), workers=2)
     assert _digests(remote.shards) == _digests(plain.shards)
     assert not [p for p in os.listdir(tmp_path / "b") if p.startswith(".")]  # the index of the inputs is gone
+
+
+def test_object_store_shards_are_packed_in_threads(tmp_path: Path, impl: str, s3_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+
+    for name, value in [("AWS_ENDPOINT_URL", s3_server.endpoint), ("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_REGION", "us-east-1")]:
+        monkeypatch.setenv(name, value)
+    paths = [str(p) for p in make_shard_set(tmp_path / "in", n_shards=3, per=4)]
+    client = boto3.client("s3", endpoint_url=s3_server.endpoint, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    prefix = f"pack-{os.getpid()}-{impl}"
+    for p in paths:
+        client.upload_file(p, s3_server.bucket, f"{prefix}/{Path(p).name}")
+    local = tarindex.pack(paths, str(tmp_path / "a" / "x-%d.tar"), maxcount=5, workers=1)
+    remote = tarindex.pack(
+        f"s3://{s3_server.bucket}/{prefix}/train-*.tar", str(tmp_path / "b" / "x-%d.tar"), maxcount=5, workers=2,
+        options=tarindex.SourceOptions(retries=2), shuffle=False,
+    )  # fmt: skip
+    assert _digests(remote.shards) == _digests(local.shards) and len(remote.shards) == 3
 
 
 def test_an_index_given_as_the_source_and_filters(tmp_path: Path, impl: str) -> None:

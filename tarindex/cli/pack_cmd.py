@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import click
 
-from .build_cmd import _logged_warnings
+from .build_cmd import _headers, _logged_warnings, _storage_options
 
 # packing's defaults (a test keeps them equal): importing it here would import numpy for every --help
 DEFAULT_MAXCOUNT = 100_000
@@ -60,6 +61,14 @@ def _keys(ctx: click.Context, param: click.Parameter, value: str | None) -> froz
 @click.option("--frame-size", type=click.IntRange(1), default=8 << 10, show_default=True, metavar="BYTES", help="Uncompressed bytes per zstd frame (.tar.zst output).")
 @click.option("--no-resume", "no_resume", is_flag=True, help="Write every shard, even those an interrupted run of this pack completed.")
 @click.option("--tmpdir", type=click.Path(file_okay=False), default=None, help="Bucket files of --shuffle, index of input shards (default: the output's directory).")
+@click.option(
+    "-H", "--header", "headers", multiple=True, callback=_headers, metavar="'NAME: VALUE'",
+    help="An HTTP(S) request header for URL shards (repeatable). Never stored.",
+)
+@click.option(
+    "--storage-option", "storage_options", multiple=True, callback=_storage_options, metavar="KEY=VALUE",
+    help="An object-store or fsspec client option for URL shards (repeatable), as for build. Never stored.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def command(
     sources: tuple[str, ...],
@@ -78,6 +87,8 @@ def command(
     frame_size: int,
     no_resume: bool,
     tmpdir: str | None,
+    headers: dict[str, str],
+    storage_options: dict[str, Any],
     quiet: bool,
 ) -> None:
     """Pack SOURCES (directories, file lists, or shards) into indexed shards.
@@ -89,8 +100,10 @@ def command(
     index is written beside the shards; run again after an interruption, complete shards are kept.
     """
     from ..errors import TarIndexError
+    from ..options import SourceOptions
     from ..packing import pack
 
+    options = SourceOptions.given(None, storage_options=storage_options or None, headers=headers or None)
     show = not quiet and sys.stderr.isatty()
     bar: click._termui_impl.ProgressBar[int] | None = None  # made once the total is known
     start = time.monotonic()
@@ -114,7 +127,7 @@ def command(
             report = pack(
                 sources, output, index=index, maxcount=maxcount, maxsize=maxsize, workers=workers, exts=exts, keys=keys,
                 label=label, shuffle=shuffle, seed=seed, memory=memory, level=level, frame_size=frame_size,
-                resume=not no_resume, progress=progress, tmpdir=tmpdir,
+                resume=not no_resume, progress=progress, tmpdir=tmpdir, options=options,
             )  # fmt: skip
     except ValueError as exc:
         if isinstance(exc, TarIndexError):  # bad data: one line, exit 1 (cli/main.py)
