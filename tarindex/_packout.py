@@ -49,6 +49,9 @@ class FileMember:
     def __repr__(self) -> str:
         return f"FileMember({self.path!r}, {self.size})"
 
+    def __reduce__(self) -> tuple[type[FileMember], tuple[str, int]]:  # the class and its two fields: jobs carry thousands
+        return (FileMember, (self.path, self.size))
+
 
 Data = bytes | memoryview | FileMember
 """A member's bytes, or the file that holds them."""

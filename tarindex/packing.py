@@ -254,6 +254,10 @@ class _Runner:
         self.total = 0
         """Samples the pack writes, once known."""
 
+    def forks(self) -> bool:
+        """Whether jobs run here or in processes forked from here (which see this process's memory as it was)."""
+        return self.executor is None and (self.workers == 1 or "fork" in multiprocessing.get_all_start_methods())
+
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any], *, threads: bool = False) -> Iterator[Any]:
         with contextlib.ExitStack() as stack:
             executor = self.executor
@@ -345,8 +349,18 @@ class _Entries:
 @dataclasses.dataclass(frozen=True)
 class _FilesJob:
     path: str
-    samples: list[Sample]
+    samples: list[Sample] | None
+    """The shard's samples; ``None``: ``_SAMPLES[lo:hi]``, inherited from the parent (local processes are forked)."""
+    lo: int
+    hi: int
     opts: _Options
+
+    def own_samples(self) -> list[Sample]:
+        return self.samples if self.samples is not None else _SAMPLES[self.lo : self.hi]
+
+
+_SAMPLES: list[Sample] = []
+"""The samples of the pack in progress, for jobs run here or in processes forked from here (not pickled)."""
 
 
 def _sample_bytes(key: str, members: Sequence[tuple[str, Any]]) -> int:
@@ -411,29 +425,35 @@ def _pack_files(items: list[str], kinds: list[Any], spec: _Spec, run: _Runner) -
         order = np.argsort(_order(len(samples), spec.seed), kind="stable")
         samples = [samples[i] for i in order.tolist()]
     cutter = _Cutter(spec.maxcount, spec.maxsize)
-    chunks: list[list[Sample]] = []
-    for sample in samples:
-        if cutter.starts_shard(_sample_bytes(*sample)):
-            chunks.append([])
-        chunks[-1].append(sample)
-    jobs = [_FilesJob(spec.pattern % k, chunk, spec.opts) for k, chunk in enumerate(chunks)]
+    cuts = [i for i, sample in enumerate(samples) if cutter.starts_shard(_sample_bytes(*sample))] + [len(samples)]
+    inherit = run.forks()  # a job then names its slice of the samples instead of carrying them
+    jobs = [
+        _FilesJob(spec.pattern % k, None if inherit else samples[lo:hi], lo, hi, spec.opts) for k, (lo, hi) in enumerate(zip(cuts, cuts[1:]))
+    ]
     run.total = len(samples)
     for job in jobs:
         inputs.check(job.path)
     inputs.check(str(spec.index))
-    done = _written(run.map(_files_job, jobs), spec.index, run, spec.pattern)
+    global _SAMPLES
+    _SAMPLES = samples
+    try:
+        done = _written(run.map(_files_job, jobs), spec.index, run, spec.pattern)
+    finally:
+        _SAMPLES = []
     return _report(spec.index, done, classes)
 
 
 def _files_job(job: _FilesJob) -> tuple[ShardInfo, ShardTable, bool]:
     """Write one shard of files and inline members (or keep the complete one an earlier run wrote)."""
 
+    samples = job.own_samples()
+
     def fill(out: ShardOut) -> None:
-        for key, members in job.samples:
+        for key, members in samples:
             out.add(key, members)
 
     def inputs() -> int:
-        return newest_mtime([data.path for _, members in job.samples for _, data in members if isinstance(data, FileMember)])
+        return newest_mtime([data.path for _, members in samples for _, data in members if isinstance(data, FileMember)])
 
     return _write_shard(job.path, job.opts, fill, inputs)
 
