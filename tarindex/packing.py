@@ -35,8 +35,9 @@ from ._split import stream_key
 from ._tarwrite import BLOCK, header_size, padding
 from .build import _die_with_parent, build_index
 from .dataset import TarDataset
-from .errors import PackError, TarIndexError
-from .identity import current_info
+from .errors import CorruptArchiveError, PackError, ShardNotFoundError, TarIndexError
+from .grouping import iter_samples
+from .identity import check_shard, current_info
 from .index.merge import placed, relative_path
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
@@ -44,7 +45,7 @@ from .objstore import is_object_url
 from .opener import shard_name
 from .options import SourceOptions
 from .sampler import _mix
-from .scan import scan_shard
+from .scan import iter_archive, scan_shard
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, shard_kind
 from .tables import ShardInfo, ShardTable
 
@@ -61,6 +62,7 @@ DEFAULT_MEMORY = 256 << 20
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _RECORD = struct.Struct("<QQIIQ")  # bucket record: order key, input sample, metadata bytes, members, data bytes
 _BUCKET_BUFFER = 64 << 10  # write buffer of each bucket file of a scatter job
+_STREAM_READ = 1 << 20  # bytes a read of a compressed shard decompressed in one pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -603,6 +605,8 @@ class _Members:
     """bool per member: kept by the extension filter."""
     nbytes: np.ndarray
     """int64 per sample: bytes in an output shard (0: no member kept)."""
+    offsets: np.ndarray
+    """uint64 per sample: offset of its first header in its (decompressed) shard."""
 
 
 def _members(reader: IndexReader, lo: int, hi: int, exts: frozenset[str] | None) -> _Members:
@@ -627,7 +631,7 @@ def _members(reader: IndexReader, lo: int, hi: int, exts: frozenset[str] | None)
         head[k] = header_size(f"{keys[owner[k]]}.{member_exts[k]}", int(sizes[k]))
     per_member = np.where(kept, head + ((sizes + (BLOCK - 1)) & ~np.int64(BLOCK - 1)), 0)
     nbytes = np.add.reduceat(per_member, starts[:-1]) if len(keys) else np.zeros(0, np.int64)
-    return _Members(lo, keys, starts, member_exts, sizes, kept, nbytes)
+    return _Members(lo, keys, starts, member_exts, sizes, kept, nbytes, cols.offset)
 
 
 def _kept(m: _Members, keys: Callable[[str], bool] | None) -> np.ndarray:
@@ -692,16 +696,66 @@ def _close_datasets() -> None:
 
 
 def _input_samples(ds: TarDataset | None, m: _Members, numbers: Iterable[int]) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
-    """Input samples as ``(key, kept members)``: their bytes read from ``ds``, or, without one, their sizes."""
-    for n in numbers:
-        j = n - m.lo
-        sample = ds.read(n) if ds is not None else None
-        members: list[tuple[str, Any]] = []
-        for k in range(int(m.starts[j]), int(m.starts[j + 1])):
-            if m.kept[k]:
-                ext = m.exts[k]
-                members.append((ext, sample[ext] if sample is not None else FileMember("", int(m.sizes[k]))))
-        yield m.keys[j], members
+    """Input samples (ascending numbers) as ``(key, kept members)``: their bytes read from ``ds`` (a local gzip
+    shard decompressed in one pass: its samples one by one would each inflate from a seek point), or, without
+    ``ds``, their sizes."""
+    if ds is None:
+        for n in numbers:
+            yield _kept_members(m, n, None)
+        return
+    starts = ds.index.shard_starts()
+    wanted = list(numbers)
+    i = 0
+    while i < len(wanted):
+        shard = int(np.searchsorted(starts, wanted[i], side="right")) - 1
+        j = int(np.searchsorted(wanted, int(starts[shard + 1])))  # the wanted samples of this shard: wanted[i:j]
+        info = ds.index.shards[shard]
+        if info.compression == "gzip" and info.kind == "file":
+            yield from _streamed(ds, shard, info, m, wanted[i:j])
+        else:
+            for n in wanted[i:j]:
+                yield _kept_members(m, n, ds.read(n))
+        i = j
+
+
+def _kept_members(m: _Members, n: int, sample: dict[str, Any] | None) -> tuple[str, list[tuple[str, Any]]]:
+    """Sample ``n``'s key and kept members: bytes from ``sample``, or (without one) sizes."""
+    j = n - m.lo
+    members: list[tuple[str, Any]] = []
+    for k in range(int(m.starts[j]), int(m.starts[j + 1])):
+        if m.kept[k]:
+            ext = m.exts[k]
+            members.append((ext, sample[ext] if sample is not None else FileMember("", int(m.sizes[k]))))
+    return m.keys[j], members
+
+
+def _streamed(ds: TarDataset, shard: int, info: ShardInfo, m: _Members, numbers: list[int]) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
+    """Samples ``numbers`` of a local compressed shard, decompressed from its start in one pass (checked against
+    its index record first, as a read would be), found by their offsets.
+
+    Raises:
+        StaleIndexError: the shard changed since it was indexed.
+        ShardNotFoundError: the shard is missing.
+    """
+    path = shard_name(ds.index.path, info)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError as exc:
+        raise ShardNotFoundError(f"{path}: shard named by {ds.index.path} is missing") from exc
+    try:
+        check_shard(path, fd, info)
+        at = {int(m.offsets[n - m.lo]): n for n in numbers}
+        chunks = iter(functools.partial(os.read, fd, _STREAM_READ), b"")
+        for offset, sample in iter_samples(iter_archive(chunks, path), path):
+            n = at.pop(offset, None)
+            if n is not None:
+                yield _kept_members(m, n, sample)
+                if not at:
+                    return
+        if at:
+            raise CorruptArchiveError(path, min(at), "the shard ends before a sample its index lists; rebuild the index")
+    finally:
+        os.close(fd)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -321,6 +321,15 @@ def test_gzip_and_url_shards_are_read_as_they_are_indexed(tmp_path: Path, impl: 
         gz.append(p + ".gz")
     plain = tarindex.pack(gz, str(tmp_path / "a" / "x-%d.tar"), workers=1)
     assert _samples(plain.index) == expected
+    # output shards that start inside an input shard: each gzip shard decompressed from its start, the samples found
+    cut = tarindex.pack(gz, str(tmp_path / "c" / "x-%d.tar"), maxcount=3, exts={"txt", "bin"}, keys=lambda k: k != "s01i002", workers=2)
+    same = tarindex.pack(paths, str(tmp_path / "d" / "x-%d.tar"), maxcount=3, exts={"txt", "bin"}, keys=lambda k: k != "s01i002", workers=1)
+    assert _digests(cut.shards) == _digests(same.shards) and len(cut.shards) == 4
+    index = tarindex.build_index(gz, index=tmp_path / "gz.tarindex").path
+    with open(gz[2], "ab") as f:
+        f.write(b"\0" * 512)
+    with pytest.raises(tarindex.StaleIndexError, match=r"train-000002\.tar\.gz: shard changed since it was indexed"):
+        tarindex.pack(index, str(tmp_path / "e" / "x-%d.tar"), workers=1)
     served = http_server.root / f"pack-{os.getpid()}-{impl}"
     served.mkdir()
     for p in paths:
