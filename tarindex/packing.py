@@ -539,7 +539,7 @@ def _from_index(source_index: Path, spec: _Spec, run: _Runner, cache: Path) -> t
             return _shuffled(reader, spec, run, cache, inputs, threads)
         ranges = list(_ranges(reader, spec))
         reader.close()
-        jobs = [_ShardsJob(spec.pattern % k, str(source_index), str(cache), lo, hi, numbers, spec.exts, spec.opts, spec.options) for k, (lo, hi, numbers) in enumerate(ranges)]
+        jobs = [_ShardsJob(str(source_index), str(cache), spec.options, lo, hi, numbers, spec.exts, path=spec.pattern % k, opts=spec.opts) for k, (lo, hi, numbers) in enumerate(ranges)]
         run.total = sum(hi - lo if numbers is None else len(numbers) for lo, hi, numbers in ranges)
         for job in jobs:
             inputs.check(job.path)
@@ -759,25 +759,35 @@ def _streamed(ds: TarDataset, shard: int, info: ShardInfo, m: _Members, numbers:
 
 
 @dataclasses.dataclass(frozen=True)
-class _ShardsJob:
-    path: str
+class _InputRange:
+    """Input samples ``lo..hi`` of an index (those in ``numbers`` when a filter drops some) and how to read them."""
+
     index: str
     cache: str
+    options: SourceOptions | None
     lo: int
     hi: int
     numbers: np.ndarray | None
     exts: frozenset[str] | None
-    opts: _Options
-    options: SourceOptions | None
 
-    def sample_numbers(self) -> Iterable[int]:
-        return self.numbers.tolist() if self.numbers is not None else range(self.lo, self.hi)
+    def sample_numbers(self) -> list[int]:
+        return self.numbers.tolist() if self.numbers is not None else list(range(self.lo, self.hi))
+
+    def open(self) -> tuple[TarDataset, _Members]:
+        """This process's dataset over the index, and the records of the range."""
+        ds = _dataset(self.index, self.cache, self.options)
+        return ds, _members(ds.index, self.lo, self.hi, self.exts)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShardsJob(_InputRange):
+    path: str
+    opts: _Options
 
 
 def _shards_job(job: _ShardsJob) -> tuple[ShardInfo, ShardTable, bool]:
     """Write one shard of input samples (or keep the complete one an earlier run wrote)."""
-    ds = _dataset(job.index, job.cache, job.options)
-    m = _members(ds.index, job.lo, job.hi, job.exts)
+    ds, m = job.open()
 
     def fill(out: ShardOut) -> None:
         for key, members in _input_samples(ds if out.path is not None else None, m, job.sample_numbers()):
@@ -795,21 +805,11 @@ def _shards_job(job: _ShardsJob) -> tuple[ShardInfo, ShardTable, bool]:
 
 
 @dataclasses.dataclass(frozen=True)
-class _ScatterJob:
+class _ScatterJob(_InputRange):
     number: int
-    index: str
-    cache: str
-    lo: int
-    hi: int
-    numbers: np.ndarray | None
-    exts: frozenset[str] | None
     seed: int
     buckets: int
     directory: str
-    options: SourceOptions | None
-
-    def sample_numbers(self) -> list[int]:
-        return self.numbers.tolist() if self.numbers is not None else list(range(self.lo, self.hi))
 
 
 def _bucket_file(directory: str | Path, job: int, bucket: int) -> str:
@@ -818,8 +818,7 @@ def _bucket_file(directory: str | Path, job: int, bucket: int) -> str:
 
 def _scatter_job(job: _ScatterJob) -> int:
     """Append the kept samples of a range of input samples to bucket files, by their order keys; returns the samples."""
-    ds = _dataset(job.index, job.cache, job.options)
-    m = _members(ds.index, job.lo, job.hi, job.exts)
+    ds, m = job.open()
     numbers = job.sample_numbers()
     order = _order(0, job.seed, np.array(numbers, np.uint64))
     buckets = ((order >> np.uint64(32)) * np.uint64(job.buckets)) >> np.uint64(32)  # ranges of keys, in key order
@@ -894,7 +893,7 @@ def _shuffled(reader: IndexReader, spec: _Spec, run: _Runner, cache: Path, input
     directory = spec.work / f".{spec.index.name}.shuffle-{os.getpid()}"
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        jobs = [_ScatterJob(i, source, str(cache), lo, hi, numbers, spec.exts, spec.seed, buckets, str(directory), spec.options) for i, (lo, hi, numbers) in enumerate(ranges)]
+        jobs = [_ScatterJob(source, str(cache), spec.options, lo, hi, numbers, spec.exts, number=i, seed=spec.seed, buckets=buckets, directory=str(directory)) for i, (lo, hi, numbers) in enumerate(ranges)]
         for _ in run.map(_scatter_job, jobs, threads=threads):
             pass
         gather = functools.partial(_gather, directory, buckets, len(jobs), spec, newest, inputs)
