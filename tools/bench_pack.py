@@ -3,8 +3,12 @@
 - a folder of the JPEG set's files (20,000 samples of .jpg/.cls/.json, ~1 GB, extracted once from the set's
   shards) packed into 20 plain shards with their index, beside ``tar -cf`` of the same folder (one sequential
   copy: the physical limit), litdata's ``optimize`` and Mosaic's ``MDSWriter`` writing the same files, in
-  alternated rounds (best of ``--rounds``); litdata and Mosaic run where they are installed (the ``bench`` extra;
-  mosaicml-streaming pins numpy below 2.2, so a separate environment is the safe place for it);
+  alternated rounds (best of ``--rounds``); litdata and Mosaic run where they are installed. They are not in the
+  ``bench`` extra: mosaicml-streaming pins numpy below 2.2 and both pull a torchvision whose wheel is a CUDA build
+  that does not load beside the CPU torch (and ``import streaming`` imports torchvision). The figures in
+  docs/performance.md come from a separate virtual environment over this one's packages (a ``.pth`` naming them),
+  ``pip install -c constraints.txt litdata mosaicml-streaming`` there, torchvision replaced by an empty stand-in
+  package (``MDSWriter`` does not use it);
 - the JPEG set's 20 shards resharded into 7 seekable zstd shards, beside ``tarindex compress`` of the same 20
   shards, both in one process and with a process per core;
 - the 1 KB set (200,000 samples) shuffled into shards with 64 MB of memory: peak resident memory of the process;
