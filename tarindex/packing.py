@@ -63,6 +63,7 @@ _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _RECORD = struct.Struct("<QQIIQ")  # bucket record: order key, input sample, metadata bytes, members, data bytes
 _BUCKET_BUFFER = 64 << 10  # write buffer of each bucket file of a scatter job
 _STREAM_READ = 1 << 20  # bytes a read of a compressed shard decompressed in one pass
+_SCATTER_SAMPLES = 1 << 20  # input samples a scatter job reads at most (their records are held while it runs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -879,13 +880,13 @@ class _Restart(Exception):
 def _shuffled(reader: IndexReader, spec: _Spec, run: _Runner, cache: Path, inputs: _Entries, threads: bool) -> tuple[list[str], list[str], int, int]:
     """Scatter the input samples into bucket files by a random key (jobs in parallel), then gather the buckets in
     key order, one at a time, into the shards (here)."""
-    ranges: list[tuple[int, int, np.ndarray | None]] = []
+    shards: list[tuple[int, int, np.ndarray]] = []
     total = 0
     for m, numbers in _input_shards(reader, spec):
-        lo, hi = m.lo, m.lo + len(m.keys)
         total += int(m.sizes[m.kept].sum()) + 64 * len(numbers)
         run.total += len(numbers)
-        ranges.append((lo, hi, None if len(numbers) == hi - lo else numbers))
+        shards.append((m.lo, m.lo + len(m.keys), numbers))
+    ranges = _scatter_ranges(shards, max(2 * run.workers, -(-run.total // _SCATTER_SAMPLES)))
     newest = max((info.mtime_ns for info in reader.shards), default=0)
     source = str(reader.path)
     buckets = max(1, -(-total // max(1, spec.memory // 4)))  # a bucket holds a quarter of the memory, on average
@@ -904,6 +905,25 @@ def _shuffled(reader: IndexReader, spec: _Spec, run: _Runner, cache: Path, input
             return _written(gather(resume=False), spec.index, run, spec.pattern)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _scatter_ranges(shards: list[tuple[int, int, np.ndarray]], jobs: int) -> list[tuple[int, int, np.ndarray | None]]:
+    """Consecutive input shards (their range and kept samples) grouped into about ``jobs`` scatter jobs of similar
+    sample counts: the bucket files are jobs x buckets, whatever the number of input shards."""
+    kept = sum(len(numbers) for _, _, numbers in shards)
+    per = max(1, -(-kept // max(1, jobs)))
+    out: list[tuple[int, int, np.ndarray | None]] = []
+    group: list[tuple[int, int, np.ndarray]] = []
+    count = 0
+    for shard in shards:
+        group.append(shard)
+        count += len(shard[2])
+        if count >= per or shard is shards[-1]:
+            lo, hi = group[0][0], group[-1][1]
+            numbers = np.concatenate([g[2] for g in group])
+            out.append((lo, hi, None if len(numbers) == hi - lo else numbers))
+            group, count = [], 0
+    return out
 
 
 def _remove_stale_buckets(work: Path, out_index: Path) -> None:
