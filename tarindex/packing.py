@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import struct
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
@@ -63,7 +64,9 @@ _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _RECORD = struct.Struct("<QQIIQ")  # bucket record: order key, input sample, metadata bytes, members, data bytes
 _BUCKET_BUFFER = 64 << 10  # write buffer of each bucket file of a scatter job
 _STREAM_READ = 1 << 20  # bytes a read of a compressed shard decompressed in one pass
-_SCATTER_SAMPLES = 1 << 20  # input samples a scatter job reads at most (their records are held while it runs)
+_SCATTER_SAMPLES = 1 << 22  # input samples of a scatter job at most (the numbers of those a filter keeps are held)
+_OPEN_BUCKETS = 256  # bucket files a scatter job keeps open
+_SCATTER_JOBS = 64  # scatter jobs of a shuffle (input shards grouped beyond): bucket files are jobs x buckets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -811,6 +814,8 @@ class _ScatterJob(_InputRange):
     seed: int
     buckets: int
     directory: str
+    buffer: int
+    """Write buffer of each open bucket file (all of them together a small part of the memory bound)."""
 
 
 def _bucket_file(directory: str | Path, job: int, bucket: int) -> str:
@@ -818,28 +823,59 @@ def _bucket_file(directory: str | Path, job: int, bucket: int) -> str:
 
 
 def _scatter_job(job: _ScatterJob) -> int:
-    """Append the kept samples of a range of input samples to bucket files, by their order keys; returns the samples."""
-    ds, m = job.open()
-    numbers = job.sample_numbers()
-    order = _order(0, job.seed, np.array(numbers, np.uint64))
-    buckets = ((order >> np.uint64(32)) * np.uint64(job.buckets)) >> np.uint64(32)  # ranges of keys, in key order
-    files: dict[int, Any] = {}
+    """Append the kept samples of a range of input samples to bucket files, by their order keys, one input shard's
+    records at a time; returns the samples."""
+    ds = _dataset(job.index, job.cache, job.options)
+    starts = ds.index.shard_starts()
+    wanted = np.array(job.sample_numbers(), np.int64)
+    files = _BucketFiles(job.directory, job.number, job.buffer)
     try:
-        for (key, members), r, b, n in zip(_input_samples(ds, m, numbers), order.tolist(), buckets.tolist(), numbers):
-            f = files.get(b)
-            if f is None:
-                f = files[b] = open(_bucket_file(job.directory, job.number, b), "wb", buffering=_BUCKET_BUFFER)  # noqa: SIM115 - closed below
-            meta = "\0".join([key, *(ext for ext, _ in members)]).encode("utf-8", "surrogateescape")
-            sizes = [len(data) for _, data in members]
-            f.write(_RECORD.pack(r, n, len(meta), len(members), sum(sizes)))
-            f.write(meta)
-            f.write(struct.pack(f"<{len(sizes)}Q", *sizes))
-            for _, data in members:
-                f.write(data)
+        first = int(np.searchsorted(starts, job.lo, side="right")) - 1
+        for shard in range(first, len(starts) - 1):
+            a, b = max(job.lo, int(starts[shard])), min(job.hi, int(starts[shard + 1]))
+            if a >= job.hi:
+                break
+            numbers = wanted[np.searchsorted(wanted, a) : np.searchsorted(wanted, b)]
+            if not len(numbers):
+                continue
+            m = _members(ds.index, a, b, job.exts)
+            order = _order(0, job.seed, numbers)
+            buckets = ((order >> np.uint64(32)) * np.uint64(job.buckets)) >> np.uint64(32)  # ranges of keys, in key order
+            for (key, members), r, bucket, n in zip(_input_samples(ds, m, numbers.tolist()), order.tolist(), buckets.tolist(), numbers.tolist()):
+                meta = "\0".join([key, *(ext for ext, _ in members)]).encode("utf-8", "surrogateescape")
+                sizes = [len(data) for _, data in members]
+                f = files.get(bucket)
+                f.write(_RECORD.pack(r, n, len(meta), len(members), sum(sizes)))
+                f.write(meta)
+                f.write(struct.pack(f"<{len(sizes)}Q", *sizes))
+                for _, data in members:
+                    f.write(data)
     finally:
-        for f in files.values():
+        files.close()
+    return len(wanted)
+
+
+class _BucketFiles:
+    """A scatter job's bucket files, at most ``_OPEN_BUCKETS`` open at a time (the rest reopened to append)."""
+
+    def __init__(self, directory: str, job: int, buffer: int) -> None:
+        self.directory, self.job, self.buffer = directory, job, buffer
+        self.open: OrderedDict[int, Any] = OrderedDict()
+
+    def get(self, bucket: int) -> Any:
+        f = self.open.get(bucket)
+        if f is not None:
+            self.open.move_to_end(bucket)
+            return f
+        if len(self.open) >= _OPEN_BUCKETS:
+            self.open.popitem(last=False)[1].close()
+        f = self.open[bucket] = open(_bucket_file(self.directory, self.job, bucket), "ab", buffering=self.buffer)  # noqa: SIM115 - closed by close()
+        return f
+
+    def close(self) -> None:
+        for f in self.open.values():
             f.close()
-    return len(numbers)
+        self.open.clear()
 
 
 def _gathered(directory: Path, buckets: int, jobs: int) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
@@ -886,7 +922,7 @@ def _shuffled(reader: IndexReader, spec: _Spec, run: _Runner, cache: Path, input
         total += int(m.sizes[m.kept].sum()) + 64 * len(numbers)
         run.total += len(numbers)
         shards.append((m.lo, m.lo + len(m.keys), numbers))
-    ranges = _scatter_ranges(shards, max(2 * run.workers, -(-run.total // _SCATTER_SAMPLES)))
+    ranges = _scatter_ranges(shards, max(min(len(shards), _SCATTER_JOBS), 2 * run.workers, -(-run.total // _SCATTER_SAMPLES)))
     newest = max((info.mtime_ns for info in reader.shards), default=0)
     source = str(reader.path)
     buckets = max(1, -(-total // max(1, spec.memory // 4)))  # a bucket holds a quarter of the memory, on average
@@ -894,7 +930,10 @@ def _shuffled(reader: IndexReader, spec: _Spec, run: _Runner, cache: Path, input
     directory = spec.work / f".{spec.index.name}.shuffle-{os.getpid()}"
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        jobs = [_ScatterJob(source, str(cache), spec.options, lo, hi, numbers, spec.exts, number=i, seed=spec.seed, buckets=buckets, directory=str(directory)) for i, (lo, hi, numbers) in enumerate(ranges)]
+        jobs = [_ScatterJob(
+                source, str(cache), spec.options, lo, hi, numbers, spec.exts, number=i, seed=spec.seed, buckets=buckets, directory=str(directory),
+                buffer=max(4096, min(_BUCKET_BUFFER, spec.memory // (8 * min(buckets, _OPEN_BUCKETS)))),
+            ) for i, (lo, hi, numbers) in enumerate(ranges)]
         for _ in run.map(_scatter_job, jobs, threads=threads):
             pass
         gather = functools.partial(_gather, directory, buckets, len(jobs), spec, newest, inputs)
@@ -909,7 +948,7 @@ def _shuffled(reader: IndexReader, spec: _Spec, run: _Runner, cache: Path, input
 
 def _scatter_ranges(shards: list[tuple[int, int, np.ndarray]], jobs: int) -> list[tuple[int, int, np.ndarray | None]]:
     """Consecutive input shards (their range and kept samples) grouped into about ``jobs`` scatter jobs of similar
-    sample counts: the bucket files are jobs x buckets, whatever the number of input shards."""
+    sample counts: the bucket files are jobs x buckets, however many input shards there are."""
     kept = sum(len(numbers) for _, _, numbers in shards)
     per = max(1, -(-kept // max(1, jobs)))
     out: list[tuple[int, int, np.ndarray | None]] = []

@@ -387,11 +387,14 @@ def test_a_damaged_input_shard_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("suffix", [".tar", ".tar.zst"])
-def test_the_external_shuffle_is_a_seeded_permutation_whatever_its_memory(tmp_path: Path, impl: str, suffix: str) -> None:
+def test_the_external_shuffle_is_a_seeded_permutation_whatever_its_memory(tmp_path: Path, impl: str, suffix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     paths = _input_sets(tmp_path / "in")
     expected = _expected(paths)
     small = tarindex.pack(paths, str(tmp_path / "a" / f"s-%02d{suffix}"), shuffle=True, seed=5, memory=2000, maxcount=6, workers=2)
     large = tarindex.pack(paths, str(tmp_path / "b" / f"s-%02d{suffix}"), shuffle=True, seed=5, memory=1 << 30, maxcount=6, workers=1)
+    monkeypatch.setattr(tarindex.packing, "_SCATTER_JOBS", 1)  # the 5 input shards read by 2 jobs (2 x workers)
+    grouped = tarindex.pack(paths, str(tmp_path / "g" / f"s-%02d{suffix}"), shuffle=True, seed=5, memory=3000, maxcount=6, workers=1)
+    assert _digests(grouped.shards) == _digests(large.shards)
     other = tarindex.pack(paths, str(tmp_path / "c" / f"s-%02d{suffix}"), shuffle=True, seed=6, maxcount=6)
     got = _samples(small.index)
     assert sorted(got) == sorted(expected) and got != expected
