@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import struct
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
@@ -683,14 +684,16 @@ def _range(pieces: list[np.ndarray]) -> tuple[int, int, np.ndarray | None]:
 
 
 _DATASETS: dict[tuple[str, str], TarDataset] = {}
+_DATASETS_LOCK = threading.Lock()  # jobs on threads (object-store inputs) share one dataset: LMDB opens a file once a process
 
 
 def _dataset(index: str, cache: str, options: SourceOptions | None) -> TarDataset:
     """This process's dataset over the input index (zstd shards of large frames read through a cache in ``cache``)."""
-    found = _DATASETS.get((index, cache))
-    if found is None:
-        found = _DATASETS[(index, cache)] = TarDataset(index, zstd_cache_dir=cache, options=options)
-    return found
+    with _DATASETS_LOCK:
+        found = _DATASETS.get((index, cache))
+        if found is None:
+            found = _DATASETS[(index, cache)] = TarDataset(index, zstd_cache_dir=cache, options=options)
+        return found
 
 
 def _close_datasets() -> None:
