@@ -22,13 +22,16 @@ from .errors import (
     DecompressionLimitError,
     DescriptorLimitError,
     DuplicateMemberError,
+    ExportError,
     IndexChangedError,
     IndexFormatError,
     IndexNotFoundError,
+    ListError,
     NotRegularFileError,
     OptionError,
     OptionTypeError,
     OverwriteError,
+    PackError,
     PatternError,
     RandomAccessError,
     SampleNotFoundError,
@@ -48,9 +51,11 @@ if TYPE_CHECKING:
     from ._state import stream_states
     from .build import BuildReport, build_index, merge_indexes
     from .dataset import TarDataset
+    from .export import export_dali, export_wids
     from .index.reader import IndexReader
     from .mixing import Mix, mix
     from .options import SourceOptions
+    from .packing import PackReport, pack
     from .sampler import MixSampler, ShardSampler
     from .shard_writer import ShardWriter, compress_shard
     from .stream import TarStream
@@ -68,16 +73,20 @@ __all__ = [
     "DecompressionLimitError",
     "DescriptorLimitError",
     "DuplicateMemberError",
+    "ExportError",
     "IndexChangedError",
     "IndexFormatError",
     "IndexNotFoundError",
     "IndexReader",
+    "ListError",
     "Mix",
     "MixSampler",
     "NotRegularFileError",
     "OptionError",
     "OptionTypeError",
     "OverwriteError",
+    "PackError",
+    "PackReport",
     "PatternError",
     "RandomAccessError",
     "SampleNotFoundError",
@@ -100,8 +109,11 @@ __all__ = [
     "__version__",
     "build_index",
     "compress_shard",
+    "export_dali",
+    "export_wids",
     "merge_indexes",
     "mix",
+    "pack",
     "stream_states",
     "verify_index",
 ]
@@ -124,6 +136,10 @@ _LAZY = {
     "stream_states": "_state",
     "Mix": "mixing",  # imports torch; the module is not named `mix`, so that `tarindex.mix` stays the function
     "mix": "mixing",
+    "export_dali": "export",
+    "export_wids": "export",
+    "PackReport": "packing",
+    "pack": "packing",  # the module is not named `pack`, so that `tarindex.pack` stays the function
 }
 """Public names imported on first use, so that ``import tarindex`` (and the CLI's ``--help``) imports
 neither numpy, lmdb nor torch."""

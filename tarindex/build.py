@@ -172,20 +172,37 @@ def _scanned(
     )
     with ExitStack() as stack:
         if executor is None and workers > 1 and len(shards) > 1:
-            methods = multiprocessing.get_all_start_methods()
-            ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-            pool: Executor
-            if any(is_object_url(s) for s in shards):  # network-bound; and obstore's runtime does not survive fork
-                pool = ThreadPoolExecutor(max_workers=min(workers, len(shards)), thread_name_prefix="tarindex-scan")
-            else:
-                pool = ProcessPoolExecutor(max_workers=min(workers, len(shards)), mp_context=ctx, initializer=_scan_worker)
-            executor = stack.enter_context(_stopped_on_error(pool))
-        with _sigint_blocked():  # the workers start here: none may see a Ctrl-C before it ignores them
-            results = executor.map(scan, shards) if executor is not None else map(scan, shards)
+            threads = any(is_object_url(s) for s in shards)  # network-bound; and obstore's runtime does not survive fork
+            executor = stack.enter_context(worker_pool(min(workers, len(shards)), threads=threads, name="tarindex-scan"))
+        results = mapped(executor, scan, shards)
         for result in results:
             if progress:  # before handing it out: the last shard's count must not wait for a next() that never comes
                 progress(1)
             yield result
+
+
+@contextlib.contextmanager
+def worker_pool(n: int, *, threads: bool = False, name: str = "tarindex") -> Iterator[Executor]:
+    """``n`` workers for a build or a pack: threads, or processes (forked where the system can) that ignore
+    Ctrl-C and die with this process (:func:`_scan_worker`); on an error or interruption the queued jobs are
+    cancelled and the processes killed at once (:func:`_stopped_on_error`)."""
+    pool: Executor
+    if threads:
+        pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix=name)
+    else:
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_scan_worker)
+    with _stopped_on_error(pool) as running:
+        yield running
+
+
+def mapped(executor: Executor | None, fn: Callable[[Any], Any], jobs: Iterable[Any]) -> Iterator[Any]:
+    """``fn`` over ``jobs`` in order, on ``executor`` (its workers started with SIGINT held back) or here."""
+    if executor is None:
+        return map(fn, jobs)
+    with _sigint_blocked():  # the workers start here: none may see a Ctrl-C before it ignores them
+        return executor.map(fn, jobs)
 
 
 @contextlib.contextmanager

@@ -14,13 +14,16 @@ __all__ = [
     "DecompressionLimitError",
     "DescriptorLimitError",
     "DuplicateMemberError",
+    "ExportError",
     "IndexChangedError",
     "IndexFormatError",
     "IndexNotFoundError",
+    "ListError",
     "NotRegularFileError",
     "OptionError",
     "OptionTypeError",
     "OverwriteError",
+    "PackError",
     "PatternError",
     "RandomAccessError",
     "SampleNotFoundError",
@@ -191,6 +194,22 @@ class DescriptorLimitError(TarIndexError, OSError):
 
 class PatternError(TarIndexError, ValueError):
     """A shard pattern cannot be expanded: unbalanced or unexpanded braces, a missing ``${VAR}``, an empty name."""
+
+
+class ExportError(_OfShard, ValueError):
+    """An index cannot be written in another loader's format: a compressed shard (DALI and wids read plain tar
+    files), a name DALI's index format cannot hold, a shard without samples; ``.path`` is the shard."""
+
+
+class ListError(_OfShard, ValueError):
+    """A list file cannot be used: a ``pack`` file list (text, CSV, JSON lines) or a wids shard list whose
+    line or entry does not parse, names a missing field, or names a command; ``.path`` is the list, ``.what``
+    says which line or entry and why."""
+
+
+class PackError(_OfShard, ValueError):
+    """``pack`` cannot use an input or an output: a file that cannot be read or changed while it was packed,
+    two files that would be one member, an output that names an input; ``.path`` is the file."""
 
 
 class SourceError(_AtOffset, OSError):

@@ -134,14 +134,18 @@ def expand_shards(
 
     A glob in a URL lists the store (``file://``; ``s3://``, ``gs://``, ``az://`` through obstore;
     ``hf://`` and any other fsspec protocol through fsspec: :func:`tarindex.objstore.glob_urls`);
-    ``http(s)://`` URLs pass through.
+    ``http(s)://`` URLs pass through. A local ``.json`` file is a wids shard list: its shards, in order
+    (:mod:`tarindex._widslist`).
 
     A scheme is honoured in the names given, never in the names a glob matches (see :func:`as_path`).
 
     Raises:
         PatternError: a pattern does not expand (see :func:`expand_braces`).
         ShardNotFoundError: a path does not exist, or a glob matches nothing.
+        ListError: a ``.json`` file that is not a wids shard list.
     """
+    from ._widslist import is_wids_list, wids_shards  # the list reader names its paths as this module does
+
     items = [specs] if isinstance(specs, (str, os.PathLike)) else list(specs)
     out: list[str] = []
     for spec in items:
@@ -159,6 +163,8 @@ def expand_shards(
                     also = f" (only the tarindex index {found[0]})" if len(found) == 1 else f" (only {len(found)} tarindex indexes)" if found else ""
                     raise ShardNotFoundError(f"{s}: no shard matches this pattern{also} (from {text!r})")
                 out.extend(as_path(m) for m in matches)
+            elif is_wids_list(s):  # a wids shard list (JSON): its shards
+                out.extend(wids_shards(s))
             else:
                 if must_exist and os.path.isdir(s):
                     example = os.path.join(s, "*.tar")

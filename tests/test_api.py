@@ -18,7 +18,8 @@ PUBLIC_MODULES = {
     "tarindex.collate", "tarindex.compression", "tarindex.decode", "tarindex.options", "tarindex.sources", "tarindex.zstd", "tarindex.stream", "tarindex.sampler",
 }
 FRONT_DOOR_MODULES = {
-    "tarindex.build", "tarindex.dataset", "tarindex.errors", "tarindex.index.reader", "tarindex.shard_writer", "tarindex.verify",
+    "tarindex.build", "tarindex.dataset", "tarindex.errors", "tarindex.export", "tarindex.index.reader", "tarindex.packing", "tarindex.shard_writer",
+    "tarindex.verify",
 }
 # The index format is being replaced (format 4); its modules' __all__ narrow when it lands.
 PENDING = {"tarindex.index.format", "tarindex.index.records", "tarindex.index.writer"}

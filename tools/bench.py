@@ -13,7 +13,8 @@ request, tools/bench_remote.py; ``--only member``: peak memory of one 1 GiB memb
 read one after the other, alternated and mixed, and over nginx; ``--only gzip``: .tar.gz shards through seek points on the first 2
 shards, or ``--zstd-shards N``, tools/bench_gzip.py, not by default; ``--only latency --sets small``: the small set's
 first 4 shards through a FUSE mount with 1 ms per read, each path beside the physical limit, and random
-samples from a cold local disk, tools/bench_latency.py, not by default). ``--only stream,quick``: the streaming benchmark over
+samples from a cold local disk, tools/bench_latency.py, not by default; ``--only pack``: making shards,
+tools/bench_pack.py, not by default). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set. ``--only scale --sets ''``: indexes of ``--sizes`` samples written in
 ``--parts`` parts and merged, an index of ``--many-shards`` shards opened (tools/bench_index.py), the
@@ -40,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 import tarindex
+from tarindex.index.merge import placed
 from tarindex.index.writer import IndexWriter
 from tarindex.tables import ShardInfo, ShardTable
 
@@ -359,7 +361,7 @@ def _scaled_index(source: tarindex.TarDataset, out: Path, n_samples: int) -> Pat
     info = source.index.shards[0]
     path = os.path.relpath(source.urls[0], out.parent)
     with IndexWriter(out) as w:
-        w.add(ShardInfo(path, info.size, info.mtime_ns, info.fingerprint, n_samples, n_members), scaled)
+        w.add(placed(ShardInfo(path, info.size, info.mtime_ns, info.fingerprint, n_samples, n_members), path, "file"), scaled)  # outside its directory
     return out
 
 
@@ -957,7 +959,7 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=10, help="scale: parts written, then merged, per size")
     ap.add_argument("--many-shards", type=int, default=500_000, help="scale: shards of the index whose open is timed (0: none)")
     ap.add_argument("--trees", default="", help="walk: two source trees A,B (each built in place), compared in alternated processes (tools/bench_walk.py)")
-    ap.add_argument("--rounds", type=int, default=10, help="walk --trees: passes per walk and tree, asked in turn (best of)")
+    ap.add_argument("--rounds", type=int, default=10, help="walk --trees: passes per walk and tree, asked in turn (best of); pack: rounds of each contender (3 is plenty)")
     args = ap.parse_args()
     ZSTD_SHARDS[0] = args.zstd_shards
     only = set(args.only.split(","))
@@ -1000,6 +1002,17 @@ def main() -> None:
 
         chart = Path(__file__).resolve().parent.parent / "docs" / "loader.png"
         for label, value, ratio in bench_images(args.dir, work, chart=chart):
+            print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
+    if "pack" in only:  # not by default: making shards, beside tar -cf, litdata and Mosaic (tools/bench_pack.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_pack import bench_pack
+
+        jpeg = make_set(args.dir / "jpeg", "jpeg", *SPECS["jpeg"])
+        small = make_set(args.dir / "small", "small", *SPECS["small"])
+        tarindex.build_index(jpeg, index=work / "jpeg.tarindex")
+        ds = tarindex.TarDataset(work / "jpeg.tarindex")
+        scaled = _scaled_index(ds, work / "jpeg-scaled1k-placed-1000000.tarindex", 1_000_000)
+        for label, value, ratio in bench_pack(jpeg, small, work / "jpeg.tarindex", scaled, work, args.rounds):
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
     if "member" in only:  # not by default: it writes two 1 GiB-member shards once and starts 8 processes
         from bench_limits import bench_member

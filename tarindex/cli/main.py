@@ -16,7 +16,7 @@ import click
 
 __all__ = ["main"]
 
-COMMANDS = ("build", "merge", "info", "ls", "get", "verify", "compress")
+COMMANDS = ("build", "merge", "info", "ls", "get", "verify", "compress", "pack", "export")
 """Command names, in the order ``--help`` lists them; ``tarindex.cli.<name>_cmd.command`` is each one."""
 
 
