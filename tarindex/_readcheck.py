@@ -18,6 +18,7 @@ the offset and the first difference, expected vs got. One place words every erro
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections.abc import Sequence
 from itertools import zip_longest
@@ -32,19 +33,16 @@ __all__: list[str] = []  # internal module: its names serve the package
 _END = bytes(2 * BLOCK)  # what ends the walk of one sample's range: an end-of-archive marker
 _PAX, _LONGNAME, _LONGLINK = ord("x"), ord("L"), ord("K")
 _adler32 = zlib.adler32
+_FIELDS = struct.Struct("124x12s20xB188xB")  # a header's size field, type and the first byte of its ustar prefix
 _PLAIN = frozenset(b"0\x007")  # a regular file's types (NUL: unless its name ends in "/", which a member's never does)
 
 
-def _header_sum(h: bytes) -> int:
-    """The header checksum's unsigned sum (the checksum field counted as spaces). Each half's byte sum is at
-    most 256 x 255 < 65521, so adler32's low half (1 + the byte sum, mod 65521) gives it exactly, at C speed."""
-    return (_adler32(h[:256]) & 0xFFFF) + (_adler32(h[256:]) & 0xFFFF) - 2 - sum(h[148:156]) + 8 * 32
-
-
-def _summed(h: bytes) -> bool:
-    """Whether a header's checksum field holds its sum (as the common writers spell it, or any octal)."""
-    s = _header_sum(h)
-    field = h[148:156]
+def _summed(buf: bytes, at: int) -> bool:
+    """Whether the header at ``at`` holds its checksum (as the common writers spell it, or any octal): the sum
+    of its bytes, the checksum field counted as spaces. Each half's byte sum is at most 256 x 255 < 65521, so
+    adler32's low half (1 + the byte sum, mod 65521) gives it exactly, at C speed."""
+    field = buf[at + 148 : at + 156]
+    s = (_adler32(buf[at : at + 256]) & 0xFFFF) + (_adler32(buf[at + 256 : at + 512]) & 0xFFFF) - 2 - sum(field) + 8 * 32
     return field == b"%06o\x00 " % s or _octal(field) == s
 
 
@@ -55,24 +53,37 @@ def _agrees(buf: Any, key: str, members: Sequence[tuple[int, int, int]], exts: S
     base-256 member, a directory between two members, a mismatch)."""
     if not members:
         return False
+    if type(buf) is not bytes:
+        buf = bytes(buf)
+    plain = _plain(key)
+    prefix = key.encode("utf-8", "surrogateescape") + b"."
     pos = 0
     for e, mo, ms in members:
-        h = bytes(buf[mo - BLOCK : mo]) if mo >= BLOCK else b""
-        name = f"{key}.{exts[e]}"
-        if (mo - BLOCK == (pos + BLOCK - 1) & ~(BLOCK - 1) and len(h) == BLOCK and h[156] in _PLAIN and not h[345]
-                and h[124:136] == b"%011o\x00" % ms and _summed(h)):  # fmt: skip
-            # one plain header right after the previous member: the name, as most writers spell it
-            raw = name.encode("utf-8", "surrogateescape")
-            if h[: len(raw)] == raw and (len(raw) >= 100 or not h[len(raw)]) and _named(name, name, key, exts[e]):
+        ext = exts[e]
+        at = mo - BLOCK
+        if plain and at == (pos + BLOCK - 1) & ~(BLOCK - 1) and at >= 0:  # one header right after the previous member
+            # its name, size and type as most writers spell them; its checksum
+            raw = prefix + ext.encode("utf-8", "surrogateescape")
+            n = len(raw)
+            size, typ, ustar_prefix = _FIELDS.unpack_from(buf, at)
+            if (buf.startswith(raw, at) and (n >= 100 or not buf[at + n]) and typ in _PLAIN and not ustar_prefix
+                    and size == b"%011o\x00" % ms and ext[:2] != "__" and "/" not in ext and _summed(buf, at)):  # fmt: skip
                 pos = mo + ms
                 continue
-        if not _chain_agrees(buf, pos, mo, ms, key, exts[e], name):
+        if not _chain_agrees(buf, pos, mo, ms, key, ext, f"{key}.{ext}"):
             return False
         pos = mo + ms
     return True
 
 
-def _chain_agrees(buf: Any, pos: int, mo: int, ms: int, key: str, ext: str, name: str) -> bool:
+def _plain(key: str) -> bool:
+    """Whether ``key`` is one the common split makes: no leading ``__``, a base name (after the last ``/``)
+    that is not empty and has no dot. ``key.ext`` then splits into this key and ``ext`` (no ``/``, no leading ``__``)."""
+    base = key[key.rfind("/") + 1 :]
+    return bool(base) and "." not in base and key[:2] != "__"
+
+
+def _chain_agrees(buf: bytes, pos: int, mo: int, ms: int, key: str, ext: str, name: str) -> bool:
     """One member's headers from the end of the previous member's data (``pos``) to its own data (``mo``):
     extension headers, then its header, all valid, giving its name and size (see :func:`_agrees`)."""
     at = (pos + BLOCK - 1) & ~(BLOCK - 1)
@@ -81,14 +92,14 @@ def _chain_agrees(buf: Any, pos: int, mo: int, ms: int, key: str, ext: str, name
     while True:
         if at + BLOCK > mo:
             return False
-        h = bytes(buf[at : at + BLOCK])
+        h = buf[at : at + BLOCK]
         n = _octal(h[124:136]) if not h[124] & 0x80 else None
-        if n is None or not _summed(h):
+        if n is None or not _summed(buf, at):
             return False
         typ = h[156]
         if typ not in (_PAX, _LONGNAME, _LONGLINK):
             break
-        data = bytes(buf[at + BLOCK : at + BLOCK + n])
+        data = buf[at + BLOCK : at + BLOCK + n]
         if typ == _PAX:
             try:
                 records = _parse_pax(data, "", at)
@@ -110,12 +121,10 @@ def _chain_agrees(buf: Any, pos: int, mo: int, ms: int, key: str, ext: str, name
 
 def _named(got: str, name: str, key: str, ext: str) -> bool:
     """Whether a member named ``got`` has this key and extension by the build's rules
-    (:func:`tarindex.grouping.sample_key`); ``name`` is ``f"{key}.{ext}"``. The common case is a compare:
-    a key whose base name is not empty and has no dot, no leading ``__``, an extension without ``/``."""
-    if got == name and key[:2] != "__" and ext[:2] != "__" and "/" not in ext:
-        base = key[key.rfind("/") + 1 :]
-        if base and "." not in base:
-            return True
+    (:func:`tarindex.grouping.sample_key`); ``name`` is ``f"{key}.{ext}"``. The common case is a compare
+    (:func:`_plain`)."""
+    if got == name and ext[:2] != "__" and "/" not in ext and _plain(key):
+        return True
     return sample_key(got) == (key, ext)
 
 

@@ -449,6 +449,31 @@ static int name_agrees(const char *key, size_t klen, const unsigned char *name, 
     return 1;
 }
 
+/* `width` octal digits of v, then `end` (the size field's "%011o\0", the checksum field's "%06o\0 "). */
+static void octal_field(unsigned char *f, uint64_t v, int width, const char *end, int end_len) {
+    for (int d = width - 1; d >= 0; d--, v >>= 3) f[d] = (unsigned char)('0' + (v & 7));
+    memcpy(f + width, end, (size_t)end_len);
+}
+
+/* The common shape, field by field: a member's own header with no extension header before it, a regular
+ * file whose name field holds key.ext (no ustar prefix), its size field and checksum field spelled as GNU
+ * tar and tarfile spell them (11 octal digits and a NUL; 6 digits, a NUL and a space), the checksum the sum
+ * tar_header_sum (_tarcore.c) makes. 1: the header says what the record says; 0: not shown here (tar_step
+ * reads the header: another spelling, a prefix, a difference). */
+static int plain_header_agrees(const unsigned char *h, const char *key, size_t klen, const char *ext, Py_ssize_t ext_len,
+                               uint64_t size) {
+    size_t n = klen + 1 + (size_t)ext_len;
+    unsigned char want[12];
+    unsigned char typ = h[156];
+    if (n > 100 || (n < 100 && h[n]) || !(typ == '0' || typ == 0 || typ == '7') || size >> 33 ||
+        (h[345] && memcmp(h + 257, "ustar\0", 6) == 0) || !name_agrees(key, klen, h, n, ext, ext_len))
+        return 0;
+    octal_field(want, size, 11, "", 1);
+    if (memcmp(h + 124, want, 12) != 0) return 0;
+    octal_field(want, tar_header_sum(h), 6, "\0 ", 2);
+    return memcmp(h + 148, want, 8) == 0;
+}
+
 /* Every read checks the headers it holds: whether each member's headers in the sample's bytes say what
  * record r says (tar_step, _tarcore.c: every checksum valid, PAX and GNU long names and PAX sizes applied;
  * a regular file whose data starts where the record says, of the record's size and name). Member k's
@@ -467,6 +492,18 @@ static int headers_agree(Reader *self, const Record *r, const unsigned char *bas
         const unsigned char *g = gaps ? gaps + acc : base + pos;
         size_t at = (size_t)(round512(pos) - pos), need;
         acc += len;
+        PyObject *e = PyTuple_GET_ITEM(self->exts, r->ext[k]);
+        Py_ssize_t ext_len;
+        const char *ext = PyUnicode_IS_ASCII(e) ? (ext_len = PyUnicode_GET_LENGTH(e), (const char *)PyUnicode_DATA(e))
+                                                : PyUnicode_AsUTF8AndSize(e, &ext_len);
+        if (!ext) {
+            PyErr_Clear(); /* an extension that is not UTF-8 (surrogates): the Python check compares it */
+            return 0;
+        }
+        if (len - at == TAR_BLOCK && plain_header_agrees(g + at, key, klen, ext, ext_len, r->ms[k])) {
+            pos = mo + r->ms[k];
+            continue;
+        }
         for (;;) { /* the member's headers, after any non-regular member between (a directory, a link) */
             if (at > len || tar_step(g + at, (size_t)len - at, &m, &need) != TAR_MEMBER) return 0;
             uint64_t data = (uint64_t)at + m.data;
@@ -476,14 +513,6 @@ static int headers_agree(Reader *self, const Record *r, const unsigned char *bas
             }
             if (m.regular) return 0; /* a regular file the record does not list: the Python check judges */
             at = (size_t)(data + round512(m.size));
-        }
-        PyObject *e = PyTuple_GET_ITEM(self->exts, r->ext[k]);
-        Py_ssize_t ext_len;
-        const char *ext = PyUnicode_IS_ASCII(e) ? (ext_len = PyUnicode_GET_LENGTH(e), (const char *)PyUnicode_DATA(e))
-                                                : PyUnicode_AsUTF8AndSize(e, &ext_len);
-        if (!ext) {
-            PyErr_Clear(); /* an extension that is not UTF-8 (surrogates): the Python check compares it */
-            return 0;
         }
         if (!m.regular || m.size != r->ms[k] || !name_agrees(key, klen, m.name, m.name_len, ext, ext_len)) return 0;
         pos = mo + r->ms[k];
