@@ -26,15 +26,16 @@ from typing import Any
 
 from .errors import CorruptArchiveError, StaleIndexError, shown
 from .grouping import group_members, sample_key
-from .tar import BLOCK, _is_regular, _member_name, _octal, _padded, _parse_pax, iter_tar
+from .tar import BLOCK, _is_regular, _member_name, _number, _octal, _padded, _parse_pax, iter_tar
 
 __all__: list[str] = []  # internal module: its names serve the package
 
 _END = bytes(2 * BLOCK)  # what ends the walk of one sample's range: an end-of-archive marker
-_PAX, _LONGNAME, _LONGLINK = ord("x"), ord("L"), ord("K")
+_PAX, _LONGNAME = ord("x"), ord("L")
 _adler32 = zlib.adler32
 _FIELDS = struct.Struct("124x12s20xB188xB")  # a header's size field, type and the first byte of its ustar prefix
-_PLAIN = frozenset(b"0\x007")  # a regular file's types (NUL: unless its name ends in "/", which a member's never does)
+_REGULAR = frozenset(b"0\x007")  # a regular file's types (NUL: unless its name ends in "/")
+_EXTENSIONS = frozenset(b"xLK")  # the extension headers a member may have before its own (a global PAX one: _judge)
 
 
 def _summed(buf: bytes, at: int) -> bool:
@@ -60,20 +61,58 @@ def _agrees(buf: Any, key: str, members: Sequence[tuple[int, int, int]], exts: S
     pos = 0
     for e, mo, ms in members:
         ext = exts[e]
-        at = mo - BLOCK
-        if plain and at == (pos + BLOCK - 1) & ~(BLOCK - 1) and at >= 0:  # one header right after the previous member
-            # its name, size and type as most writers spell them; its checksum
+        at = (pos + BLOCK - 1) & ~(BLOCK - 1)
+        path: str | None = None
+        size: int | None = None
+        while at + BLOCK < mo:  # extension headers before the member's own: the first that sets a field wins
+            field, typ, _ = _FIELDS.unpack_from(buf, at)
+            n = _size_of(field)
+            if typ not in _EXTENSIONS or n is None or not _summed(buf, at):
+                return False
+            data = buf[at + BLOCK : at + BLOCK + n]
+            if typ == _PAX:
+                try:
+                    records = _parse_pax(data, "", at)
+                except CorruptArchiveError:
+                    return False
+                if any(k.startswith("GNU.sparse.") for k in records):
+                    return False
+                if path is None:
+                    path = records.get("path")
+                if size is None and "size" in records:
+                    size = int(records["size"])  # decimal digits: checked by _parse_pax
+            elif typ == _LONGNAME and path is None:
+                path = data.split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
+            at += BLOCK + _padded(n)
+        field, typ, ustar_prefix = _FIELDS.unpack_from(buf, at) if at + BLOCK == mo else (b"", -1, 0)
+        if typ not in _REGULAR or not _summed(buf, at):
+            return False
+        if size is None:
+            size = ms if field == b"%011o\x00" % ms else _size_of(field)
+        if size != ms:
+            return False
+        if path is None:  # its name field, as most writers spell it: key.ext, no ustar prefix
             raw = prefix + ext.encode("utf-8", "surrogateescape")
             n = len(raw)
-            size, typ, ustar_prefix = _FIELDS.unpack_from(buf, at)
-            if (buf.startswith(raw, at) and (n >= 100 or not buf[at + n]) and typ in _PLAIN and not ustar_prefix
-                    and size == b"%011o\x00" % ms and ext[:2] != "__" and "/" not in ext and _summed(buf, at)):  # fmt: skip
+            if plain and not ustar_prefix and buf.startswith(raw, at) and (n >= 100 or not buf[at + n]) and ext[:2] != "__" and "/" not in ext:
                 pos = mo + ms
                 continue
-        if not _chain_agrees(buf, pos, mo, ms, key, ext, f"{key}.{ext}"):
+        header = buf[at:mo]
+        if not _is_regular(header, typ) or not _named(_member_name(header) if path is None else path, f"{key}.{ext}", key, ext):
             return False
         pos = mo + ms
     return True
+
+
+def _size_of(field: bytes) -> int | None:
+    """A size field's value: the common spelling (11 octal digits and a NUL) read by ``int``, any other as tar
+    reads it (:func:`tarindex.tar._number`: octal, base-256; ``None`` if malformed)."""
+    if field[11:] == b"\x00" and field[:11].isdigit():
+        try:
+            return int(field[:11], 8)
+        except ValueError:  # an 8 or a 9
+            pass
+    return _number(field)
 
 
 def _plain(key: str) -> bool:
@@ -81,42 +120,6 @@ def _plain(key: str) -> bool:
     that is not empty and has no dot. ``key.ext`` then splits into this key and ``ext`` (no ``/``, no leading ``__``)."""
     base = key[key.rfind("/") + 1 :]
     return bool(base) and "." not in base and key[:2] != "__"
-
-
-def _chain_agrees(buf: bytes, pos: int, mo: int, ms: int, key: str, ext: str, name: str) -> bool:
-    """One member's headers from the end of the previous member's data (``pos``) to its own data (``mo``):
-    extension headers, then its header, all valid, giving its name and size (see :func:`_agrees`)."""
-    at = (pos + BLOCK - 1) & ~(BLOCK - 1)
-    path: str | None = None
-    size: int | None = None
-    while True:
-        if at + BLOCK > mo:
-            return False
-        h = buf[at : at + BLOCK]
-        n = _octal(h[124:136]) if not h[124] & 0x80 else None
-        if n is None or not _summed(buf, at):
-            return False
-        typ = h[156]
-        if typ not in (_PAX, _LONGNAME, _LONGLINK):
-            break
-        data = buf[at + BLOCK : at + BLOCK + n]
-        if typ == _PAX:
-            try:
-                records = _parse_pax(data, "", at)
-            except CorruptArchiveError:
-                return False
-            if any(k.startswith("GNU.sparse.") for k in records):
-                return False
-            if path is None:  # the first header that sets a field wins, as tarfile applies them
-                path = records.get("path")
-            if size is None and "size" in records:
-                size = int(records["size"])  # decimal digits: checked by _parse_pax
-        elif typ == _LONGNAME and path is None:
-            path = data.split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
-        at += BLOCK + _padded(n)
-    if at + BLOCK != mo or not _is_regular(h, typ) or (n if size is None else size) != ms:
-        return False
-    return _named(_member_name(h) if path is None else path, name, key, ext)
 
 
 def _named(got: str, name: str, key: str, ext: str) -> bool:
