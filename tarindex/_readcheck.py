@@ -10,7 +10,7 @@ with its checksum recomputed is then a :class:`~tarindex.errors.StaleIndexError`
 
 Two steps. :func:`_agrees` accepts the common shapes quickly (each member's headers right before its data,
 PAX and GNU long-name headers included); the C reader (``_speedups.c``, ``headers_agree``) makes the same
-check with the C header step. Whatever either does not accept goes to :func:`_judge`, the reference: the
+check, a plain header field by field and any other shape with the C header step (``tar_step``). Whatever either does not accept goes to :func:`_judge`, the reference: the
 range is walked by the build's own walker and grouped by its own rules (:func:`tarindex.tar.iter_tar`,
 :func:`tarindex.grouping.group_members`), and must give exactly this record, or the error names the shard,
 the offset and the first difference, expected vs got. One place words every error, for both lanes.
