@@ -6,7 +6,9 @@
  * range (the GIL released); a dict with __key__, __url__, __index__ and one
  * bytes entry per extension. Plain tar shards (an int fd) are read here; a
  * shard whose handle is an object with read_at(offset, size) (zstd frames,
- * HTTP ranges) has that called and the members sliced here.
+ * HTTP ranges) has that called and the members sliced here. Before a sample is returned, its members' tar
+ * headers in the bytes read are checked against the record (headers_agree); a read this file does not accept
+ * goes to the Python path, whose check (tarindex._readcheck) judges it and names what differs.
  *
  * Handles belong to the dataset's tarindex.opener.ShardOpener: the reader
  * reads its tables (fds: int32 per shard, -1 when no plain descriptor is open;
@@ -475,8 +477,10 @@ static int plain_header_agrees(const unsigned char *h, const char *key, size_t k
 }
 
 /* Every read checks the headers it holds: whether each member's headers in the sample's bytes say what
- * record r says (tar_step, _tarcore.c: every checksum valid, PAX and GNU long names and PAX sizes applied;
- * a regular file whose data starts where the record says, of the record's size and name). Member k's
+ * record r says (a regular file whose data starts where the record says, of the record's size and name, every
+ * checksum valid): a plain header directly after the previous member's data field by field
+ * (plain_header_agrees), any other shape with tar_step (_tarcore.c: PAX and GNU long names and PAX sizes
+ * applied, a directory or link between members skipped). Member k's
  * headers lie in its gap: the bytes from the end of member k-1's data (0 for k = 0) to its own data, at
  * base + that offset, or, when `gaps` is given (a sample read straight into its members' bytes), one gap
  * after the other in `gaps`. 1: they agree; 0: not shown here (the read goes to the Python path, whose
