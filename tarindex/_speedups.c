@@ -6,7 +6,9 @@
  * range (the GIL released); a dict with __key__, __url__, __index__ and one
  * bytes entry per extension. Plain tar shards (an int fd) are read here; a
  * shard whose handle is an object with read_at(offset, size) (zstd frames,
- * HTTP ranges) has that called and the members sliced here.
+ * HTTP ranges) has that called and the members sliced here. Before a sample is returned, its members' tar
+ * headers in the bytes read are checked against the record (headers_agree); a read this file does not accept
+ * goes to the Python path, whose check (tarindex._readcheck) judges it and names what differs.
  *
  * Handles belong to the dataset's tarindex.opener.ShardOpener: the reader
  * reads its tables (fds: int32 per shard, -1 when no plain descriptor is open;
@@ -27,6 +29,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "_tarcore.h"
 #include "_tarscan.h"
 #include "_zstdread.h"
 
@@ -453,6 +456,119 @@ static int slice_members(const Record *r, const char *base, PyObject **vals) {
     return 0;
 }
 
+/* The record's key bytes (prefix + suffix, or prefix + number in `digits` decimals) into buf, which holds cap
+ * bytes; the key's length (larger than cap: only the first cap bytes are written). */
+static size_t key_bytes(const Record *r, char *buf, size_t cap) {
+    size_t plen = (size_t)r->plen, len = plen + (size_t)(r->suffix ? r->slen : r->digits);
+    if (len > cap) return len;
+    memcpy(buf, r->prefix, plen);
+    if (r->suffix) {
+        memcpy(buf + plen, r->suffix, (size_t)r->slen);
+    } else {
+        uint64_t v = r->number;
+        for (int d = r->digits - 1; d >= 0; d--, v /= 10) buf[plen + (size_t)d] = (char)('0' + v % 10);
+    }
+    return len;
+}
+
+/* Whether a key is one the common split makes (the packer's, _tarscan.c): no leading "__", a base name (after
+ * the last '/') that is not empty and has no dot. Then key + '.' + ext splits into this key and ext. */
+static int plain_key(const char *key, size_t klen) {
+    size_t base = klen;
+    while (base > 0 && key[base - 1] != '/') base--;
+    return base < klen && !memchr(key + base, '.', klen - base) && !(klen >= 2 && key[0] == '_' && key[1] == '_');
+}
+
+/* Whether a member's name (its header's, PAX and GNU long names applied) is the record's key (its `klen`
+ * bytes in key, a plain_key), a dot and the extension `ext` (the index's, lower-cased, UTF-8): the name the
+ * packer's split turns into this key and extension. Letters after the dot may differ from `ext` in ASCII
+ * case only; 0 for anything else (the Python check judges other spellings, other keys, an extension with a
+ * '/' or a leading "__"). */
+static int name_agrees(const char *key, size_t klen, const unsigned char *name, size_t len, const char *ext, Py_ssize_t ext_len) {
+    if (len != klen + 1 + (size_t)ext_len || memcmp(name, key, klen) != 0 || name[klen] != '.') return 0;
+    if (ext_len >= 2 && ext[0] == '_' && ext[1] == '_') return 0;
+    const unsigned char *got = name + klen + 1;
+    for (Py_ssize_t c = 0; c < ext_len; c++) {
+        unsigned char b = got[c];
+        if (b >= 'A' && b <= 'Z') b += 'a' - 'A';
+        if (b != (unsigned char)ext[c] || b == '/') return 0;
+    }
+    return 1;
+}
+
+/* `width` octal digits of v, then `end` (the size field's "%011o\0", the checksum field's "%06o\0 "). */
+static void octal_field(unsigned char *f, uint64_t v, int width, const char *end, int end_len) {
+    for (int d = width - 1; d >= 0; d--, v >>= 3) f[d] = (unsigned char)('0' + (v & 7));
+    memcpy(f + width, end, (size_t)end_len);
+}
+
+/* The common shape, field by field: a member's own header with no extension header before it, a regular
+ * file whose name field holds key.ext (no ustar prefix), its size field and checksum field spelled as GNU
+ * tar and tarfile spell them (11 octal digits and a NUL; 6 digits, a NUL and a space), the checksum the sum
+ * tar_header_sum (_tarcore.c) makes. 1: the header says what the record says; 0: not shown here (tar_step
+ * reads the header: another spelling, a prefix, a difference). */
+static int plain_header_agrees(const unsigned char *h, const char *key, size_t klen, const char *ext, Py_ssize_t ext_len,
+                               uint64_t size) {
+    size_t n = klen + 1 + (size_t)ext_len;
+    unsigned char want[12];
+    unsigned char typ = h[156];
+    if (n > 100 || (n < 100 && h[n]) || !(typ == '0' || typ == 0 || typ == '7') || size >> 33 ||
+        (h[345] && memcmp(h + 257, "ustar\0", 6) == 0) || !name_agrees(key, klen, h, n, ext, ext_len))
+        return 0;
+    octal_field(want, size, 11, "", 1);
+    if (memcmp(h + 124, want, 12) != 0) return 0;
+    octal_field(want, tar_header_sum(h), 6, "\0 ", 2);
+    return memcmp(h + 148, want, 8) == 0;
+}
+
+/* Every read checks the headers it holds: whether each member's headers in the sample's bytes say what
+ * record r says (a regular file whose data starts where the record says, of the record's size and name, every
+ * checksum valid): a plain header directly after the previous member's data field by field
+ * (plain_header_agrees), any other shape with tar_step (_tarcore.c: PAX and GNU long names and PAX sizes
+ * applied, a directory or link between members skipped). Member k's
+ * headers lie in its gap: the bytes from the end of member k-1's data (0 for k = 0) to its own data, at
+ * base + that offset, or, when `gaps` is given (a sample read straight into its members' bytes), one gap
+ * after the other in `gaps`. 1: they agree; 0: not shown here (the read goes to the Python path, whose
+ * check judges and names any difference: tarindex._readcheck). */
+static int headers_agree(Reader *self, const Record *r, const unsigned char *base, const unsigned char *gaps) {
+    uint64_t pos = 0, acc = 0;
+    tar_member m;
+    char key[256];
+    size_t klen = key_bytes(r, key, sizeof key);
+    if (r->nm == 0 || klen > sizeof key || !plain_key(key, klen)) return 0; /* the Python check compares these */
+    for (Py_ssize_t k = 0; k < r->nm; k++) {
+        uint64_t mo = r->mo[k], len = mo - pos;
+        const unsigned char *g = gaps ? gaps + acc : base + pos;
+        size_t at = (size_t)(round512(pos) - pos), need;
+        acc += len;
+        PyObject *e = PyTuple_GET_ITEM(self->exts, r->ext[k]);
+        Py_ssize_t ext_len;
+        const char *ext = PyUnicode_IS_ASCII(e) ? (ext_len = PyUnicode_GET_LENGTH(e), (const char *)PyUnicode_DATA(e))
+                                                : PyUnicode_AsUTF8AndSize(e, &ext_len);
+        if (!ext) {
+            PyErr_Clear(); /* an extension that is not UTF-8 (surrogates): the Python check compares it */
+            return 0;
+        }
+        if (len - at == TAR_BLOCK && plain_header_agrees(g + at, key, klen, ext, ext_len, r->ms[k])) {
+            pos = mo + r->ms[k];
+            continue;
+        }
+        for (;;) { /* the member's headers, after any non-regular member between (a directory, a link) */
+            if (at > len || tar_step(g + at, (size_t)len - at, &m, &need) != TAR_MEMBER) return 0;
+            uint64_t data = (uint64_t)at + m.data;
+            if (data >= len) {
+                if (data > len) return 0;
+                break;
+            }
+            if (m.regular) return 0; /* a regular file the record does not list: the Python check judges */
+            at = (size_t)(data + round512(m.size));
+        }
+        if (!m.regular || m.size != r->ms[k] || !name_agrees(key, klen, m.name, m.name_len, ext, ext_len)) return 0;
+        pos = mo + r->ms[k];
+    }
+    return 1;
+}
+
 /* A sample of a shard read through its handle's read_at(offset, size): members sliced from the bytes it returns.
  * A ZstdReader (_zstdread.c) is called directly and its members are sliced straight from the decompressed frame. */
 static PyObject *read_handle(Reader *self, PyObject *handle, const Record *r, PyObject *index) {
@@ -478,8 +594,8 @@ static PyObject *read_handle(Reader *self, PyObject *handle, const Record *r, Py
             got = (size_t)PyBytes_GET_SIZE(buf);
         }
     }
-    if (!base || got != r->size) {
-        Py_DECREF(buf); /* a short read: the Python path reports it */
+    if (!base || got != r->size || !headers_agree(self, r, (const unsigned char *)base, NULL)) {
+        Py_DECREF(buf); /* a short read, or headers the Python check must judge: the Python path reads it */
         return PyObject_CallOneArg(self->fallback, index);
     }
     PyObject *vals[MAX_MEMBERS];
@@ -566,6 +682,12 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
             return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PyList_GET_ITEM(self->urls, r->shard));
         }
         return PyObject_CallOneArg(self->fallback, index); /* a short read: the Python path reports it */
+    }
+    if (!headers_agree(self, r, (const unsigned char *)buf, direct ? (const unsigned char *)buf : NULL)) {
+        PyMem_Free(heap); /* headers the Python check must judge: the Python path reads it */
+        if (direct)
+            for (Py_ssize_t q = 0; q < r->nm; q++) Py_DECREF(vals[q]);
+        return PyObject_CallOneArg(self->fallback, index);
     }
     int bad = !direct && slice_members(r, buf, vals) < 0;
     PyMem_Free(heap);

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ._native import SPEEDUPS
 from ._process import FORK
+from ._readcheck import check_sample
 from .decode import DecodeMode, Decoder, Image, failure
 from .errors import (
     CorruptArchiveError,
@@ -103,7 +104,8 @@ class TarDataset:
             and returns the next readable sample (``i + 1``, ``i + 2``, ...,
             wrapping around): damaged members (``CorruptArchiveError``, a zstd
             frame that does not decompress) and decoding or ``transform``
-            failures alike. Missing or changed shards always raise.
+            failures alike. Missing or changed shards always raise, a sample whose tar
+            headers disagree with the index too (see ``read``).
         max_errors: with ``on_error="skip"``, this many failures in a row (in this
             process, across calls) raise the last one.
         verify: how a shard is checked when a process first opens it
@@ -300,9 +302,13 @@ class TarDataset:
     def read(self, i: int) -> Sample:
         """Sample ``i`` as raw bytes per extension (no decoding, no transform).
 
+        Every read checks the members' tar headers inside the bytes it read (checksum, name, size) against
+        the index record, in the C and the Python reader alike (:mod:`tarindex._readcheck`).
+
         Raises:
             IndexError: ``i`` is out of range.
-            StaleIndexError: the shard changed since it was indexed.
+            StaleIndexError: the shard changed since it was indexed (at open: size, mtime, fingerprint;
+                at each read: a member's header that disagrees with the record, named with its offset).
             ShardNotFoundError: the shard is missing.
             CorruptArchiveError: the shard is shorter than the index says.
         """
@@ -345,13 +351,16 @@ class TarDataset:
         return i, offset, size, shard, members, key
 
     def _sample(self, i: int, buf: Any, offset: int, size: int, shard: int, members: list[tuple[int, int, int]], key: bytes) -> Sample:
-        """The sample dict of sample ``i`` from the bytes of its whole range.
+        """The sample dict of sample ``i`` from the bytes of its whole range, once its members' headers in
+        those bytes are checked against the record (:func:`tarindex._readcheck.check_sample`).
 
         Raises:
             CorruptArchiveError: ``buf`` is short, or a member lies outside the sample's range.
+            StaleIndexError: a member's headers do not say what the record says (name, size, checksum).
         """
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
+        check_sample(buf, self.urls[shard], offset, key, members, self._exts)
         sample: Sample = {"__key__": key.decode("utf-8", "surrogateescape"), "__url__": self.urls[shard], "__index__": i}
         exts = self._exts
         for e, o, z in members:  # checked against the sample's range when the record was read

@@ -412,21 +412,40 @@ def _evict(path: Path) -> None:
         os.close(fd)
 
 
-def synthetic_index(out: Path, shard: Path, n_shards: int, linked: Any = None) -> tuple[int, list[str]]:
+def _renamed_copy(shard: Path, out: Path, prefix: str) -> None:
+    """A copy of ``shard`` whose members are named ``prefix`` + their name, headers and data where they were."""
+    import tarfile
+
+    data = bytearray(shard.read_bytes())
+    with tarfile.open(shard) as tf:
+        for member in tf:
+            h = member.offset
+            data[h : h + 100] = (prefix + member.name).encode().ljust(100, b"\x00")
+            data[h + 148 : h + 156] = b" " * 8
+            data[h + 148 : h + 156] = b"%06o\x00 " % sum(data[h : h + 512])
+    out.write_bytes(data)
+
+
+def synthetic_index(out: Path, shard: Path, n_shards: int, linked: Any = None, renamed: Any = ()) -> tuple[int, list[str]]:
     """An index of ``n_shards`` copies of ``shard``, written directly from its table; keys made unique.
 
-    The copies are hard links, made for the shard numbers in ``linked`` (default: all).
+    The copies are hard links, made for the shard numbers in ``linked`` (default: all); those in ``renamed``
+    are real copies whose members carry the unique keys, so samples can be read from them (a read checks
+    the members' names against the index).
     """
     info, table = scan_shard(str(shard))
     keys = []
     with IndexWriter(out) as w:
         for s in range(n_shards):
             link = shard.with_name(f"copy-{s:05d}.tar")
-            if (linked is None or s in linked) and not link.exists():
+            if s in renamed:
+                _renamed_copy(shard, link, f"{s:05d}")
+            elif (linked is None or s in linked) and not link.exists():
                 os.link(shard, link)
             names = [f"{s:05d}{i:06d}" for i in range(table.n_samples)]
             keys.append(names[len(names) // 2])
-            w.add(ShardInfo(link.name, info.size, info.mtime_ns, info.fingerprint, info.n_samples, info.n_members),
+            copy = scan_shard(str(link))[0] if s in renamed else info
+            w.add(ShardInfo(link.name, copy.size, copy.mtime_ns, copy.fingerprint, info.n_samples, info.n_members),
                   ShardTable(table.sample_offset, table.sample_size, table.sample_nmembers, table.member_ext,
                              table.member_offset, table.member_size, names, table.exts))  # fmt: skip
     return n_shards * table.n_samples, keys
@@ -437,7 +456,7 @@ def test_cold_open_and_first_sample_touch_a_few_pages_of_a_million_sample_index(
 
     shard = py_tar(tmp_path / "base.tar", [(f"{i:06d}.bin", bytes([i % 256]) * 24) for i in range(10_000)], 1, dirs=False)
     index = tmp_path / "big.tarindex"
-    n, keys = synthetic_index(index, shard, 100)
+    n, keys = synthetic_index(index, shard, 100, renamed={65})
     assert n == 1_000_000
     _evict(index)
     before = _resident_pages(index)
@@ -459,7 +478,7 @@ def test_opening_an_index_of_many_shards_reads_no_shard_table(tmp_path: Path) ->
 
     shard = py_tar(tmp_path / "base.tar", [(f"{i:06d}.bin", bytes([i % 256]) * 24) for i in range(50)], 1, dirs=False)
     index = tmp_path / "many.tarindex"
-    n, _ = synthetic_index(index, shard, 20_000, linked={13_093})
+    n, _ = synthetic_index(index, shard, 20_000, linked={13_093}, renamed={13_093})
     assert n == 1_000_000
     _evict(index)
     before = _resident_pages(index)

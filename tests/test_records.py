@@ -22,25 +22,46 @@ _key = st.one_of(
 )
 
 
+_tar_key = st.one_of(  # keys a tar member name splits into (a base name without dots), any bytes but NUL
+    st.integers(0, 10**6).map(lambda k: b"k%07d" % k),
+    st.text(st.characters(blacklist_characters="./\x00"), min_size=1, max_size=8).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    st.binary(min_size=1, max_size=6).map(lambda b: b"d/" + bytes(c for c in b if c not in b"./\x00") + b"x"),
+).filter(lambda k: not k.startswith(b"__"))
+
+
 @st.composite
 def _samples(draw: st.DrawFn, small: bool = False) -> list[Sample]:
-    """Samples of any shape, members inside their sample and in order; with ``small``, byte ranges a
-    reader can actually read (offsets still near 2**40)."""
+    """Samples of any shape, members inside their sample and in order; with ``small``, the shape of a tar
+    that a reader can actually read (:func:`_tar_range`): one or more members, each after its header and
+    any directory headers, keys a member name splits into, offsets still near 2**40 (distinct per sample)."""
     n = draw(st.integers(1, 40))
     out: list[Sample] = []
     sequential = draw(st.booleans())
     for i in range(n):
-        size = draw(st.integers(0, 3000) if small else st.one_of(st.integers(0, 2**63 - 1), st.integers(0, 5000)))
-        offset = draw(st.integers(2**40 - 2**20, 2**40) if small else st.integers(0, 2**64 - 1))
         members, pos = [], 0
-        for e in draw(st.lists(st.integers(0, 5), max_size=4, unique=True)):
-            mo = draw(st.integers(pos, size))
-            ms = draw(st.integers(0, size - mo))
-            members.append((e, mo, ms))
-            pos = mo + ms
-        key = b"%08d" % (1000 + i) if sequential else draw(_key)
+        if small:
+            offset = 2**40 - 2**26 + i * 2**16 + draw(st.integers(0, 2**15))
+            for e in draw(st.lists(st.integers(0, 5), min_size=1, max_size=4, unique=True)):
+                mo = _round(pos) + 512 * draw(st.integers(1, 3))
+                ms = draw(st.integers(0, 1500))
+                members.append((e, mo, ms))
+                pos = mo + ms
+            size = _round(pos) + 512 * draw(st.integers(0, 1))
+        else:
+            size = draw(st.one_of(st.integers(0, 2**63 - 1), st.integers(0, 5000)))
+            offset = draw(st.integers(0, 2**64 - 1))
+            for e in draw(st.lists(st.integers(0, 5), max_size=4, unique=True)):
+                mo = draw(st.integers(pos, size))
+                ms = draw(st.integers(0, size - mo))
+                members.append((e, mo, ms))
+                pos = mo + ms
+        key = b"%08d" % (1000 + i) if sequential else draw(_tar_key if small else _key)
         out.append((draw(st.integers(0, 3)), offset, size, members, key))
     return out
+
+
+def _round(x: int) -> int:
+    return (x + 511) & ~511
 
 
 def _columns(samples: list[Sample]) -> Columns:
@@ -85,13 +106,42 @@ def test_members_outside_their_sample_are_errors(samples: list[Sample], data: st
 
 
 class _Shard:
-    """A shard of the test: ``read_at`` returns bytes computed from the position (any offset, no file)."""
+    """A shard of the test: ``read_at`` returns bytes computed from the position (any offset, no file), or,
+    where a sample of ``samples`` starts, that sample's range as a tar holds it (:func:`_tar_range`)."""
 
-    def __init__(self, shard: int) -> None:
-        self.shard = shard
+    def __init__(self, shard: int, samples: dict[tuple[int, int], Sample] | None = None, exts: tuple[str, ...] = ()) -> None:
+        self.shard, self.samples, self.exts = shard, samples or {}, exts
 
     def read_at(self, offset: int, size: int) -> bytes:
+        sample = self.samples.get((self.shard, offset))
+        if sample is not None and sample[2] == size:
+            return _tar_range(sample, self.exts, self.data)
+        return self.data(offset, size)
+
+    def data(self, offset: int, size: int) -> bytes:
         return bytes((offset + k + 7 * self.shard) % 251 for k in range(size))
+
+
+def _header(name: bytes, size: int, typ: bytes) -> bytes:
+    h = bytearray(512)
+    h[: len(name)] = name
+    h[100:108], h[124:136], h[136:148], h[156:157], h[257:265] = b"0000644\x00", b"%011o\x00" % size, b"%011o\x00" % 0, typ, b"ustar\x0000"
+    h[148:156] = b"%06o\x00 " % (sum(h) + 8 * 32)
+    return bytes(h)
+
+
+def _tar_range(sample: Sample, exts: tuple[str, ...], data: Any) -> bytes:
+    """A sample's byte range as a tar holds it: per member, directory headers in the blocks before its own
+    header (a delta in the record), its header (name key.ext, its size), its data (``data(offset, size)``)."""
+    _, offset, size, members, key = sample
+    out, pos = bytearray(size), 0
+    for e, mo, ms in members:
+        for at in range(_round(pos), mo - 512, 512):
+            out[at : at + 512] = _header(b"dir%d/" % at, 0, b"5")
+        out[mo - 512 : mo] = _header(key + b"." + exts[e].encode(), ms, b"0")
+        out[mo : mo + ms] = data(offset + mo, ms)
+        pos = mo + ms
+    return bytes(out)
 
 
 @settings(max_examples=150, deadline=None)
@@ -114,11 +164,12 @@ def test_c_reader_reads_what_was_encoded(samples: list[Sample]) -> None:
     def fallback(i: int) -> Any:
         raise AssertionError(f"the C reader handed sample {i} to the Python path")
 
-    opener = ShardOpener(len(urls), _Shard, len(urls))
+    table = {(s[0], s[1]): s for s in samples}
+    opener = ShardOpener(len(urls), lambda shard: _Shard(shard, table, exts), len(urls))
     reader = SPEEDUPS.Reader(lambda b: blocks[b].view, per, len(samples), exts, list(urls), opener, fallback, CorruptArchiveError, FORK)
     for i, (shard, offset, size, members, key) in enumerate(samples):
-        got = reader.read(i)
-        data = _Shard(shard).read_at(offset, size)
+        got = reader.read(i)  # the members' headers agree with the record: no read goes to the Python path
+        data = _Shard(shard, table, exts).read_at(offset, size)
         expected = {"__key__": key.decode("utf-8", "surrogateescape"), "__url__": urls[shard], "__index__": i}
         expected.update({exts[e]: data[mo : mo + ms] for e, mo, ms in members})
         assert got == expected
@@ -152,13 +203,17 @@ def test_a_damaged_record_in_the_c_reader_is_the_python_error() -> None:
     from tarindex.errors import CorruptArchiveError
 
     assert SPEEDUPS is not None
-    block = parse(memoryview(encode_block(_columns([(0, 0, 10, [(0, 0, 10)], b"a"), (9, 0, 10, [], b"b")]))), 1, 2, "t")
+    first: Sample = (0, 0, 1024, [(0, 512, 10)], b"a")
+    block = parse(memoryview(encode_block(_columns([first, (9, 0, 10, [], b"b")]))), 1, 2, "t")
 
     def python_path(i: int) -> Any:
         return block.record(i, f"the record of sample {i}")
 
-    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ["s.tar"], ShardOpener(1, _Shard, 1), python_path, CorruptArchiveError, FORK)
-    assert reader.read(0)["jpg"] == _Shard(0).read_at(0, 10)
+    def opened(shard: int) -> _Shard:
+        return _Shard(shard, {(0, 0): first}, ("jpg",))
+
+    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ["s.tar"], ShardOpener(1, opened, 1), python_path, CorruptArchiveError, FORK)
+    assert reader.read(0)["jpg"] == _Shard(0).read_at(512, 10)
     with pytest.raises(IndexError):
         reader.read(2)
     # sample 1 names shard 9 of 1: the C reader defers to the Python path, which must raise too

@@ -81,14 +81,14 @@ def test_verify_deep_compares_frame_tables(small_tar: Path, tmp_path: Path) -> N
     tarindex.build_index([shard], index=index, workers=1)
     from tarindex.index.reader import IndexReader
     from tarindex.scan import scan_shard
-    from tarindex.verify import _same_tables
+    from tarindex.verify import _first_difference
 
     old = IndexReader(index).shard_table(0)
     _, same = scan_shard(str(shard))
-    assert _same_tables(same, old)
+    assert _first_difference(same, old, 0) is None
     pzstd_cli(small_tar, tmp_path / "other.tar.zst")
     _, other = scan_shard(str(tmp_path / "other.tar.zst"))  # the same tar, other frames
-    assert not _same_tables(other, old)
+    assert _first_difference(other, old, 0) == "the zstd frame table differs"
 
 
 @pytest.mark.parametrize("cut", ["mid-shard", "to-zero"])

@@ -77,6 +77,29 @@ def _links(root: Path, base: Path, n_shards: int) -> None:
             os.link(_origin(base, s), link)
 
 
+def _renamed(base: Path, shard: Path, s: int, samples: Any = None) -> None:
+    """Make ``shard`` (shard ``s``) a file of ``base``'s size and mtime holding ``base``'s samples (those in
+    ``samples``, default all; the rest a hole, never read) with shard ``s``'s keys (``SSSSSSiiii``) as their
+    members' names: a read checks the names against the index, which a hard link of ``base`` under these keys
+    fails. Headers and data stay where they were, so one shard record still describes it."""
+    raw = base.read_bytes()
+    shard.unlink(missing_ok=True)
+    with tarfile.open(base) as tf, open(shard, "wb") as out:
+        out.truncate(len(raw))
+        for i, member in enumerate(tf):
+            if samples is not None and i not in samples:
+                continue
+            h = member.offset
+            data = bytearray(raw[h : member.offset_data + member.size])
+            data[:100] = f"{s:06d}{i:04d}.bin".encode().ljust(100, b"\x00")
+            data[148:156] = b" " * 8
+            data[148:156] = b"%06o\x00 " % sum(data[:512])
+            out.seek(h)
+            out.write(data)
+    st = base.stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def _hwm_mb() -> float:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
@@ -222,16 +245,27 @@ def _open_limit() -> int:
     return hard
 
 
+def _warm_order(n: int, n_open: int, reads: int = 200_000) -> tuple[list[int], np.ndarray]:
+    """The samples :func:`_warm_reads` reads (random samples of ``n_open`` shards spread over an index of ``n``
+    samples: every ``step``-th shard) and their shards."""
+    n_shards = -(-n // PER_SHARD)
+    step = -(-n_shards // min(n_open, n_shards))
+    rng = np.random.default_rng(0)
+    shards = rng.integers(0, -(-n_shards // step), reads) * step
+    return np.minimum(shards * PER_SHARD + rng.integers(0, PER_SHARD, reads), n - 1).tolist(), shards
+
+
+def _warm_counts(n: int, counts: list[int]) -> list[int]:
+    """The counts of shards open that :func:`_warm` measures: fewer where the file limit says so."""
+    return sorted({min(c, _open_limit() - 1024, -(-n // PER_SHARD)) for c in counts})
+
+
 def _warm_reads(ds: Any, n_open: int, reads: int = 200_000) -> tuple[float, float, int]:
     """Warm ``ds.read`` of random samples of ``n_open`` shards spread over the whole index (every ``step``-th
     shard), and a bare ``os.pread`` loop over the same byte ranges through the same descriptors (the physical
     limit with that many files open): best of 3 alternating passes each, after one pass that opens and warms.
     Returns (read us, pread us, shards open)."""
-    n_shards = -(-len(ds) // PER_SHARD)
-    step = -(-n_shards // min(n_open, n_shards))
-    rng = np.random.default_rng(0)
-    shards = rng.integers(0, -(-n_shards // step), reads) * step
-    order = np.minimum(shards * PER_SHARD + rng.integers(0, PER_SHARD, reads), len(ds) - 1).tolist()
+    order, shards = _warm_order(len(ds), n_open, reads)
     read = ds.read
     for j in order:
         read(j)
@@ -256,10 +290,8 @@ def _warm_reads(ds: Any, n_open: int, reads: int = 200_000) -> tuple[float, floa
 
 def _warm(index: Path, counts: list[int], conn: Any) -> None:
     """Warm reads of ``index`` with each count of shards open (fewer where the file limit says so); in a fresh process."""
-    hard = _open_limit()
-    n_shards = len(tarindex.IndexReader(index).shards)
     got = []
-    for count in sorted({min(c, hard - 1024, n_shards) for c in counts}):
+    for count in _warm_counts(len(tarindex.IndexReader(index)), counts):
         ds = tarindex.TarDataset(index, max_open_files=count + 1)
         got.append(_warm_reads(ds, count))
         ds.close()
@@ -272,7 +304,22 @@ def bench_warm(root: Path, index: Path, label: str) -> list[Row]:
     as many as the file limit allows."""
     ((ref, ref_pread, _),) = _child(_warm, root / "one.tarindex", [1])
     rows: list[Row] = [("warm ds[i], 1,000-sample index (us)", ref, f"bare pread of the same ranges {ref_pread:.2f} us")]
-    for read_us, pread_us, n_open in _child(_warm, index, [64, 1_000, 10**9]):
+    counts = [64, 1_000, 10**9]
+    n = len(tarindex.IndexReader(index))
+    wanted: dict[int, set[int]] = {}
+    for count in _warm_counts(n, counts):
+        for j in _warm_order(n, count)[0]:
+            wanted.setdefault(j // PER_SHARD, set()).add(j % PER_SHARD)
+    base = root / "base.tar"
+    for s, samples in wanted.items():  # the samples read, under their keys (the other shards stay hard links)
+        _renamed(base, root / f"s{s:06d}.tar", s, samples)
+    try:
+        measured = _child(_warm, index, counts)
+    finally:
+        for s in wanted:
+            (root / f"s{s:06d}.tar").unlink()
+            os.link(_origin(base, s), root / f"s{s:06d}.tar")
+    for read_us, pread_us, n_open in measured:
         rows.append((f"{label}: warm ds[i], samples of {n_open:,} shards open (us)", read_us,
                      f"{read_us / ref:.2f}x the 1,000-sample index (target <= 1.5x); bare pread of the same ranges and "
                      f"descriptors {pread_us:.2f} us; ds[i] - pread {read_us - pread_us:.2f} us vs {ref - ref_pread:.2f} "
@@ -321,7 +368,13 @@ def bench_index_scale(work: Path, sizes: list[int], n_parts: int, incremental: b
         for row in rows:
             print(f"| {row[0]} | {row[1]:,.2f} | {row[2]} |", flush=True)
         del rows[:]
-        cold = _child(_cold, index, n)
+        read = root / f"s{(n * 2 // 3 + 17) // PER_SHARD:06d}.tar"  # the shard of _cold's first ds[i]
+        _renamed(base, read, (n * 2 // 3 + 17) // PER_SHARD)
+        try:
+            cold = _child(_cold, index, n)
+        finally:
+            read.unlink()
+            os.link(_origin(base, (n * 2 // 3 + 17) // PER_SHARD), read)
         rows += [
             (f"{label}: cold open + first ds[i] (ms)", cold["open_ms"], f"{cold['open_kb']:,.0f} KiB of the index read; target <= 1 MB, < 20 ms"),
             (f"{label}: cold get(key) (ms)", cold["get_cold_ms"], f"{cold['get_cold_pages']} pages of the index read, {cold['get_table_pages']} of them for the key table "
@@ -384,7 +437,7 @@ def bench_many_shards(work: Path, n_shards: int) -> list[Row]:
     index = root / f"shards-{n_shards}.tarindex"
     t_write, rss_write = _child(_write_many, root, index, n_shards)
     i = 2 * (n_shards // 2)  # the first sample of the middle shard
-    os.link(root / "s000000.tar", root / f"s{n_shards // 2:06d}.tar")
+    _renamed(root / "base.tar", root / f"s{n_shards // 2:06d}.tar", n_shards // 2)
     try:
         got = _child(_open_many, index, i)
     finally:

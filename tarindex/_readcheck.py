@@ -1,0 +1,205 @@
+"""A sample's bytes against its index record: the check every read makes before it hands out a member.
+
+A sample's byte range starts at its first member's first header, so each member's tar headers (its own
+512-byte header and any PAX ``x`` / GNU ``L``/``K`` extension headers before it) lie inside the bytes
+a read fetches anyway. :func:`check_sample` makes sure they still say what the index says: a valid
+header checksum, a regular file, the member's name (the sample's key and the member's extension, by
+webdataset's rules: :func:`tarindex.grouping.split_key`) and its size, for every member. A shard rewritten
+in place (two samples of one size trading places, a caption fixed to the same length) or a record edited
+with its checksum recomputed is then a :class:`~tarindex.errors.StaleIndexError`, never another sample's bytes.
+
+Two steps. :func:`_agrees` accepts the common shapes quickly (each member's headers right before its data,
+PAX and GNU long-name headers included); the C reader (``_speedups.c``, ``headers_agree``) makes the same
+check, a plain header field by field and any other shape with the C header step (``tar_step``). Whatever either does not accept goes to :func:`_judge`, the reference: the
+range is walked by the build's own walker and grouped by its own rules (:func:`tarindex.tar.iter_tar`,
+:func:`tarindex.grouping.group_members`), and must give exactly this record, or the error names the shard,
+the offset and the first difference, expected vs got. One place words every error, for both lanes.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from itertools import zip_longest
+from typing import Any
+
+from .errors import CorruptArchiveError, StaleIndexError, shown
+from .grouping import group_members, sample_key
+from .tar import BLOCK, _is_regular, _member_name, _number, _octal, _padded, _parse_pax, iter_tar
+
+__all__: list[str] = []  # internal module: its names serve the package
+
+_END = bytes(2 * BLOCK)  # what ends the walk of one sample's range: an end-of-archive marker
+_PAX, _LONGNAME = ord("x"), ord("L")
+_adler32 = zlib.adler32
+_FIELDS = struct.Struct("124x12s20xB188xB")  # a header's size field, type and the first byte of its ustar prefix
+_REGULAR = frozenset(b"0\x007")  # a regular file's types (NUL: unless its name ends in "/")
+_EXTENSIONS = frozenset(b"xLK")  # the extension headers a member may have before its own (a global PAX one: _judge)
+
+
+def _summed(buf: bytes, at: int) -> bool:
+    """Whether the header at ``at`` holds its checksum (as the common writers spell it, or any octal): the sum
+    of its bytes, the checksum field counted as spaces. Each half's byte sum is at most 256 x 255 < 65521, so
+    adler32's low half (1 + the byte sum, mod 65521) gives it exactly, at C speed."""
+    field = buf[at + 148 : at + 156]
+    s = (_adler32(buf[at : at + 256]) & 0xFFFF) + (_adler32(buf[at + 256 : at + 512]) & 0xFFFF) - 2 - sum(field) + 8 * 32
+    return field == b"%06o\x00 " % s or _octal(field) == s
+
+
+def _agrees(buf: Any, key: str, members: Sequence[tuple[int, int, int]], exts: Sequence[str]) -> bool:
+    """Whether every member's headers say what the record says, in the shapes this step knows: each
+    member's headers (PAX ``x``, GNU ``L``/``K``, then its own) end where its data starts, every
+    checksum valid. ``False`` is not a verdict: :func:`_judge` decides (a global PAX header, a sparse or
+    base-256 member, a directory between two members, a mismatch)."""
+    if not members:
+        return False
+    if type(buf) is not bytes:
+        buf = bytes(buf)
+    plain = _plain(key)
+    prefix = key.encode("utf-8", "surrogateescape") + b"."
+    pos = 0
+    for e, mo, ms in members:
+        ext = exts[e]
+        at = (pos + BLOCK - 1) & ~(BLOCK - 1)
+        path: str | None = None
+        size: int | None = None
+        while at + BLOCK < mo:  # extension headers before the member's own: the first that sets a field wins
+            field, typ, _ = _FIELDS.unpack_from(buf, at)
+            n = _size_of(field)
+            if typ not in _EXTENSIONS or n is None or not _summed(buf, at):
+                return False
+            data = buf[at + BLOCK : at + BLOCK + n]
+            if typ == _PAX:
+                try:
+                    records = _parse_pax(data, "", at)
+                except CorruptArchiveError:
+                    return False
+                if any(k.startswith("GNU.sparse.") for k in records):
+                    return False
+                if path is None:
+                    path = records.get("path")
+                if size is None and "size" in records:
+                    size = int(records["size"])  # decimal digits: checked by _parse_pax
+            elif typ == _LONGNAME and path is None:
+                path = data.split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
+            at += BLOCK + _padded(n)
+        field, typ, ustar_prefix = _FIELDS.unpack_from(buf, at) if at + BLOCK == mo else (b"", -1, 0)
+        if typ not in _REGULAR or not _summed(buf, at):
+            return False
+        if size is None:
+            size = ms if field == b"%011o\x00" % ms else _size_of(field)
+        if size != ms:
+            return False
+        if path is None:  # its name field, as most writers spell it: key.ext, no ustar prefix
+            raw = prefix + ext.encode("utf-8", "surrogateescape")
+            n = len(raw)
+            if plain and not ustar_prefix and buf.startswith(raw, at) and (n >= 100 or not buf[at + n]) and ext[:2] != "__" and "/" not in ext:
+                pos = mo + ms
+                continue
+        header = buf[at:mo]
+        if not _is_regular(header, typ) or not _named(_member_name(header) if path is None else path, f"{key}.{ext}", key, ext):
+            return False
+        pos = mo + ms
+    return True
+
+
+def _size_of(field: bytes) -> int | None:
+    """A size field's value: the common spelling (11 octal digits and a NUL) read by ``int``, any other as tar
+    reads it (:func:`tarindex.tar._number`: octal, base-256; ``None`` if malformed)."""
+    if field[11:] == b"\x00" and field[:11].isdigit():
+        try:
+            return int(field[:11], 8)
+        except ValueError:  # an 8 or a 9
+            pass
+    return _number(field)
+
+
+def _plain(key: str) -> bool:
+    """Whether ``key`` is one the common split makes: no leading ``__``, a base name (after the last ``/``)
+    that is not empty and has no dot. ``key.ext`` then splits into this key and ``ext`` (no ``/``, no leading ``__``)."""
+    base = key[key.rfind("/") + 1 :]
+    return bool(base) and "." not in base and key[:2] != "__"
+
+
+def _named(got: str, name: str, key: str, ext: str) -> bool:
+    """Whether a member named ``got`` has this key and extension by the build's rules
+    (:func:`tarindex.grouping.sample_key`); ``name`` is ``f"{key}.{ext}"``. The common case is a compare
+    (:func:`_plain`)."""
+    if got == name and ext[:2] != "__" and "/" not in ext and _plain(key):
+        return True
+    return sample_key(got) == (key, ext)
+
+
+def check_sample(buf: Any, path: str, offset: int, key: bytes, members: Sequence[tuple[int, int, int]], exts: Sequence[str]) -> None:
+    """Check a sample's bytes (its whole range, read from ``offset`` of shard ``path``) against its record.
+
+    Args:
+        buf: the bytes of the sample's range (``len(buf)`` is the record's size).
+        path: the shard, as errors name it.
+        offset: where the range starts in the shard (the tar stream, for a compressed shard).
+        key: the record's key, utf-8 (surrogateescape).
+        members: the record's ``(extension number, data offset in the range, size)`` per member.
+        exts: the index's extensions, by number.
+
+    Raises:
+        StaleIndexError: the headers in the range do not say what the record says (names the shard,
+            the byte offset and the first difference).
+    """
+    text = key.decode("utf-8", "surrogateescape")
+    if not _agrees(buf, text, members, exts):
+        _judge(buf, path, offset, text, members, exts)
+
+
+def _judge(buf: Any, path: str, offset: int, key: str, members: Sequence[tuple[int, int, int]], exts: Sequence[str]) -> None:
+    """The reference: the range walked and grouped as the build walks and groups a shard must give the record.
+
+    Raises:
+        StaleIndexError: it does not (names the first difference).
+    """
+    where = f"sample {shown(key)} at offset {offset}"
+    try:
+        found = list(group_members(iter_tar((buf, _END), path), path))
+    except CorruptArchiveError as exc:
+        at = offset + max(exc.offset, 0)
+        raise StaleIndexError(path, f"{where}: {exc.what} at offset {at}") from exc
+    wanted = [(exts[e], mo, ms) for e, mo, ms in members]
+    what = None
+    if not found:
+        what = f"no member of a sample in its {len(buf)} bytes"
+    elif found[0].offset != 0:
+        what = f"its first header is at offset {offset + found[0].offset}"
+    elif found[0].key != key:
+        shard_key, index_key = shown_pair(found[0].key, key)
+        what = f"the shard has key {shard_key} there, the index {index_key}"
+    else:
+        for k, (got, asked) in enumerate(zip_longest(found[0].members, wanted)):
+            if got != asked:
+                what = f"member {k + 1}: the shard has {_member(key, offset, got)}, the index {_member(key, offset, asked)}"
+                break
+        else:
+            if len(found) > 1:
+                what = f"sample {shown(found[1].key)} at offset {offset + found[1].offset} inside its {len(buf)} bytes"
+            elif found[0].size != len(buf):
+                what = f"its members take {found[0].size} bytes, the index says {len(buf)}"
+    if what is not None:
+        raise StaleIndexError(path, f"{where}: {what}")
+
+
+def shown_pair(a: str, b: str) -> tuple[str, str]:
+    """Two names an error says differ, each as :func:`~tarindex.errors.shown` gives it, or from a little before
+    their first difference when cutting a long name would hide it (keys that share a long directory)."""
+    got, want = shown(a), shown(b)
+    if got != want or a == b:
+        return got, want
+    same = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(0, same - 20)
+    return "..." + shown(a[start:]), "..." + shown(b[start:])
+
+
+def _member(key: str, offset: int, member: tuple[str, int, int] | None) -> str:
+    """A member as an error names it: name, size and where its data starts in the shard."""
+    if member is None:
+        return "no member"
+    ext, at, size = member
+    return f"{shown(f'{key}.{ext}')} of {size} bytes at offset {offset + at}"

@@ -1,0 +1,460 @@
+"""Every read checks its members' tar headers against the index record (issue 31 item 3).
+
+A shard rewritten in place (two samples of one size trading places, a same-length name or size fix, the
+fingerprinted head and tail unchanged, the mtime changed or restored) and an index whose records were
+edited and written with valid checksums are a ``StaleIndexError`` naming the shard and the offset, in the C
+reader and the Python reader alike, never another sample's bytes. Unchanged shards of every writer read
+exactly as ``tarfile`` extracts them. ``verify --deep`` names the first record that differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import os
+import re
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from _servers import HTTPServer
+from click.testing import CliRunner
+from test_zstd import check_dataset, expected_samples
+
+from conftest import LONG_DIR, PY_FORMATS, file_specs, gnu_tar, py_tar, wds_write, write_tree
+from tarindex import StaleIndexError, TarDataset, build_index, verify_index
+from tarindex._readcheck import shown_pair
+from tarindex.cli.main import main
+from tarindex.dataset import TarDataset as _Dataset
+from tarindex.errors import shown
+from tarindex.index.writer import IndexWriter
+from tarindex.scan import scan_shard
+from tarindex.shard_writer import compress_shard
+from tarindex.tables import ShardTable
+
+N = 120  # samples of 2.5 KiB: the middle lies outside the fingerprinted first and last 64 KiB
+MIDDLE = 60
+WRITERS = ["gnu-tar-gnu", "gnu-tar-pax", "gnu-tar-ustar", "tarfile", "webdataset", "long-gnu-tar", "long-tarfile-pax"]
+"""GNU tar in its three formats, tarfile (GNU format), webdataset's TarWriter (a PAX header per member), and
+keys under a 121-character directory (GNU ``L`` headers; PAX ``path`` records)."""
+
+
+def _caption(i: int) -> bytes:
+    return (b"caption of sample %06d. " % i).ljust(700, b"x")  # every sample the same size
+
+
+def _specs(n: int, prefix: str = "") -> list[tuple[str, bytes]]:
+    specs = []
+    for i in range(n):
+        specs += [(f"{prefix}{i:06d}.cls", b"%d" % (i % 10)), (f"{prefix}{i:06d}.txt", _caption(i))]
+    return specs
+
+
+def _shard(writer: str, root: Path, n: int = N) -> Path:
+    """A shard of ``n`` two-member samples of one size, made by ``writer``."""
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / f"{writer}.tar"
+    prefix = LONG_DIR + "/" if writer.startswith("long-") else ""
+    specs = _specs(n, prefix)
+    if "gnu-tar" in writer:
+        src = root / "src"
+        write_tree(src, specs)
+        fmt = {"gnu-tar-pax": "pax", "gnu-tar-ustar": "ustar"}.get(writer, "gnu")
+        return gnu_tar(src, out, fmt, [name for name, _ in specs])
+    if writer == "webdataset":
+        samples = [{"__key__": f"{i:06d}", "cls": b"%d" % (i % 10), "txt": _caption(i)} for i in range(n)]
+        return wds_write(out, samples)
+    fmt = tarfile.PAX_FORMAT if writer == "long-tarfile-pax" else tarfile.GNU_FORMAT
+    with tarfile.open(out, "w", format=fmt) as tf:
+        for name, data in specs:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1_700_000_000
+            tf.addfile(info, io.BytesIO(data))
+    return out
+
+
+def _built(shard: Path) -> TarDataset:
+    return TarDataset(build_index([str(shard)], index=shard.with_suffix(".tarindex"), workers=1).path, verify="fingerprint")
+
+
+def _members(shard: Path) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(shard) as tf:
+        return {m.name: m for m in tf if m.isreg()}
+
+
+def _rechecksum(data: bytearray, header: int) -> None:
+    """Write the header block at ``header`` its checksum again (as a tool editing a tar in place does)."""
+    block = data[header : header + 512]
+    total = sum(block[:148]) + 8 * 32 + sum(block[156:])
+    data[header + 148 : header + 156] = b"%06o\x00 " % total
+
+
+def _in_place(shard: Path, edit: Callable[[bytearray], None], restore_mtime: bool) -> None:
+    """Rewrite ``shard``'s bytes in place (same size), its mtime changed, or restored as it was."""
+    st = shard.stat()
+    data = bytearray(shard.read_bytes())
+    edit(data)
+    assert len(data) == st.st_size
+    with open(shard, "r+b") as f:
+        f.write(data)
+    if restore_mtime:
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    else:
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+def _swap(ds: TarDataset, a: int, b: int) -> Callable[[bytearray], None]:
+    """An edit that makes samples ``a`` and ``b`` (of one size) trade places."""
+    _, off_a, size, _, _ = ds.index.record(a)
+    _, off_b, size_b, _, _ = ds.index.record(b)
+    assert size == size_b
+
+    def edit(data: bytearray) -> None:
+        data[off_a : off_a + size], data[off_b : off_b + size] = data[off_b : off_b + size], data[off_a : off_a + size]
+
+    return edit
+
+
+def _no_other_bytes(ds: TarDataset, i: int, shard: Path, offset: int) -> StaleIndexError:
+    """``ds[i]`` (and ``ds.read(i)``) raise ``StaleIndexError`` naming the shard and the offset; the error."""
+    for read in (ds.__getitem__, ds.read):
+        with pytest.raises(StaleIndexError, match=rf"^{re.escape(str(shard))}: shard changed since it was indexed \(.*at offset {offset}\b") as info:
+            read(i)
+        assert info.value.path == str(shard)
+    return info.value
+
+
+class _Fallbacks:
+    """Counts the reads the C reader hands to the Python path (a wrapper: the reads themselves are the real ones)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = _Dataset._read_py
+
+        def counted(ds: TarDataset, i: int) -> dict[str, object]:
+            self.count += 1
+            return real(ds, i)
+
+        monkeypatch.setattr(_Dataset, "_read_py", counted)
+
+
+# -- unchanged shards read as tarfile extracts them -------------------------------------------------------
+@pytest.mark.parametrize("writer", WRITERS)
+def test_every_writer_reads_as_tarfile_extracts(writer: str, impl: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shard = _shard(writer, tmp_path / "d", n=40)
+    fallbacks = _Fallbacks(monkeypatch)
+    ds = _built(shard)
+    oracle = expected_samples(shard)
+    assert len(ds) == len(oracle) == 40
+    check_dataset(ds, oracle)
+    fallbacks.count = 0
+    assert check_dataset(ds, oracle, list(range(39, -1, -1))) == 40
+    if impl == "c":  # the C reader's own header check takes every writer's headers (no read handed to Python)
+        assert fallbacks.count == 0
+
+
+def _awkward_shards(tmp_path: Path) -> list[Path]:
+    """The conftest shards: directories and links, unicode and long names, a 70 KB member (read straight
+    into its bytes), an empty member, several dots; by GNU tar (3 formats), tarfile (3 formats), webdataset."""
+    shards = []
+    for fmt in ("gnu", "pax", "ustar"):
+        specs = file_specs(fmt)
+        src = tmp_path / f"src-{fmt}"
+        write_tree(src, specs)
+        names: list[str] = []
+        for name, _ in specs:
+            parent = name.rsplit("/", 1)[0] if "/" in name else None
+            if parent and parent not in names:
+                names.append(parent)
+            names.append(name)
+        shards.append(gnu_tar(src, tmp_path / f"gnu-{fmt}.tar", fmt, names))
+        shards.append(py_tar(tmp_path / f"py-{fmt}.tar", specs, PY_FORMATS[fmt]))
+    samples = [{"__key__": f"s{i:04d}", "txt": f"text {i}", "cls": i % 5, "seg.bin": os.urandom(i * 3700)} for i in range(20)]
+    shards.append(wds_write(tmp_path / "wds.tar", samples))
+    return shards
+
+
+def test_awkward_shards_of_every_writer_read_as_tarfile_extracts(impl: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fallbacks = _Fallbacks(monkeypatch)
+    for shard in _awkward_shards(tmp_path):
+        ds = TarDataset(build_index([str(shard)], index=shard.with_suffix(".tarindex"), workers=1).path)
+        oracle = expected_samples(shard)
+        assert check_dataset(ds, oracle) == len(oracle) == len(ds), shard
+        fallbacks.count = 0
+        check_dataset(ds, oracle)
+        if impl == "c":
+            assert fallbacks.count == 0, shard
+
+
+def test_members_between_a_samples_members_read_as_tarfile_extracts(impl: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory, a symbolic link and a file without a key between two members of one sample lie inside its
+    byte range: the check walks past them as the build did (the C reader hands the file without a key to the
+    Python check, which takes it as the build's grouping does)."""
+    shard = tmp_path / "between.tar"
+    with tarfile.open(shard, "w", format=tarfile.GNU_FORMAT) as tf:
+        for name, kind, data in [
+            ("a.txt", tarfile.REGTYPE, b"first"),
+            ("somedir", tarfile.DIRTYPE, b""),
+            ("a.cls", tarfile.REGTYPE, b"1"),
+            ("link", tarfile.SYMTYPE, b""),
+            ("README", tarfile.REGTYPE, b"no key: not part of any sample" * 20),
+            ("a.json", tarfile.REGTYPE, b"{}"),
+            ("b.txt", tarfile.REGTYPE, b"second"),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.type, info.size = kind, len(data)
+            if kind == tarfile.SYMTYPE:
+                info.linkname = "a.txt"
+            tf.addfile(info, io.BytesIO(data) if data else None)
+    fallbacks = _Fallbacks(monkeypatch)
+    ds = _built(shard)
+    assert check_dataset(ds, expected_samples(shard)) == 2
+    assert ds[0]["json"] == b"{}" and ds.index.record(0)[3][2][1] > 2048  # the range holds the members between
+    fallbacks.count = 0
+    ds[0]
+    if impl == "c":
+        assert fallbacks.count == 1  # README: judged by the Python check
+
+
+# -- a shard rewritten in place --------------------------------------------------------------------------
+@pytest.mark.parametrize("restore_mtime", [False, True], ids=["mtime-changed", "mtime-restored"])
+@pytest.mark.parametrize("writer", WRITERS)
+def test_swapped_samples_are_stale_never_other_bytes(writer: str, restore_mtime: bool, impl: str, tmp_path: Path) -> None:
+    shard = _shard(writer, tmp_path / "d")
+    ds = _built(shard)
+    key = ds[MIDDLE]["__key__"]
+    got, want = shown_pair(key[:-2] + "61", key)  # keys under a long directory: shown from where they differ
+    offset, after = ds.index.record(MIDDLE)[1], ds.index.record(MIDDLE + 1)[1]
+    _in_place(shard, _swap(ds, MIDDLE, MIDDLE + 1), restore_mtime)
+    for verify in ("stat", "fingerprint"):  # the identity rule accepts the shard: the head and tail are the same
+        ds = TarDataset(ds.index_path, verify=verify)
+        assert ds[0]["txt"] == _caption(0) and ds[N - 1]["txt"] == _caption(N - 1)
+        error = _no_other_bytes(ds, MIDDLE, shard, offset)
+        assert f"the shard has key {got} there, the index {want}" in str(error)
+        _no_other_bytes(ds, MIDDLE + 1, shard, after)
+    differs = f"sample {MIDDLE} ({shown(key)}) at offset {offset}: key {got} in the shard, {want} in the index"
+    with pytest.raises(StaleIndexError, match=rf"{re.escape(str(shard))}: .*a rescan differs from the index: {re.escape(differs)}"):
+        verify_index(ds.index_path, deep=True)
+
+
+def _rename(shard: Path, old: str, new: str) -> Callable[[bytearray], None]:
+    """An edit that renames member ``old`` to ``new`` (same length) wherever its name is written: its header's
+    name field or a PAX ``path`` / GNU long-name record; the headers' checksums written again."""
+    assert len(old) == len(new)
+    info = _members(shard)[old]
+
+    def edit(data: bytearray) -> None:
+        raw_old, raw_new = old.encode(), new.encode()
+        tail = raw_old[-90:]  # the ustar name field holds the tail of a name its prefix does not
+        at = data.find(tail, info.offset, info.offset_data)
+        while at >= 0:
+            data[at : at + len(tail)] = raw_new[-90:]
+            at = data.find(tail, at + 1, info.offset_data)
+        for header in range(info.offset, info.offset_data, 512):
+            if data[header + 257 : header + 262] == b"ustar":
+                _rechecksum(data, header)
+
+    return edit
+
+
+@pytest.mark.parametrize("writer", ["gnu-tar-gnu", "webdataset", "long-gnu-tar", "long-tarfile-pax"])
+@pytest.mark.parametrize("change", ["key", "extension"])
+def test_same_length_rename_is_stale(writer: str, change: str, impl: str, tmp_path: Path) -> None:
+    shard = _shard(writer, tmp_path / "d")
+    ds = _built(shard)
+    record = ds.index.record(MIDDLE)
+    old = next(name for name in _members(shard) if name.endswith(f"{MIDDLE:06d}.txt"))
+    new = old.replace(f"{MIDDLE:06d}.txt", f"{MIDDLE + 9:06d}.txt" if change == "key" else f"{MIDDLE:06d}.log")
+    _in_place(shard, _rename(shard, old, new), restore_mtime=True)
+    assert _members(shard)[new].size == 700  # tarfile reads the edited shard
+    ds = TarDataset(ds.index_path)
+    error = _no_other_bytes(ds, MIDDLE, shard, record[1])
+    assert "member 2: the shard has " in str(error) or "the shard has key" in str(error)
+    with pytest.raises(StaleIndexError, match=rf"a rescan differs from the index: sample {MIDDLE} "):
+        verify_index(ds.index_path, deep=True)
+
+
+def test_a_name_differing_only_in_case_of_its_extension_is_the_same_member(impl: str, tmp_path: Path) -> None:
+    """The index lower-cases extensions: ``000060.TXT`` is the member ``000060.txt`` was, by webdataset's rules."""
+    shard = _shard("gnu-tar-gnu", tmp_path / "d")
+    ds = _built(shard)
+    _in_place(shard, _rename(shard, f"{MIDDLE:06d}.txt", f"{MIDDLE:06d}.TXT"), restore_mtime=True)
+    ds = TarDataset(ds.index_path)
+    assert ds[MIDDLE]["txt"] == _caption(MIDDLE)
+    verify_index(ds.index_path, deep=True)
+
+
+def test_same_block_size_change_is_stale(impl: str, tmp_path: Path) -> None:
+    """A caption made shorter within its blocks (the header's size field and checksum written again): the
+    index's size would hand out stale bytes after the new end."""
+    shard = _shard("tarfile", tmp_path / "d")
+    ds = _built(shard)
+    offset = ds.index.record(MIDDLE)[1]
+    info = _members(shard)[f"{MIDDLE:06d}.txt"]
+
+    def edit(data: bytearray) -> None:
+        data[info.offset + 124 : info.offset + 136] = b"%011o\x00" % 650
+        data[info.offset_data + 650 : info.offset_data + 700] = bytes(50)
+        _rechecksum(data, info.offset)
+
+    _in_place(shard, edit, restore_mtime=True)
+    assert _members(shard)[f"{MIDDLE:06d}.txt"].size == 650
+    ds = TarDataset(ds.index_path)
+    error = _no_other_bytes(ds, MIDDLE, shard, offset)
+    assert f"member 2: the shard has '{MIDDLE:06d}.txt' of 650 bytes at offset {info.offset_data}, the index '{MIDDLE:06d}.txt' of 700 bytes" in str(error)
+    with pytest.raises(StaleIndexError, match=rf"sample {MIDDLE} \('{MIDDLE:06d}'\) at offset {offset}: member 2: 'txt' of 650 bytes at \+1536 in the shard, 'txt' of 700 bytes at \+1536 in the index"):
+        verify_index(ds.index_path, deep=True)
+
+
+def test_other_spellings_of_valid_fields_read_as_before(impl: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checksum of seven digits and a NUL, a size with leading blanks: what GNU tar reads is the same header
+    (the C reader's field compare leaves them to its header step, which takes them too)."""
+    shard = _shard("tarfile", tmp_path / "d")
+    fallbacks = _Fallbacks(monkeypatch)
+    ds = _built(shard)
+    info = _members(shard)[f"{MIDDLE:06d}.txt"]
+
+    def edit(data: bytearray) -> None:
+        data[info.offset + 124 : info.offset + 136] = b"   %08o " % 700
+        total = sum(data[info.offset : info.offset + 148]) + 8 * 32 + sum(data[info.offset + 156 : info.offset + 512])
+        data[info.offset + 148 : info.offset + 156] = b"%07o\x00" % total
+
+    _in_place(shard, edit, restore_mtime=True)
+    assert _members(shard)[f"{MIDDLE:06d}.txt"].size == 700
+    ds = TarDataset(ds.index_path)
+    fallbacks.count = 0
+    assert ds[MIDDLE]["txt"] == _caption(MIDDLE)
+    if impl == "c":
+        assert fallbacks.count <= 1  # the shard's first read resolves its name in Python; this header is C's
+        fallbacks.count = 0
+        assert ds[MIDDLE]["txt"] == _caption(MIDDLE) and fallbacks.count == 0
+
+
+def test_a_damaged_header_is_stale(impl: str, tmp_path: Path) -> None:
+    """One flipped bit in a member's header (its checksum no longer holds): the read names the header's offset."""
+    shard = _shard("tarfile", tmp_path / "d")
+    ds = _built(shard)
+    offset = ds.index.record(MIDDLE)[1]
+
+    def edit(data: bytearray) -> None:
+        data[offset + 1024 + 100] ^= 1  # the mode field of the second member's header (after the first's data block)
+
+    _in_place(shard, edit, restore_mtime=True)
+    error = _no_other_bytes(TarDataset(ds.index_path), MIDDLE, shard, offset)
+    assert "bad header checksum" in str(error) and f"at offset {offset + 1024}" in str(error)
+
+
+def test_large_samples_read_into_their_members_are_checked(impl: str, tmp_path: Path) -> None:
+    """Samples over 64 KiB are read straight into their members' bytes (the headers into a buffer of their own)."""
+    shard = tmp_path / "big.tar"
+    with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tf:
+        for i in range(8):
+            for name, data in [(f"{i:03d}.jpg", bytes([i]) * 90_000), (f"{i:03d}.cls", b"%d" % i)]:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    ds = _built(shard)
+    assert check_dataset(ds, expected_samples(shard)) == 8
+    offset = ds.index.record(4)[1]
+    _in_place(shard, _swap(ds, 4, 5), restore_mtime=True)
+    ds = TarDataset(ds.index_path)
+    _no_other_bytes(ds, 4, shard, offset)
+    assert ds[3]["jpg"] == bytes([3]) * 90_000 and ds[6]["jpg"] == bytes([6]) * 90_000
+
+
+def test_on_error_skip_raises_for_a_stale_sample(impl: str, tmp_path: Path) -> None:
+    """``on_error="skip"`` skips damaged samples; a sample that is not the one indexed always raises."""
+    shard = _shard("webdataset", tmp_path / "d")
+    ds = _built(shard)
+    _in_place(shard, _swap(ds, MIDDLE, MIDDLE + 1), restore_mtime=True)
+    ds = TarDataset(ds.index_path, on_error="skip")
+    assert ds[MIDDLE - 1]["txt"] == _caption(MIDDLE - 1)
+    with pytest.raises(StaleIndexError, match=f"at offset {ds.index.record(MIDDLE)[1]}"):
+        ds[MIDDLE]
+
+
+# -- an index edited with valid checksums -----------------------------------------------------------------
+def _edited_index(shard: Path, out: Path, edit: Callable[[ShardTable], None]) -> TarDataset:
+    """An index of ``shard`` whose records ``edit`` changed before writing (every checksum valid)."""
+    info, table = scan_shard(str(shard))
+    edit(table)
+    with IndexWriter(out) as w:
+        w.add(dataclasses.replace(info, path=shard.name), table)
+    return TarDataset(out)
+
+
+@pytest.mark.parametrize("compression", [None, "zstd", "gzip"])
+def test_an_edited_record_is_stale_never_other_bytes(compression: str | None, impl: str, tmp_path: Path) -> None:
+    plain = _shard("tarfile", tmp_path / "d")
+    shard = plain
+    if compression == "zstd":
+        shard = tmp_path / "d" / "s.tar.zst"
+        compress_shard(plain, shard, frame_size=16 << 10)
+    elif compression == "gzip":
+        shard = tmp_path / "d" / "s.tar.gz"
+        shard.write_bytes(gzip.compress(plain.read_bytes()))
+    k = MIDDLE
+
+    def pointed_at_the_next(table: ShardTable) -> None:
+        table.sample_offset[k] = table.sample_offset[k + 1]  # sample k's record now names sample k+1's bytes
+
+    ds = _edited_index(shard, tmp_path / "d" / "next.tarindex", pointed_at_the_next)
+    offset = ds.index.record(k)[1]
+    assert ds.index.shards[0].compression == compression
+    assert ds[k - 1]["txt"] == _caption(k - 1) and ds[k + 1]["txt"] == _caption(k + 1)
+    error = _no_other_bytes(ds, k, shard, offset)
+    assert f"the shard has key '{k + 1:06d}' there, the index '{k:06d}'" in str(error)
+    with pytest.raises(StaleIndexError, match=rf"sample {k} \('{k:06d}'\) at offset {offset}: offset {offset - 2560} in the shard, {offset} in the index"):
+        verify_index(ds.index_path, deep=True)
+
+    def shorter_member(table: ShardTable) -> None:
+        table.member_size[2 * k + 1] -= 10  # the caption of sample k: 690 bytes, within its blocks
+
+    ds = _edited_index(shard, tmp_path / "d" / "size.tarindex", shorter_member)
+    offset = ds.index.record(k)[1]
+    error = _no_other_bytes(ds, k, shard, offset)
+    assert f"member 2: the shard has '{k:06d}.txt' of 700 bytes" in str(error) and "the index '" in str(error) and "of 690 bytes" in str(error)
+    with pytest.raises(StaleIndexError, match=rf"sample {k} \('{k:06d}'\) at offset \d+: member 2: 'txt' of 700 bytes at \+1536 in the shard, 'txt' of 690 bytes at \+1536 in the index"):
+        verify_index(ds.index_path, deep=True)
+
+
+def test_an_edited_key_is_stale(impl: str, tmp_path: Path) -> None:
+    shard = _shard("gnu-tar-pax", tmp_path / "d")
+
+    def renamed(table: ShardTable) -> None:
+        table.keys[MIDDLE] = f"{MIDDLE + 50:06d}"
+
+    ds = _edited_index(shard, tmp_path / "d" / "key.tarindex", renamed)
+    error = _no_other_bytes(ds, MIDDLE, shard, ds.index.record(MIDDLE)[1])
+    assert f"the shard has key '{MIDDLE:06d}' there, the index '{MIDDLE + 50:06d}'" in str(error)
+
+
+# -- batches over URL shards ------------------------------------------------------------------------------
+def test_remote_batches_are_checked(impl: str, http_server: HTTPServer, tmp_path: Path) -> None:
+    www = http_server.root / f"readcheck-{impl}"
+    shard = _shard("webdataset", www)
+    index = build_index([http_server.url(shard)], index=tmp_path / "u.tarindex", workers=1).path
+    ds = TarDataset(index)
+    assert [s["txt"] for s in ds.__getitems__([MIDDLE + 1, 3, MIDDLE])] == [_caption(MIDDLE + 1), _caption(3), _caption(MIDDLE)]
+    offset = ds.index.record(MIDDLE)[1]
+    _in_place(shard, _swap(ds, MIDDLE, MIDDLE + 1), restore_mtime=True)  # same size and mtime: the same ETag
+    ds = TarDataset(index)
+    assert ds.__getitems__([3])[0]["txt"] == _caption(3)
+    with pytest.raises(StaleIndexError, match=rf"{re.escape(http_server.url(shard))}: shard changed since it was indexed \(sample '{MIDDLE:06d}' at offset {offset}: "):
+        ds.__getitems__([3, MIDDLE])
+    with pytest.raises(StaleIndexError, match=f"at offset {offset}: "):
+        ds[MIDDLE]
+
+
+def test_cli_get_refuses_a_stale_sample(tmp_path: Path) -> None:
+    shard = _shard("gnu-tar-ustar", tmp_path / "d")
+    ds = _built(shard)
+    offset = ds.index.record(MIDDLE)[1]
+    _in_place(shard, _swap(ds, MIDDLE, MIDDLE + 1), restore_mtime=True)
+    result = CliRunner().invoke(main, ["get", str(ds.index_path), f"{MIDDLE:06d}", "--ext", "txt"])
+    assert result.exit_code == 1 and result.stdout_bytes == b""
+    assert re.fullmatch(rf"tarindex: error: {re.escape(str(shard))}: shard changed since it was indexed \(sample '{MIDDLE:06d}' at offset {offset}: .*\); rebuild the index\n", result.output)
+    result = CliRunner().invoke(main, ["verify", "--deep", str(ds.index_path)])
+    assert result.exit_code == 1 and f"sample {MIDDLE} ('{MIDDLE:06d}') at offset {offset}: key" in result.output
