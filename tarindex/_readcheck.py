@@ -19,8 +19,9 @@ the offset and the first difference, expected vs got. One place words every erro
 from __future__ import annotations
 
 import struct
+import tarfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import zip_longest
 from typing import Any
 
@@ -131,7 +132,15 @@ def _named(got: str, name: str, key: str, ext: str) -> bool:
     return sample_key(got) == (key, ext)
 
 
-def check_sample(buf: Any, path: str, offset: int, key: bytes, members: Sequence[tuple[int, int, int]], exts: Sequence[str]) -> None:
+def check_sample(
+    buf: Any,
+    path: str,
+    offset: int,
+    key: bytes,
+    members: Sequence[tuple[int, int, int]],
+    exts: Sequence[str],
+    globals_: Mapping[str, str] | None = None,
+) -> None:
     """Check a sample's bytes (its whole range, read from ``offset`` of shard ``path``) against its record.
 
     Args:
@@ -141,27 +150,35 @@ def check_sample(buf: Any, path: str, offset: int, key: bytes, members: Sequence
         key: the record's key, utf-8 (surrogateescape).
         members: the record's ``(extension number, data offset in the range, size)`` per member.
         exts: the index's extensions, by number.
+        globals_: the global PAX records in effect at ``offset`` (from a global header before the range,
+            :func:`tarindex.tar.global_records`): they rename or resize the members as the build read them.
 
     Raises:
         StaleIndexError: the headers in the range do not say what the record says (names the shard,
             the byte offset and the first difference).
     """
     text = key.decode("utf-8", "surrogateescape")
-    if not _agrees(buf, text, members, exts):
-        _judge(buf, path, offset, text, members, exts)
+    if globals_ or not _agrees(buf, text, members, exts):
+        _judge(buf, path, offset, text, members, exts, tarfile.TarInfo.create_pax_global_header(dict(globals_)) if globals_ else b"")
 
 
-def _judge(buf: Any, path: str, offset: int, key: str, members: Sequence[tuple[int, int, int]], exts: Sequence[str]) -> None:
-    """The reference: the range walked and grouped as the build walks and groups a shard must give the record.
+def _judge(
+    buf: Any, path: str, offset: int, key: str, members: Sequence[tuple[int, int, int]], exts: Sequence[str], prefix: bytes = b""
+) -> None:
+    """The reference: the range walked and grouped as the build walks and groups a shard must give the record
+    (after ``prefix``: a global PAX header holding the global records in effect at the range).
 
     Raises:
         StaleIndexError: it does not (names the first difference).
     """
     where = f"sample {shown(key)} at offset {offset}"
     try:
-        found = list(group_members(iter_tar((buf, _END), path), path))
+        found = [
+            s if not prefix else s._replace(offset=s.offset - len(prefix), members=tuple((e, o - len(prefix), z) for e, o, z in s.members))
+            for s in group_members(iter_tar((prefix, buf, _END), path), path)
+        ]
     except CorruptArchiveError as exc:
-        at = offset + max(exc.offset, 0)
+        at = offset + max(exc.offset - len(prefix), 0)
         raise StaleIndexError(path, f"{where}: {exc.what} at offset {at}") from exc
     wanted = [(exts[e], mo, ms) for e, mo, ms in members]
     what = None

@@ -21,6 +21,7 @@ from .errors import (
     RandomAccessError,
     SampleNotFoundError,
     ShardNotFoundError,
+    StaleIndexError,
     TarIndexError,
     shown,
 )
@@ -29,6 +30,7 @@ from .index.reader import IndexReader
 from .objstore import is_remote_reader, read_many
 from .opener import ShardNames, ShardOpener, open_gzip_shard, open_url, open_zstd_shard
 from .options import SourceOptions
+from .tar import global_records
 from .view import View, find_index, view_of
 
 _speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
@@ -218,6 +220,7 @@ class TarDataset:
         self._exts = ix.exts
         self._opener = ShardOpener(len(self.urls), self._open_handle, self.max_open_files)
         self._checked = Checked(len(self.urls))
+        self._global_walks: dict[int, tuple[int, list[tuple[int, dict[str, str]]]]] = {}  # see _globals_at
         self._fast: Any = None
         if _speedups is not None:
             self._fast = _speedups.Reader(
@@ -360,12 +363,39 @@ class TarDataset:
         """
         if len(buf) != size:
             raise CorruptArchiveError(self.urls[shard], offset + len(buf), "sample runs past the end of the shard")
-        check_sample(buf, self.urls[shard], offset, key, members, self._exts)
+        try:
+            check_sample(buf, self.urls[shard], offset, key, members, self._exts)
+        except StaleIndexError:
+            globals_ = self._globals_at(shard, offset)  # a global PAX header before the range renames its members
+            if not globals_:
+                raise
+            check_sample(buf, self.urls[shard], offset, key, members, self._exts, globals_)
         sample: Sample = {"__key__": key.decode("utf-8", "surrogateescape"), "__url__": self.urls[shard], "__index__": i}
         exts = self._exts
         for e, o, z in members:  # checked against the sample's range when the record was read
             sample[exts[e]] = buf[o : o + z]
         return sample
+
+    def _globals_at(self, shard: int, offset: int) -> dict[str, str]:
+        """The global PAX records in effect at ``offset`` of ``shard`` (empty: none), from a walk of the shard's
+        headers up to there, made once per shard and process and only for a shard whose read check failed:
+        the build applied them to the names and sizes it indexed, as :mod:`tarfile` does."""
+        walked, found = self._global_walks.get(shard, (-1, []))
+        if walked < offset:
+            handle = self._opener.acquire(shard)
+            try:
+                step = 1 << 20
+                read = (lambda at, n: _pread(handle, n, at)) if type(handle) is int else handle.read_at
+                chunks = (read(at, min(step, offset - at)) for at in range(0, offset, step))
+                found = global_records(chunks, self.urls[shard])
+            finally:
+                self._opener.release(shard)
+            self._global_walks[shard] = (offset, found)
+        records: dict[str, str] = {}
+        for at, after in found:
+            if at < offset:
+                records = after
+        return records
 
     if TYPE_CHECKING:
 

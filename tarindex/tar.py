@@ -574,6 +574,32 @@ def iter_tar(
     return _walk(_Cursor(chunks), str(path), with_data, None, max_member_size, allow_missing_end)
 
 
+class _GlobalSink:
+    """A sink that keeps only the global PAX headers a walk meets (:func:`global_records`)."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[int, dict[str, str]]] = []
+
+    def add(self, *member: Any) -> None:
+        pass
+
+    def on_global(self, offset: int, records: dict[str, str]) -> None:
+        self.found.append((offset, records))
+
+
+def global_records(chunks: Iterable[Buffer], path: str) -> list[tuple[int, dict[str, str]]]:
+    """Each global PAX header in the archive's ``chunks`` (which may stop at any header boundary): its offset
+    and the global records in effect after it (they apply to every later member, as :mod:`tarfile` reads them).
+
+    Raises:
+        CorruptArchiveError: as :func:`iter_tar`.
+    """
+    sink = _GlobalSink()
+    for _ in _walk(_Cursor(chunks), str(path), False, sink, None, True):
+        pass
+    return sink.found
+
+
 def iter_tar_file(
     fd: int, path: str, *, with_data: bool = False, max_member_size: int | None = None, allow_missing_end: bool = False
 ) -> Iterator[Entry]:
@@ -721,6 +747,7 @@ def _walk(
     scan = _scan_headers if sink_scan is None else None
     walk_direct = getattr(cur, "walk_direct", None) if taking and hasattr(sink, "scan_file") else None  # file, socket, pipe
     add = getattr(sink, "add", None)
+    on_global = getattr(sink, "on_global", None)  # told each global PAX header's offset and the records in effect after it
     added = held = 0  # members and data bytes given to a sample sink since its last take()
     stalled = -1  # where the C walk last stopped short of the window's end
     bound = MAX_MEMBER_SIZE if limit is None else limit  # the C walks leave larger members to _check_size
@@ -804,6 +831,8 @@ def _walk(
                 ext.local.append((typ, _parse_pax(payload, path, here)))
             elif typ == _PAX_GLOBAL:
                 ext.glob.update(_parse_pax(payload, path, here))
+                if on_global is not None:
+                    on_global(here, dict(ext.glob))
             elif typ == _GNU_LONGNAME:
                 ext.local.append((typ, _decode_name(payload.split(b"\x00", 1)[0])))
             pos = cur.skip(pos, _padded(size))
