@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "_tarscan.h"
@@ -37,8 +38,8 @@ typedef struct {
     Py_buffer cols[2];  /* the opener's fds and busy tables */
     int ncols;
     PyObject *blocks;   /* blocks(b) -> memoryview of record block b, checked (tarindex/index/records.py) */
-    PyObject **bobj;    /* per block: the memoryview, once asked for (keeps the map alive with its source) */
-    struct Block **bhead; /* per block: its header, copied out of the map when the block is first read */
+    PyObject **bobj;    /* per block: the memoryview of its bytes (this process's copy), once asked for */
+    struct Block **bhead; /* per block: its header, copied out of its bytes when the block is first read */
     Py_ssize_t per, n_blocks; /* samples per block */
     Py_ssize_t n, n_exts, n_shards;
     PyObject *exts;     /* tuple of str */
@@ -53,14 +54,16 @@ typedef struct {
     long gen;           /* FORK[0] when this reader was made: a reader inherited through fork hands reads to fallback */
     const int32_t *fds; /* opener.fds: per shard, the plain descriptor open here, or -1 */
     uint32_t *busy;     /* opener.busy: per shard, reads in progress here; [n_shards]: handles waiting to close */
+    PyObject *check;    /* check(): raises if the index file changed since it was opened (one fstat); or NULL */
+    int64_t check_ns, due; /* check() at the first read past `due` (a coarse clock), then every check_ns */
 } Reader;
 
-/* A record block's header (layout: tarindex/index/records.py), copied out of the map when the block is first
- * read, with what a read derives from it. A warm read then touches the map only at its row and key bytes: at
+/* A record block's header (layout: tarindex/index/records.py), copied out of its bytes when the block is first
+ * read, with what a read derives from it. A warm read then touches the block only at its row and key bytes: at
  * 100M samples the header's page was a second TLB and cache miss per read (half of the C read's own time). */
 typedef struct Block {
-    const char *rows;           /* the block's rows, in the map */
-    const char *heap;           /* the key heap after them (key_mode 0), in the map */
+    const char *rows;           /* the block's rows, in its bytes (bobj) */
+    const char *heap;           /* the key heap after them (key_mode 0), in its bytes */
     Py_ssize_t rowlen, key_at;  /* bytes per row; the key column's place in a row */
     uint32_t m, npat, plen, heap_len;
     int mode, digits;
@@ -122,6 +125,7 @@ static int Reader_traverse(Reader *self, visitproc visit, void *arg) {
     Py_VISIT(self->fallback);
     Py_VISIT(self->error);
     Py_VISIT(self->fork);
+    Py_VISIT(self->check);
     return 0;
 }
 
@@ -136,6 +140,7 @@ static int Reader_clear(Reader *self) {
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->error);
     Py_CLEAR(self->fork);
+    Py_CLEAR(self->check);
     return 0;
 }
 
@@ -185,9 +190,21 @@ static int adopt_opener(Reader *self, PyObject *opener) {
     return 0;
 }
 
+/* A monotonic clock cheap enough for every read (the coarse clock: a few ns, a few ms resolution). */
+static inline int64_t clock_ns(void) {
+    struct timespec t;
+#ifdef CLOCK_MONOTONIC_COARSE
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+#else
+    clock_gettime(CLOCK_MONOTONIC, &t);
+#endif
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
-    PyObject *blocks, *exts, *urls, *opener, *fallback, *error, *fork;
+    PyObject *blocks, *exts, *urls, *opener, *fallback, *error, *fork, *check = Py_None;
     Py_ssize_t per, n;
+    double check_seconds = 0.1;
     if (self->exts) {
         PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
         return -1;
@@ -196,9 +213,13 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "tarindex._speedups.init() was not called (tarindex._native calls it)");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OnnO!O!OOOO!", &blocks, &per, &n, &PyTuple_Type, &exts, &PyList_Type, &urls, &opener,
-                          &fallback, &error, &PyList_Type, &fork))
+    if (!PyArg_ParseTuple(args, "OnnO!O!OOOO!|Od", &blocks, &per, &n, &PyTuple_Type, &exts, &PyList_Type, &urls, &opener,
+                          &fallback, &error, &PyList_Type, &fork, &check, &check_seconds))
         return -1;
+    if (check != Py_None && !PyCallable_Check(check)) {
+        PyErr_SetString(PyExc_TypeError, "check must be callable or None");
+        return -1;
+    }
     if (PyList_GET_SIZE(fork) != 1 || !PyLong_Check(PyList_GET_ITEM(fork, 0))) {
         PyErr_SetString(PyExc_ValueError, "fork must be a list of one int");
         return -1;
@@ -215,6 +236,9 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     self->opener = Py_NewRef(opener);
     self->fallback = Py_NewRef(fallback);
     self->error = Py_NewRef(error);
+    self->check = check == Py_None ? NULL : Py_NewRef(check);
+    self->check_ns = (int64_t)(check_seconds * 1e9);
+    self->due = clock_ns() + self->check_ns;
     self->n = n;
     self->per = per;
     self->n_blocks = n / per + (n % per != 0);
@@ -292,11 +316,24 @@ static const uint64_t POW10[20] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 10000
 
 static inline uint64_t round512(uint64_t x) { return (x + 511) & ~(uint64_t)511; }
 
+/* The index file checked again (check(): one fstat, IndexChangedError once it changed) at the first read
+ * past `due`: the blocks held here are this process's copies, checked when read, and this makes a changed
+ * file an error for them too within check_ns. 0, or -1 with the error set. */
+static int recheck(Reader *self) {
+    if (!self->check || clock_ns() < self->due) return 0;
+    PyObject *ok = PyObject_CallNoArgs(self->check);
+    if (!ok) return -1;
+    Py_DECREF(ok);
+    self->due = clock_ns() + self->check_ns;
+    return 0;
+}
+
 /* Record i, decoded from its block's row (layout: tarindex/index/records.py) and checked: every member
  * inside the sample's range, in order; a known pattern, shard and key. The block's header and layout were
  * checked when it was first read. Returns 0, -1 (an error set) or -2 (a damaged record: the Python path
  * makes the same checks, and its error names the index file). */
 static int load(Reader *self, Py_ssize_t i, Record *r) {
+    if (recheck(self) < 0) return -1;
     const Block *b = block(self, i / self->per);
     if (!b) return -1;
     Py_ssize_t j = i % self->per;

@@ -1,22 +1,25 @@
-"""Read an index: lazy per-process LMDB, record blocks read one at a time, hashed key lookup.
+"""Read an index: the file opened lazily per process and read with ``pread`` (never mapped), record
+blocks read one at a time, hashed key lookup.
 
-Importing this module, or opening an index, never imports torch. Opening reads the
-LMDB container's two meta pages (checked against the file's size, so a truncated
-file is an :class:`~tarindex.errors.IndexFormatError`, never a ``SIGBUS``) and the
-sealed ``meta``; a sample touches its record block and the B-tree pages above it.
+Importing this module, or opening an index, never imports torch. Opening reads the LMDB container's
+two meta pages (checked against the file's size, so a truncated file is an
+:class:`~tarindex.errors.IndexFormatError`) and the sealed ``meta``; a sample reads its record block and
+the B-tree pages above it. Every read is followed by a check that the file is still the one opened: a
+file changed in place under a reader (``cp``, ``rsync --inplace``, a truncation) is an
+:class:`~tarindex.errors.IndexChangedError`, never a ``SIGBUS`` or another index's records.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any, overload
 
-import lmdb
 import numpy as np
 
 from ..errors import IndexChangedError, IndexFormatError, IndexNotFoundError, SampleNotFoundError
@@ -35,38 +38,81 @@ from .format import (
     numbered,
     unseal,
 )
-from .meta import check_container, check_meta
+from .meta import open_meta
+from .pages import IndexFile
 from .records import Block, Columns, parse
 
 __all__ = ["IndexReader"]
 
 class _Env:
-    """One LMDB environment and read transaction per index file per process.
+    """One open index file per process, shared by the readers of that file (reference counted: readers
+    and every :class:`BlockSource`); keyed by inode, and by what the file was when opened (a rebuilt index
+    renamed over the old one, or a file rewritten in place, gets its own).
 
-    LMDB forbids opening one environment twice in a process, so readers of the
-    same file share it (reference counted: readers and every :class:`BlockSource`).
-    Keyed by inode: a rebuilt index (a new file renamed over the old) gets a new environment.
+    Every value is read with ``pread`` (:class:`~tarindex.index.pages.IndexFile`) and followed by a check
+    that the file is still the one opened (one ``fstat``: size, modification and change time). A changed
+    file whose meta still names the same build (``touch``, ``chmod``, an identical copy) is taken as it
+    is; any other change is :class:`~tarindex.errors.IndexChangedError`, from then on for every read.
     """
 
     def __init__(self, key: tuple[int, int], path: Path) -> None:
-        check_container(path)
         try:
-            self.env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=0, readahead=False)
-        except lmdb.Error as exc:
-            raise IndexFormatError(f"{path}: not a tarindex index ({exc})") from exc
-        self.key, self.refs, self.pid = key, 0, os.getpid()
-        self.txn = self.env.begin(buffers=True)
+            self.file = IndexFile(path)
+        except OSError as exc:
+            raise IndexFormatError(f"{path}: cannot read the index ({exc.strerror or exc})") from exc
+        self.key, self.refs, self.pid, self.path = key, 0, os.getpid(), path
+        self.changed: str | None = None  # what changed, once the file is no longer this index
         try:
-            self.meta = check_meta(path, self.get(META_KEY, path))
+            self.meta = open_meta(self.file)
         except IndexFormatError:
             self.close()
             raise
 
-    def get(self, key: bytes, path: Path) -> Any:
-        try:
-            return self.txn.get(key)
-        except lmdb.Error as exc:
-            raise IndexFormatError(f"{path}: the index is damaged ({exc}); rebuild the index") from exc
+    def get(self, key: bytes, path: Path) -> bytes | None:
+        """The value under ``key``, read from the file, which is then checked to be the one opened.
+
+        Raises:
+            IndexChangedError: the file changed since it was opened.
+            IndexFormatError: the file is damaged, or was closed.
+        """
+        for _ in range(2):
+            if self.file.fd < 0:
+                raise IndexFormatError(f"{path}: the index was closed")
+            try:
+                value = self.file.get(key)
+            except (IndexFormatError, OSError) as exc:
+                if not self.check():  # unchanged: damage, said as such (a changed file said so by check)
+                    if isinstance(exc, OSError):
+                        raise IndexFormatError(f"{path}: cannot read the index ({exc.strerror or exc})") from exc
+                    raise
+                continue  # changed under the read and still this build: read again
+            if not self.check():
+                return value
+        raise IndexChangedError(self.path, "rewritten while it was read")
+
+    def check(self) -> bool:
+        """Whether the file changed since it was opened (or last checked) and is still this index; then its
+        new identity is taken. One ``fstat`` when unchanged.
+
+        Raises:
+            IndexChangedError: the file is no longer this index (another build, or no longer readable as
+                one); raised again by every later call.
+        """
+        if self.changed is None:
+            what = self.file.changed()
+            if what is None:
+                return False
+            try:
+                now = IndexFile(self.path, self.file.fd)  # the same open file, its meta pages read again
+                build = open_meta(now)["build_id"]
+            except (IndexFormatError, OSError):
+                build = None
+            else:
+                if build == self.meta["build_id"] and now.container == self.file.container:  # touch, chmod, a copy
+                    self.file.identity = now.identity
+                    return True
+            self.changed = what if build is None else f"{what}; build {self.meta['build_id']} -> {build}"
+        raise IndexChangedError(self.path, self.changed)
 
     def acquire(self) -> _Env:
         self.refs += 1
@@ -82,8 +128,7 @@ class _Env:
             self.close()
 
     def close(self) -> None:
-        self.txn.abort()
-        self.env.close()
+        self.file.close()
 
 
 _ENVS: dict[tuple[int, int], _Env] = {}
@@ -100,16 +145,24 @@ def _acquire(path: Path) -> _Env:
     st = path.stat()
     key = (st.st_dev, st.st_ino)
     found = _ENVS.get(key)
-    if found is None:
+    if found is None or found.changed is not None or found.file.changed() is not None:  # rewritten in place since
         found = _ENVS[key] = _Env(key, path)
     return found.acquire()
 
 
-class BlockSource:
-    """The record blocks of one index in one process: checked once, then served as views of the map.
+CHECK_SECONDS = 0.1
+"""A process reading only record blocks it holds checks the index file again (one ``fstat``) at its first
+read after this many seconds without a check; every block it reads for the first time is checked anyway."""
 
-    Holds the LMDB environment open while it lives, so views it handed out stay
-    valid even after :meth:`IndexReader.close` (a dataset's C reader keeps one).
+
+class BlockSource:
+    """The record blocks of one index in one process: each read once (a private copy), checked, then kept.
+
+    A block is read with ``pread`` and the file then checked to be the one opened, so the records a
+    process holds are the index it opened, whatever happens to the file later; :meth:`check` (at most
+    every :data:`CHECK_SECONDS` for reads of blocks already held) makes a changed file an
+    :class:`~tarindex.errors.IndexChangedError` for them too. Holds the index file open while it lives
+    (a dataset's C reader keeps one), even after :meth:`IndexReader.close`.
     """
 
     def __init__(self, reader: IndexReader) -> None:
@@ -119,6 +172,7 @@ class BlockSource:
         self.block_samples: int = meta["block_samples"]
         self._n, self._n_exts = reader.n_samples, len(reader.exts)
         self._blocks: dict[int, Block] = {}
+        self._due = time.monotonic() + CHECK_SECONDS
         if self._env.meta.get("build_id") != meta["build_id"]:
             raise IndexChangedError(reader.path, f"build {meta['build_id']} -> {self._env.meta.get('build_id')}")
 
@@ -127,6 +181,7 @@ class BlockSource:
 
         Raises:
             IndexFormatError: the block is missing or damaged.
+            IndexChangedError: the index file changed since it was opened.
         """
         found = self._blocks.get(b)
         if found is None:
@@ -145,15 +200,30 @@ class BlockSource:
         return found
 
     def payload(self, b: int) -> memoryview:
-        """Block ``b``'s checked bytes, a view of the map (for the C reader)."""
+        """Block ``b``'s checked bytes (a view of this process's copy, for the C reader)."""
         return self.block(b).view
+
+    def check(self) -> None:
+        """Check that the index file is still the one opened (one ``fstat``; the C reader calls this).
+
+        Raises:
+            IndexChangedError: it changed (another build, or no longer readable as this one).
+            IndexFormatError: the index was closed.
+        """
+        if self._env is None:
+            raise IndexFormatError(f"{self._where}: the index was closed")
+        self._env.check()
+        self._due = time.monotonic() + CHECK_SECONDS
 
     def record(self, i: int) -> tuple[int, int, int, list[tuple[int, int, int]], bytes]:
         """Sample ``i``: ``(shard, offset, size, [(extension number, data offset, size)...], key bytes)``.
 
         Raises:
             IndexFormatError: its record is damaged.
+            IndexChangedError: the index file changed since it was opened.
         """
+        if time.monotonic() >= self._due:
+            self.check()
         b, j = divmod(i, self.block_samples)
         return self.block(b).record(j, f"{self._where}: the record of sample {i}")
 
@@ -231,14 +301,15 @@ class ShardList(Sequence[ShardInfo]):
 class IndexReader:
     """A read-only view of one index file.
 
-    The LMDB environment opens lazily in each process (after ``fork`` a child
-    opens its own, and refuses a different file: :class:`~tarindex.errors.IndexChangedError`).
-    Opening reads the meta only; records, keys and shard records are read a block at
-    a time as they are asked for. Pickles by path.
+    The file opens lazily in each process (after ``fork`` a child opens its own, and refuses a
+    different file: :class:`~tarindex.errors.IndexChangedError`). Opening reads the meta only;
+    records, keys and shard records are read a block at a time as they are asked for, each read
+    followed by a check that the file did not change (one ``fstat``). Pickles by path.
 
     Raises:
         IndexNotFoundError: the file does not exist.
         IndexFormatError: the file is not a tarindex index, has another format version, or is damaged.
+        IndexChangedError: (on any later read) the file changed since it was opened.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

@@ -1,0 +1,217 @@
+"""The index file read with ``pread``: LMDB's meta pages and B-tree walked here, the file never mapped.
+
+An index can change under a reader (``cp`` or ``rsync --inplace`` over it, a truncation, a sync
+client): a mapped file then faults (``SIGBUS``) on any page past its new end, and a page read through
+the map after the change is the new file's. Read with ``pread``, a page past the end is a short read,
+and every value is a private copy, checked once: what a reader holds stays what it checked. Whether the
+file is still the one opened is :meth:`IndexFile.changed` (one ``fstat``).
+
+The layout read is LMDB 0.9's on-disk format (the one ``lmdb`` writes; ``index/writer.py``): pages of
+``psize`` bytes; pages 0 and 1 are meta pages (the later transaction's is current) naming the main
+tree's root and depth and the last page; a branch page holds ``(key, child page)`` nodes, a leaf page
+``(key, value)`` nodes, a value too large for its leaf lies in consecutive overflow pages. Every page
+read is checked (its number, its kind, its nodes inside it, a child inside the file), so a damaged or
+crafted file is an :class:`~tarindex.errors.IndexFormatError`, never a loop, an out-of-range read or an
+allocation larger than the file.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import struct
+from pathlib import Path
+from typing import NamedTuple
+
+from ..errors import IndexFormatError
+
+__all__: list[str] = []  # internal module: the index reader and `tarindex info` use IndexFile
+
+_LMDB_MAGIC = 0xBEEFC0DE
+_META = struct.Struct("<II8x8x4xHH8x8x8x8x8x4xHH8x8x8xQQQQ")
+"""A meta page after its 16-byte header: magic, version, the free tree's (flags, depth: psize in the pad
+before), the main tree's flags and depth, then entries, root, last page, transaction id."""
+_PSIZE = struct.Struct("<I")  # the page size: the free tree's md_pad, 40 bytes into a meta page
+_HEAD = struct.Struct("<QHHHH")  # page number, pad, flags, lower, upper (16 bytes)
+_NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size (8 bytes, then the key, then the value)
+_P_BRANCH, _P_LEAF, _P_OVERFLOW = 0x01, 0x02, 0x04
+_F_BIGDATA = 0x01
+_NO_PAGE = (1 << 64) - 1
+_MAX_DEPTH = 32  # a B-tree of 4 KiB pages this deep holds more than any file; deeper is damage
+
+
+class IndexFile:
+    """One open index file: its current meta page, ``get(key)`` by ``pread``, its identity at open.
+
+    Raises:
+        IndexFormatError: not an LMDB file, or shorter than its meta pages say (a truncated copy).
+        OSError: the file cannot be opened or read.
+    """
+
+    def __init__(self, path: Path, fd: int | None = None) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK) if fd is None else fd
+        try:
+            st = os.fstat(self.fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise IndexFormatError(f"{path}: not a tarindex index (not a regular file)")
+            if fd is None and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)  # a page asked for is read, not the next 128 KiB
+            self.identity = _identity(st)
+            self._read_meta(st.st_size)
+        except BaseException:
+            if fd is None:
+                os.close(self.fd)
+            raise
+
+    def _read_meta(self, size: int) -> None:
+        head = os.pread(self.fd, 152, 0)
+        psize = _PSIZE.unpack_from(head, 40)[0] if len(head) == 152 else 0
+        if len(head) < 152 or int.from_bytes(head[16:20], "little") != _LMDB_MAGIC or not 512 <= psize <= 1 << 16:
+            raise IndexFormatError(f"{self.path}: not a tarindex index (not an LMDB file: {size} bytes)")
+        second = os.pread(self.fd, 152, psize)
+        metas = [head] + ([second] if len(second) == 152 and int.from_bytes(second[16:20], "little") == _LMDB_MAGIC else [])
+        meta = max(metas, key=lambda m: int.from_bytes(m[144:152], "little"))  # LMDB uses the later transaction's
+        _, _, _, _, flags, self.depth, self.entries, self.root, self.last, self.txnid = _META.unpack_from(meta, 16)
+        self.psize = psize
+        if (self.last + 1) * psize > size:
+            raise IndexFormatError(
+                f"{self.path}: the index is truncated (expected at least {(self.last + 1) * psize} bytes, got {size}); "
+                "rebuild or copy it again"
+            )
+        if flags or self.depth > _MAX_DEPTH or (self.root != _NO_PAGE and not 2 <= self.root <= self.last):
+            raise IndexFormatError(f"{self.path}: not a tarindex index (an LMDB file of another layout)")
+
+    @property
+    def container(self) -> tuple[int, int, int, int]:
+        """What the current meta page says: page size, last page, root page, transaction id."""
+        return self.psize, self.last, self.root, self.txnid
+
+    def changed(self) -> str | None:
+        """What changed since this file was opened (size, modification or change time), or ``None``."""
+        now = _identity(os.fstat(self.fd))
+        if now == self.identity:
+            return None
+        if now[0] != self.identity[0]:
+            return f"size {self.identity[0]} -> {now[0]} bytes"
+        return "modified in place"
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    # -- the B-tree ------------------------------------------------------------------------
+    def _damaged(self, pgno: int, what: str) -> IndexFormatError:
+        return IndexFormatError(f"{self.path}: the index is damaged (page {pgno} at offset {pgno * self.psize}: {what}); rebuild the index")
+
+    def _page(self, pgno: int, kinds: int) -> tuple[bytes, int, int]:
+        """Page ``pgno`` (a branch or leaf page), its flags and its node count, checked."""
+        if not 2 <= pgno <= self.last:
+            raise self._damaged(pgno, f"a page outside the file's {self.last + 1}")
+        page = os.pread(self.fd, self.psize, pgno * self.psize)
+        if len(page) != self.psize:
+            raise self._damaged(pgno, f"read {len(page)} of {self.psize} bytes")
+        number, _, flags, lower, upper = _HEAD.unpack_from(page)
+        if number != pgno or not flags & kinds or not 16 <= lower <= upper <= self.psize or lower % 2:
+            raise self._damaged(pgno, f"a page header of page {number}, flags {flags:#x}")
+        return page, flags, (lower - 16) // 2
+
+    def _node(self, page: bytes, pgno: int, n: int, i: int) -> tuple[int, int, int, bytes]:
+        """Node ``i`` of ``n`` on a page: ``(lo | hi << 16, flags, offset of its value, key)``, inside the page."""
+        at = int.from_bytes(page[16 + 2 * i : 18 + 2 * i], "little")
+        if not 16 + 2 * n <= at <= self.psize - 8:
+            raise self._damaged(pgno, f"node {i} at {at}")
+        lo, hi, flags, ksize = _NODE.unpack_from(page, at)
+        if at + 8 + ksize > self.psize:
+            raise self._damaged(pgno, f"node {i}'s key of {ksize} bytes past the page")
+        return lo | hi << 16, flags, at + 8 + ksize, page[at + 8 : at + 8 + ksize]
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value stored under ``key`` (a copy read from the file), or ``None``.
+
+        Raises:
+            IndexFormatError: a page on the way is damaged, or the file is shorter than its pages.
+        """
+        found = self._find(key)
+        if found is None or found.inline is not None:
+            return None if found is None else found.inline
+        data = os.pread(self.fd, found.size, found.page * self.psize + 16)
+        if len(data) != found.size:
+            raise self._damaged(found.page, f"read {len(data)} of a value's {found.size} bytes")
+        return data
+
+    def size_of(self, key: bytes) -> int | None:
+        """The size of the value under ``key``, from its leaf (a large value itself is not read), or ``None``.
+
+        Raises:
+            IndexFormatError: a page on the way is damaged.
+        """
+        found = self._find(key)
+        return None if found is None else found.size
+
+    def _find(self, key: bytes) -> _Found | None:
+        pgno = self.root
+        if pgno == _NO_PAGE:
+            return None
+        for _ in range(self.depth):
+            page, flags, n = self._page(pgno, _P_BRANCH | _P_LEAF)
+            if flags & _P_LEAF:
+                return self._leaf(page, pgno, n, key)
+            if n < 1:
+                raise self._damaged(pgno, "an empty branch page")
+            lo, hi = 1, n  # the last node whose key <= key (node 0's key stands for "anything lower")
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self._node(page, pgno, n, mid)[3] <= key:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            low, high, _, _ = self._node(page, pgno, n, lo - 1)
+            pgno = low | high << 32  # a branch node's child: its size fields, then its flags, as one page number
+        raise self._damaged(self.root, f"no leaf within the tree's depth of {self.depth}")
+
+    def _leaf(self, page: bytes, pgno: int, n: int, key: bytes) -> _Found | None:
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._node(page, pgno, n, mid)[3] < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == n:
+            return None
+        size, flags, at, found = self._node(page, pgno, n, lo)
+        if found != key:
+            return None
+        if not flags & _F_BIGDATA:
+            if flags or at + size > self.psize:
+                raise self._damaged(pgno, f"a value of {size} bytes past its page (flags {flags:#x})")
+            return _Found(page[at : at + size], 0, size)
+        if at + 8 > self.psize:
+            raise self._damaged(pgno, "a large value's page number past its page")
+        first = int.from_bytes(page[at : at + 8], "little")
+        pages = -(-(size + 16) // self.psize)
+        if not 2 <= first <= self.last - pages + 1:
+            raise self._damaged(pgno, f"a value of {size} bytes at page {first}, past the file's {self.last + 1} pages")
+        head = os.pread(self.fd, 16, first * self.psize)
+        if len(head) != 16:
+            raise self._damaged(first, "a short read")
+        number, _, oflags, _, _ = _HEAD.unpack_from(head)
+        count = int.from_bytes(head[12:16], "little")
+        if number != first or oflags != _P_OVERFLOW or count < pages:
+            raise self._damaged(first, f"an overflow page header of page {number}, flags {oflags:#x}, {count} pages")
+        return _Found(None, first, size)
+
+
+class _Found(NamedTuple):
+    """Where :meth:`IndexFile._find` found a value: in its leaf (``inline``), or from overflow page ``page``."""
+
+    inline: bytes | None
+    page: int
+    size: int
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    """Size, modification and change time (ns): what a write, a truncation or a copy over the file changes."""
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
