@@ -38,6 +38,7 @@ _P_BRANCH, _P_LEAF, _P_OVERFLOW = 0x01, 0x02, 0x04
 _F_BIGDATA = 0x01
 _NO_PAGE = (1 << 64) - 1
 _MAX_DEPTH = 32  # a B-tree of 4 KiB pages this deep holds more than any file; deeper is damage
+_BRANCHES_KEPT = 1024  # branch pages kept read (a 100M-sample index has ~100): a lookup reads its leaf only
 
 
 class IndexFile:
@@ -58,6 +59,7 @@ class IndexFile:
             if fd is None and hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)  # a page asked for is read, not the next 128 KiB
             self.identity = _identity(st)
+            self._branches: dict[int, tuple[bytes, int, int]] = {}
             self._read_meta(st.st_size)
         except BaseException:
             if fd is None:
@@ -155,11 +157,13 @@ class IndexFile:
         if pgno == _NO_PAGE:
             return None
         for _ in range(self.depth):
-            page, flags, n = self._page(pgno, _P_BRANCH | _P_LEAF)
+            page, flags, n = self._branches.get(pgno) or self._page(pgno, _P_BRANCH | _P_LEAF)
             if flags & _P_LEAF:
                 return self._leaf(page, pgno, n, key)
             if n < 1:
                 raise self._damaged(pgno, "an empty branch page")
+            if len(self._branches) < _BRANCHES_KEPT:  # a copy, checked: valid while the file is (see changed())
+                self._branches[pgno] = page, flags, n
             lo, hi = 1, n  # the last node whose key <= key (node 0's key stands for "anything lower")
             while lo < hi:
                 mid = (lo + hi) // 2

@@ -28,7 +28,6 @@ from .format import (
     FRAMES_PREFIX,
     GZIP_PREFIX,
     KEYS_PREFIX,
-    META_KEY,
     SHARDS_PREFIX,
     START_KEY,
     ShardInfo,
