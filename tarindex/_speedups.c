@@ -15,6 +15,12 @@
  * the read is done, asks opener.open(shard) for a shard that is not open, and
  * calls opener.reap() after a read while closed handles wait for their reads
  * (busy[n_shards] != 0). The opener closes no handle whose count is not zero.
+ *
+ * The record blocks come from the index's BlockSource (tarindex/index/reader.py): this process's copies,
+ * read with pread and checked once. The same object, the guard, is asked to check the index file again
+ * (check(): IndexChangedError once it changed) at the first read after check_seconds, and gives per shard
+ * the bytes its records may span (bounds, filled by bound(shard)): a record outside is the Python path's
+ * IndexFormatError, never an allocation of the size a damaged or crafted record claims.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,7 +41,7 @@
 
 typedef struct {
     PyObject_HEAD
-    Py_buffer cols[2];  /* the opener's fds and busy tables */
+    Py_buffer cols[3];  /* the opener's fds and busy tables; the guard's bounds */
     int ncols;
     PyObject *blocks;   /* blocks(b) -> memoryview of record block b, checked (tarindex/index/records.py) */
     PyObject **bobj;    /* per block: the memoryview of its bytes (this process's copy), once asked for */
@@ -54,7 +60,9 @@ typedef struct {
     long gen;           /* FORK[0] when this reader was made: a reader inherited through fork hands reads to fallback */
     const int32_t *fds; /* opener.fds: per shard, the plain descriptor open here, or -1 */
     uint32_t *busy;     /* opener.busy: per shard, reads in progress here; [n_shards]: handles waiting to close */
-    PyObject *check;    /* check(): raises if the index file changed since it was opened (one fstat); or NULL */
+    PyObject *check;    /* guard.check(): raises if the index file changed since it was opened (one fstat); or NULL */
+    PyObject *bound;    /* guard.bound(shard): fills bounds[shard] from the shard's record */
+    const uint64_t *bounds; /* guard.bounds: per shard, 0 until known, then the bytes its records may span */
     int64_t check_ns, due; /* check() at the first read past `due` (a coarse clock), then every check_ns */
 } Reader;
 
@@ -126,6 +134,7 @@ static int Reader_traverse(Reader *self, visitproc visit, void *arg) {
     Py_VISIT(self->error);
     Py_VISIT(self->fork);
     Py_VISIT(self->check);
+    Py_VISIT(self->bound);
     return 0;
 }
 
@@ -141,6 +150,7 @@ static int Reader_clear(Reader *self) {
     Py_CLEAR(self->error);
     Py_CLEAR(self->fork);
     Py_CLEAR(self->check);
+    Py_CLEAR(self->bound);
     return 0;
 }
 
@@ -201,10 +211,32 @@ static inline int64_t clock_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* The guard's check(), bound(shard), bounds (a u64 per shard) and check_seconds (tarindex/index/reader.py BlockSource). */
+static int adopt_guard(Reader *self, PyObject *guard) {
+    const char *bounds = NULL;
+    Py_ssize_t len;
+    PyObject *seconds = PyObject_GetAttrString(guard, "check_seconds"), *bounds_o = PyObject_GetAttrString(guard, "bounds");
+    double s = seconds ? PyFloat_AsDouble(seconds) : -1;
+    int bad = !seconds || !bounds_o || (s == -1 && PyErr_Occurred()) || take(self, bounds_o, &bounds, &len, PyBUF_SIMPLE) < 0;
+    Py_XDECREF(seconds);
+    Py_XDECREF(bounds_o);
+    if (bad) return -1;
+    self->check = PyObject_GetAttrString(guard, "check");
+    self->bound = self->check ? PyObject_GetAttrString(guard, "bound") : NULL;
+    if (!self->bound) return -1;
+    if (len != 8 * self->n_shards) {
+        PyErr_SetString(PyExc_ValueError, "the guard's bounds do not match the index's shards");
+        return -1;
+    }
+    self->bounds = (const uint64_t *)bounds;
+    self->check_ns = (int64_t)(s * 1e9);
+    self->due = clock_ns() + self->check_ns;
+    return 0;
+}
+
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
-    PyObject *blocks, *exts, *urls, *opener, *fallback, *error, *fork, *check = Py_None;
+    PyObject *blocks, *exts, *urls, *opener, *fallback, *error, *fork, *guard = Py_None;
     Py_ssize_t per, n;
-    double check_seconds = 0.1;
     if (self->exts) {
         PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
         return -1;
@@ -213,13 +245,9 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "tarindex._speedups.init() was not called (tarindex._native calls it)");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OnnO!O!OOOO!|Od", &blocks, &per, &n, &PyTuple_Type, &exts, &PyList_Type, &urls, &opener,
-                          &fallback, &error, &PyList_Type, &fork, &check, &check_seconds))
+    if (!PyArg_ParseTuple(args, "OnnO!O!OOOO!|O", &blocks, &per, &n, &PyTuple_Type, &exts, &PyList_Type, &urls, &opener,
+                          &fallback, &error, &PyList_Type, &fork, &guard))
         return -1;
-    if (check != Py_None && !PyCallable_Check(check)) {
-        PyErr_SetString(PyExc_TypeError, "check must be callable or None");
-        return -1;
-    }
     if (PyList_GET_SIZE(fork) != 1 || !PyLong_Check(PyList_GET_ITEM(fork, 0))) {
         PyErr_SetString(PyExc_ValueError, "fork must be a list of one int");
         return -1;
@@ -236,9 +264,6 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     self->opener = Py_NewRef(opener);
     self->fallback = Py_NewRef(fallback);
     self->error = Py_NewRef(error);
-    self->check = check == Py_None ? NULL : Py_NewRef(check);
-    self->check_ns = (int64_t)(check_seconds * 1e9);
-    self->due = clock_ns() + self->check_ns;
     self->n = n;
     self->per = per;
     self->n_blocks = n / per + (n % per != 0);
@@ -250,7 +275,7 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
         PyErr_NoMemory();
         return -1;
     }
-    return adopt_opener(self, opener);
+    return adopt_opener(self, opener) < 0 || (guard != Py_None && adopt_guard(self, guard) < 0) ? -1 : 0;
 }
 
 /* Block b's header, from its bytes `b` (checked by `blocks`: the header, columns and patterns fit). */
@@ -328,10 +353,26 @@ static int recheck(Reader *self) {
     return 0;
 }
 
+/* Whether a record lies inside what its shard's record allows (bounds[shard], asked of bound() the first
+ * time): 0 inside, -2 outside (the Python path names it), -1 on error. A read never allocates for a range
+ * the index's own shard record rules out. */
+static int within(Reader *self, const Record *r) {
+    if (!self->bounds) return 0;
+    uint64_t bound = self->bounds[r->shard];
+    if (!bound) {
+        PyObject *got = PyObject_CallFunction(self->bound, "I", r->shard);
+        if (!got) return -1;
+        Py_DECREF(got);
+        bound = self->bounds[r->shard];
+    }
+    return r->size > bound || r->offset > bound - r->size ? -2 : 0;
+}
+
 /* Record i, decoded from its block's row (layout: tarindex/index/records.py) and checked: every member
- * inside the sample's range, in order; a known pattern, shard and key. The block's header and layout were
- * checked when it was first read. Returns 0, -1 (an error set) or -2 (a damaged record: the Python path
- * makes the same checks, and its error names the index file). */
+ * inside the sample's range, in order; a known pattern, shard and key; the range inside the shard's
+ * recorded size. The block's header and layout were checked when it was first read. Returns 0, -1 (an
+ * error set) or -2 (a damaged record: the Python path makes the same checks, and its error names the
+ * index file). */
 static int load(Reader *self, Py_ssize_t i, Record *r) {
     if (recheck(self) < 0) return -1;
     const Block *b = block(self, i / self->per);
@@ -375,6 +416,8 @@ static int load(Reader *self, Py_ssize_t i, Record *r) {
     if (r->size > PY_SSIZE_T_MAX) goto bad;
     for (Py_ssize_t k = 0; k < count; k++)
         if (r->mo[k] > r->size || r->ms[k] > r->size - r->mo[k]) goto bad;
+    int inside = within(self, r);
+    if (inside < 0) return inside;
     if (b->mode == 1) {
         r->digits = b->digits;
         r->number = f[4] + (uint64_t)j;

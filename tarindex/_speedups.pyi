@@ -27,8 +27,7 @@ class Reader:
         fallback: Callable[[int], dict[str, Any]],
         error: Callable[[str, int, str], BaseException],
         fork: list[int],  # tarindex._process.FORK: a reader made in another generation hands reads to fallback
-        check: Callable[[], None] | None = ...,  # raises if the index file changed (index/reader.py BlockSource.check)
-        check_seconds: float = ...,  # check() at the first read after this long without one
+        guard: Any = ...,  # index/reader.py BlockSource: check(), check_seconds, bounds (u64 per shard), bound(shard)
         /,
     ) -> None: ...
     def read(self, i: int, /) -> dict[str, Any]: ...

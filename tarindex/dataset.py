@@ -22,7 +22,7 @@ from .errors import (
     shown,
 )
 from .identity import Check, Checked, check_shard, open_shard
-from .index.reader import CHECK_SECONDS, IndexReader
+from .index.reader import IndexReader
 from .objstore import is_remote_reader, read_many
 from .opener import ShardNames, ShardOpener, open_gzip_shard, open_url, open_zstd_shard
 from .options import SourceOptions
@@ -193,8 +193,7 @@ class TarDataset:
                 self._read_py,
                 CorruptArchiveError,
                 FORK,
-                self._blocks.check,  # the index file checked again after CHECK_SECONDS of reads of blocks held
-                CHECK_SECONDS,
+                self._blocks,  # the guard: the index file checked again as blocks are held, records against their shard
             )
         self._gen = FORK[0]
         # The hot path: this instance's `read` is the reader's own method, not the class's wrapper. Both

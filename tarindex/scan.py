@@ -20,6 +20,7 @@ from .errors import (
     CorruptDeflateError,
     CorruptFrameError,
     DecompressionLimitError,
+    IndexFormatError,
     ShardNotFoundError,
 )
 from .grouping import Packer, SampleRecord, new_packer, pack_samples
@@ -28,7 +29,7 @@ from .gzip_random import decompress_indexed
 from .options import SourceOptions
 from .shards import FINGERPRINT_SPAN, fingerprint, fingerprint_stream
 from .sources import is_url, open_source
-from .tables import ShardInfo, ShardTable
+from .tables import MAX_EXTS, ShardInfo, ShardTable
 from .tar import Buffer, Entry, index_tar, index_tar_file
 from .zstd import (
     MAP_SLICE,
@@ -74,8 +75,18 @@ def table_from_file(fd: int, path: str, *, max_member_size: int | None = None) -
 
 def _walked(path: str, walk: Callable[[Packer], None]) -> ShardTable:
     packer = new_packer(path)
-    walk(packer)
-    return ShardTable.from_columns(packer.finish())
+    try:
+        walk(packer)
+        columns = packer.finish()
+    except OverflowError as exc:  # the C packer, at a 65,537th distinct extension (it numbers them in 16 bits)
+        raise _too_many_exts(path) from exc
+    if len(columns[7]) > MAX_EXTS:  # the reference packer numbers them all
+        raise _too_many_exts(path)
+    return ShardTable.from_columns(columns)
+
+
+def _too_many_exts(path: str) -> IndexFormatError:
+    return IndexFormatError(f"{path}: more than {MAX_EXTS:,} distinct extensions in one shard; an index holds at most {MAX_EXTS:,}")
 
 def table_from_entries(entries: Iterable[Entry], path: str) -> ShardTable:
     """Group a shard's :func:`tarindex.tar.iter_tar` entries into samples and pack them.

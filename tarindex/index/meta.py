@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IndexFormatError
+from ..tables import MAX_EXTS
 from .format import (
     BLOCK_PREFIX,
     CONTENT_SUMMARY,
@@ -113,11 +114,10 @@ _RESERVED = ("__key__", "__url__", "__index__")  # fields of every sample dict (
 
 
 def _are_exts(exts: Any) -> bool:
-    """An extension table: distinct non-empty strings, none a sample's reserved field, at most 65,536 (a
-    member's extension is a u16)."""
+    """An extension table: distinct non-empty strings, none a sample's reserved field, at most ``MAX_EXTS``."""
     return (
         isinstance(exts, list)
-        and len(exts) <= 1 << 16
+        and len(exts) <= MAX_EXTS
         and all(isinstance(e, str) and e and e not in _RESERVED for e in exts)
         and len(set(exts)) == len(exts)
     )

@@ -15,6 +15,7 @@ import json
 import os
 import time
 import weakref
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from ..compression import limits
 from ..errors import IndexChangedError, IndexFormatError, IndexNotFoundError, SampleNotFoundError
 from .format import (
     BLOCK_PREFIX,
@@ -149,6 +151,7 @@ def _acquire(path: Path) -> _Env:
     return found.acquire()
 
 
+_UNBOUNDED = (1 << 64) - 1
 CHECK_SECONDS = 0.1
 """A process reading only record blocks it holds checks the index file again (one ``fstat``) at its first
 read after this many seconds without a check; every block it reads for the first time is checked anyway."""
@@ -172,6 +175,11 @@ class BlockSource:
         self._n, self._n_exts = reader.n_samples, len(reader.exts)
         self._blocks: dict[int, Block] = {}
         self._due = time.monotonic() + CHECK_SECONDS
+        self._shards = reader.shards
+        self.bounds = array("Q", bytes(8 * len(self._shards)))
+        """Per shard: 0 until its record is read, then the bytes a record of it may span (its recorded size for
+        a plain tar; ``2**64 - 1`` for a compressed one, whose reader checks the ranges it is asked)."""
+        self.check_seconds = CHECK_SECONDS
         if self._env.meta.get("build_id") != meta["build_id"]:
             raise IndexChangedError(reader.path, f"build {meta['build_id']} -> {self._env.meta.get('build_id')}")
 
@@ -224,7 +232,25 @@ class BlockSource:
         if time.monotonic() >= self._due:
             self.check()
         b, j = divmod(i, self.block_samples)
-        return self.block(b).record(j, f"{self._where}: the record of sample {i}")
+        where = f"{self._where}: the record of sample {i}"
+        found = self.block(b).record(j, where)
+        shard, offset, size = found[0], found[1], found[2]
+        bound = self.bounds[shard] or self.bound(shard) if shard < len(self.bounds) else 0
+        if size > bound or offset > bound - size:
+            raise IndexFormatError(
+                f"{where} is damaged ({size} bytes at offset {offset} " + (f"past the {bound} bytes of shard {shard})" if bound else f"in shard {shard} of {len(self.bounds)})") + "; rebuild the index"
+            )
+        return found
+
+    def bound(self, shard: int) -> int:
+        """Shard ``shard``'s entry of :attr:`bounds`, from its record (read now if it is not yet; the C reader calls this).
+
+        Raises:
+            IndexFormatError: the shard record is damaged.
+        """
+        info = self._shards[shard]
+        found = self.bounds[shard] = max(info.size, 1) if info.compression is None else _UNBOUNDED
+        return found
 
     def release(self) -> None:
         env, self._env = self._env, None
@@ -576,6 +602,8 @@ class IndexReader:
         cols = self.decode(int(starts[shard]), int(starts[shard + 1]))
         if len(cols) and bool((cols.shard != shard).any()):
             raise IndexFormatError(f"{self.path}: a record of shard {shard} names another shard; rebuild the index")
+        if len(cols) and info.compression is None and bool((cols.size > info.size).any() or (cols.offset > info.size - cols.size).any()):
+            raise IndexFormatError(f"{self.path}: a record of shard {shard} lies past its {info.size} bytes; rebuild the index")
         return cols
 
     def shard_table(self, shard: int) -> ShardTable:
@@ -613,7 +641,11 @@ class IndexReader:
         table = unseal(raw, key, where)
         if len(table) % 32:
             raise IndexFormatError(f"{where} is damaged ({len(table)} bytes, not rows of 32); rebuild the index")
-        return np.frombuffer(table, "<u8").reshape(-1, 4).copy()
+        rows = np.frombuffer(table, "<u8").reshape(-1, 4).copy()
+        wrong = _frames_wrong(rows, self.shards[shard])
+        if wrong:
+            raise IndexFormatError(f"{where} is damaged ({wrong}); rebuild the index")
+        return rows
 
     def gzip_points(self, shard: int) -> bytes | None:
         """A gzip shard's encoded seek-point table (:mod:`tarindex.gzip_random`, a copy); ``None`` if it has none.
@@ -629,3 +661,25 @@ class IndexReader:
         """Size of the index file in bytes."""
         return self.path.stat().st_size
 
+
+def _frames_wrong(rows: np.ndarray, info: ShardInfo) -> str:
+    """What is wrong with a zstd shard's frame table against its record ('' when nothing): frames in order
+    inside the shard's recorded size, decompressed offsets consecutive from 0, the total within the
+    expansion the scan allows, every frame within the random-access bound when the record says so."""
+    from ..zstd import RANDOM_ACCESS_FRAME_LIMIT  # (zstandard is imported where zstd shards are read)
+
+    if not len(rows):
+        return ""
+    if int(rows.max()) >= 1 << 62:
+        return f"a value of {int(rows.max())}"
+    c_off, c_size, d_off, d_size = (rows[:, k].astype(np.int64) for k in range(4))
+    total, bound = int(d_off[-1] + d_size[-1]), max(limits().ratio_floor, int(limits().max_ratio * info.size))
+    if bool((c_size <= 0).any()) or bool((c_off[1:] < c_off[:-1] + c_size[:-1]).any()) or int(c_off[-1] + c_size[-1]) > info.size:
+        return f"frames out of order or past the shard's {info.size} bytes"
+    if int(d_off[0]) or bool((d_off[1:] != d_off[:-1] + d_size[:-1]).any()):
+        return "decompressed offsets not consecutive"
+    if total > bound:
+        return f"{total} bytes decompressed from {info.size}, more than the {bound} the scan allows"
+    if info.random_access and int(d_size.max()) > RANDOM_ACCESS_FRAME_LIMIT:
+        return f"a frame of {int(d_size.max())} bytes in a shard recorded as read at random (at most {RANDOM_ACCESS_FRAME_LIMIT})"
+    return ""

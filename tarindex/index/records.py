@@ -253,6 +253,8 @@ class Block:
         self.widths, self.rowlen, self.heap_len = widths, rowlen, heap_len
         self.bases: list[int] = bases
         self.patterns: list[tuple[int, ...]] = [tuple(row[1 : 1 + row[0]]) for row in table.tolist()]
+        if any(len(set(p)) != len(p) for p in self.patterns):  # a sample dict would keep one member of the two
+            raise IndexFormatError(f"{bad} (a member pattern names one extension twice); rebuild the index")
         self.prefix = bytes(view[pos : pos + plen])
         self.rows = view[pos + plen : pos + plen + n * rowlen]
         self.heap = view[pos + plen + n * rowlen :]

@@ -25,7 +25,8 @@ import lmdb
 import numpy as np
 
 from .._atomic import clean_stale, commit, temp_name, write_error
-from ..errors import TarIndexError, WriteError
+from ..errors import IndexFormatError, TarIndexError, WriteError
+from ..tables import MAX_EXTS
 from .format import (
     BLOCK_PREFIX,
     BLOCK_SAMPLES,
@@ -219,13 +220,17 @@ class IndexWriter:
         if info.compression == "zstd" and frames is not None and len(frames):
             self._summary["zstd_samples"] += n
             self._summary["zstd_frames"] += len(frames)
-        remap = np.array([self._exts.setdefault(e, len(self._exts)) for e in exts] or [0], np.uint16)
+        remap = [self._exts.setdefault(e, len(self._exts)) for e in exts] or [0]
+        if len(self._exts) > MAX_EXTS:  # numbered in 16 bits
+            raise IndexFormatError(
+                f"{info.path}: the index would hold {len(self._exts):,} distinct extensions with this shard; an index holds at most {MAX_EXTS:,}"
+            )
         self._spill_keys(cols.keys, first)
         if frames is not None:
             self._add_frames(numbered(FRAMES_PREFIX, shard), np.ascontiguousarray(frames, "<u8").tobytes())
         if gzip_points is not None:
             self._add_frames(numbered(GZIP_PREFIX, shard), gzip_points)
-        member_ext = remap[cols.member_ext.astype(np.int64)] if len(cols.member_ext) else np.zeros(0, np.uint16)
+        member_ext = np.array(remap, np.uint16)[cols.member_ext.astype(np.int64)] if len(cols.member_ext) else np.zeros(0, np.uint16)
         self._count(info, cols, member_ext)
         self._pending.append(dataclasses.replace(cols, shard=np.full(n, shard, np.uint64), member_ext=member_ext))
         self._pending_n += n
