@@ -99,11 +99,9 @@ def test_a_reader_holding_every_block_notices_the_change_within_the_check_interv
 ) -> None:
     import time
 
-    import tarindex.dataset
     import tarindex.index.reader
 
-    for module in (tarindex.dataset, tarindex.index.reader):  # long enough to read before the next check, loaded or not
-        monkeypatch.setattr(module, "CHECK_SECONDS", 1.0)
+    monkeypatch.setattr(tarindex.index.reader, "CHECK_SECONDS", 1.0)  # long enough to read before the next check, loaded or not
     original, other = indexes
     index = _copy(original, tmp_path)
     try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import stat
 import struct
+from bisect import bisect_right
 from pathlib import Path
 from typing import NamedTuple
 
@@ -59,7 +60,7 @@ class IndexFile:
             if fd is None and hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)  # a page asked for is read, not the next 128 KiB
             self.identity = _identity(st)
-            self._branches: dict[int, tuple[bytes, int, int]] = {}
+            self._branches: dict[int, tuple[list[bytes], list[int]]] = {}  # branch pages read, parsed
             self._read_meta(st.st_size)
         except BaseException:
             if fd is None:
@@ -121,13 +122,20 @@ class IndexFile:
 
     def _node(self, page: bytes, pgno: int, n: int, i: int) -> tuple[int, int, int, bytes]:
         """Node ``i`` of ``n`` on a page: ``(lo | hi << 16, flags, offset of its value, key)``, inside the page."""
-        at = int.from_bytes(page[16 + 2 * i : 18 + 2 * i], "little")
-        if not 16 + 2 * n <= at <= self.psize - 8:
-            raise self._damaged(pgno, f"node {i} at {at}")
+        at = self._at(page, pgno, n, i)
         lo, hi, flags, ksize = _NODE.unpack_from(page, at)
-        if at + 8 + ksize > self.psize:
-            raise self._damaged(pgno, f"node {i}'s key of {ksize} bytes past the page")
         return lo | hi << 16, flags, at + 8 + ksize, page[at + 8 : at + 8 + ksize]
+
+    def _at(self, page: bytes, pgno: int, n: int, i: int) -> int:
+        """Where node ``i`` of ``n`` starts, checked: the node header and its key inside the page."""
+        at = page[16 + 2 * i] | page[17 + 2 * i] << 8
+        if not 16 + 2 * n <= at <= self.psize - 8 or at + 8 + (page[at + 6] | page[at + 7] << 8) > self.psize:
+            raise self._damaged(pgno, f"node {i} at {at}, or its key, past the page")
+        return at
+
+    def _key(self, page: bytes, pgno: int, n: int, i: int) -> bytes:
+        at = self._at(page, pgno, n, i)
+        return page[at + 8 : at + 8 + (page[at + 6] | page[at + 7] << 8)]
 
     def get(self, key: bytes) -> bytes | None:
         """The value stored under ``key`` (a copy read from the file), or ``None``.
@@ -157,29 +165,34 @@ class IndexFile:
         if pgno == _NO_PAGE:
             return None
         for _ in range(self.depth):
-            page, flags, n = self._branches.get(pgno) or self._page(pgno, _P_BRANCH | _P_LEAF)
-            if flags & _P_LEAF:
-                return self._leaf(page, pgno, n, key)
-            if n < 1:
-                raise self._damaged(pgno, "an empty branch page")
-            if len(self._branches) < _BRANCHES_KEPT:  # a copy, checked: valid while the file is (see changed())
-                self._branches[pgno] = page, flags, n
-            lo, hi = 1, n  # the last node whose key <= key (node 0's key stands for "anything lower")
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if self._node(page, pgno, n, mid)[3] <= key:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            low, high, _, _ = self._node(page, pgno, n, lo - 1)
-            pgno = low | high << 32  # a branch node's child: its size fields, then its flags, as one page number
+            branch = self._branches.get(pgno)
+            if branch is None:
+                page, flags, n = self._page(pgno, _P_BRANCH | _P_LEAF)
+                if flags & _P_LEAF:
+                    return self._leaf(page, pgno, n, key)
+                branch = self._branch(page, pgno, n)
+            keys, children = branch
+            pgno = children[bisect_right(keys, key, 1) - 1]  # the last node whose key <= key (node 0: "anything lower")
         raise self._damaged(self.root, f"no leaf within the tree's depth of {self.depth}")
+
+    def _branch(self, page: bytes, pgno: int, n: int) -> tuple[list[bytes], list[int]]:
+        """A branch page's keys (in order, checked) and child pages, kept (a copy: valid while the file is,
+        which every read checks after it, see :meth:`changed`)."""
+        if n < 1:
+            raise self._damaged(pgno, "an empty branch page")
+        nodes = [self._node(page, pgno, n, i) for i in range(n)]
+        keys, children = [b"", *(node[3] for node in nodes[1:])], [low | high << 32 for low, high, _, _ in nodes]
+        if any(a >= b for a, b in zip(keys[1:], keys[2:])):
+            raise self._damaged(pgno, "branch keys out of order")
+        if len(self._branches) < _BRANCHES_KEPT:
+            self._branches[pgno] = keys, children
+        return keys, children
 
     def _leaf(self, page: bytes, pgno: int, n: int, key: bytes) -> _Found | None:
         lo, hi = 0, n
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._node(page, pgno, n, mid)[3] < key:
+            if self._key(page, pgno, n, mid) < key:
                 lo = mid + 1
             else:
                 hi = mid

@@ -152,6 +152,7 @@ def _acquire(path: Path) -> _Env:
 
 
 _UNBOUNDED = (1 << 64) - 1
+_monotonic = time.monotonic
 CHECK_SECONDS = 0.1
 """A process reading only record blocks it holds checks the index file again (one ``fstat``) at its first
 read after this many seconds without a check; every block it reads for the first time is checked anyway."""
@@ -174,7 +175,7 @@ class BlockSource:
         self.block_samples: int = meta["block_samples"]
         self._n, self._n_exts = reader.n_samples, len(reader.exts)
         self._blocks: dict[int, Block] = {}
-        self._due = time.monotonic() + CHECK_SECONDS
+        self._due = _monotonic() + CHECK_SECONDS
         self._shards = reader.shards
         self.bounds = array("Q", bytes(8 * len(self._shards)))
         """Per shard: 0 until its record is read, then the bytes a record of it may span (its recorded size for
@@ -220,7 +221,7 @@ class BlockSource:
         if self._env is None:
             raise IndexFormatError(f"{self._where}: the index was closed")
         self._env.check()
-        self._due = time.monotonic() + CHECK_SECONDS
+        self._due = _monotonic() + CHECK_SECONDS
 
     def record(self, i: int) -> tuple[int, int, int, list[tuple[int, int, int]], bytes]:
         """Sample ``i``: ``(shard, offset, size, [(extension number, data offset, size)...], key bytes)``.
@@ -229,17 +230,18 @@ class BlockSource:
             IndexFormatError: its record is damaged.
             IndexChangedError: the index file changed since it was opened.
         """
-        if time.monotonic() >= self._due:
+        if _monotonic() >= self._due:
             self.check()
         b, j = divmod(i, self.block_samples)
-        where = f"{self._where}: the record of sample {i}"
-        found = self.block(b).record(j, where)
-        shard, offset, size = found[0], found[1], found[2]
-        bound = self.bounds[shard] or self.bound(shard) if shard < len(self.bounds) else 0
-        if size > bound or offset > bound - size:
-            raise IndexFormatError(
-                f"{where} is damaged ({size} bytes at offset {offset} " + (f"past the {bound} bytes of shard {shard})" if bound else f"in shard {shard} of {len(self.bounds)})") + "; rebuild the index"
-            )
+        found = self.block(b).record(j, f"{self._where}: the record of sample {i}")
+        try:
+            bound = self.bounds[found[0]] or self.bound(found[0])
+        except IndexError:  # a shard the index does not have
+            bound = 0
+        if found[1] + found[2] > bound:
+            shard, where = found[0], f"{self._where}: the record of sample {i} is damaged"
+            past = f"past the {bound} bytes of shard {shard}" if bound else f"in shard {shard} of {len(self.bounds)}"
+            raise IndexFormatError(f"{where} ({found[2]} bytes at offset {found[1]} {past}); rebuild the index")
         return found
 
     def bound(self, shard: int) -> int:
