@@ -579,7 +579,7 @@ def by_seek_table(
     dctx = zstandard.ZstdDecompressor()
     budget = Budget(path, end)
     off = d_off = at = 0
-    window = mv[0:0]  # frames are sliced from windows of MAP_SLICE bytes of mv (one slice of mv each)
+    window = mv[0:0]  # frames are sliced from windows of 1 MiB of mv (one slice of mv each, one read of a file)
     for c_size, d_size in seek.tolist():
         if budget.padding_done():
             rows.append((off, c_size, d_off, d_size))
@@ -587,7 +587,7 @@ def by_seek_table(
             d_off += d_size
             continue
         if off + c_size > at + len(window):
-            at, window = off, mv[off : off + max(c_size, MAP_SLICE)]
+            at, window = off, mv[off : off + max(c_size, 1 << 20)]
         frame = window[off - at : off - at + c_size]
         if len(frame) != c_size or zstandard.frame_content_size(frame) == 0:  # a 0 is proved by the frame walk
             raise SeekTableMismatch

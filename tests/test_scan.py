@@ -18,9 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 _BUILD_WHILE_CUT = """
 import os, sys, threading, time
 import tarindex
-import tarindex.scan
+import tarindex.build, tarindex.dataset, tarindex.scan  # imported first: their files are not read during the scan
 from tarindex.errors import TarIndexError
-tarindex.scan.MAP_SLICE = 1 << 20  # windows of 1 MiB: the cut comes after a few of the shard's 24
 path = sys.argv[1]
 size = os.path.getsize(path)
 
