@@ -309,9 +309,9 @@ def _scan_zstd(fd: int, path: str, max_member_size: int | None = None) -> tuple[
     return table, end.partial
 
 
-_WINDOW = 1 << 20
+_WINDOW = 256 << 10
 """Bytes of a zstd shard read at a time by the scan: a window stays in cache while it is decompressed (16 MiB
-windows, copied to memory and read back, cost 1.4x as much as 1 MiB ones, which cost what a map does)."""
+windows, copied to memory and read back, cost 1.4x as much; docs/performance.md has the figures)."""
 
 
 class _FileBytes:

@@ -579,7 +579,7 @@ def by_seek_table(
     dctx = zstandard.ZstdDecompressor()
     budget = Budget(path, end)
     off = d_off = at = 0
-    window = mv[0:0]  # frames are sliced from windows of 1 MiB of mv (one slice of mv each, one read of a file)
+    window = mv[0:0]  # frames are sliced from windows of 1 MiB of mv (one slice of mv each: one read of a file)
     for c_size, d_size in seek.tolist():
         if budget.padding_done():
             rows.append((off, c_size, d_off, d_size))

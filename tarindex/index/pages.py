@@ -39,7 +39,7 @@ _P_BRANCH, _P_LEAF, _P_OVERFLOW = 0x01, 0x02, 0x04
 _F_BIGDATA = 0x01
 _NO_PAGE = (1 << 64) - 1
 _MAX_DEPTH = 32  # a B-tree of 4 KiB pages this deep holds more than any file; deeper is damage
-_BRANCHES_KEPT = 1024  # branch pages kept read (a 100M-sample index has ~100): a lookup reads its leaf only
+_PAGES_KEPT = 1024  # branch pages kept parsed (~100 at 100M samples), and leaf pages kept read (4 MiB), each
 
 
 class IndexFile:
@@ -60,7 +60,8 @@ class IndexFile:
             if fd is None and hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)  # a page asked for is read, not the next 128 KiB
             self.identity = _identity(st)
-            self._branches: dict[int, tuple[list[bytes], list[int]]] = {}  # branch pages read, parsed
+            self._branches: dict[int, _Page] = {}
+            self._leaves: dict[int, _Page] = {}
             self._read_meta(st.st_size)
         except BaseException:
             if fd is None:
@@ -108,48 +109,30 @@ class IndexFile:
     def _damaged(self, pgno: int, what: str) -> IndexFormatError:
         return IndexFormatError(f"{self.path}: the index is damaged (page {pgno} at offset {pgno * self.psize}: {what}); rebuild the index")
 
-    def _page(self, pgno: int, kinds: int) -> tuple[bytes, int, int]:
-        """Page ``pgno`` (a branch or leaf page), its flags and its node count, checked."""
-        if not 2 <= pgno <= self.last:
-            raise self._damaged(pgno, f"a page outside the file's {self.last + 1}")
-        page = os.pread(self.fd, self.psize, pgno * self.psize)
-        if len(page) != self.psize:
-            raise self._damaged(pgno, f"read {len(page)} of {self.psize} bytes")
-        number, _, flags, lower, upper = _HEAD.unpack_from(page)
-        if number != pgno or not flags & kinds or not 16 <= lower <= upper <= self.psize or lower % 2:
-            raise self._damaged(pgno, f"a page header of page {number}, flags {flags:#x}")
-        return page, flags, (lower - 16) // 2
-
-    def _node(self, page: bytes, pgno: int, n: int, i: int) -> tuple[int, int, int, bytes]:
-        """Node ``i`` of ``n`` on a page: ``(lo | hi << 16, flags, offset of its value, key)``, inside the page."""
-        at = self._at(page, pgno, n, i)
-        lo, hi, flags, ksize = _NODE.unpack_from(page, at)
-        return lo | hi << 16, flags, at + 8 + ksize, page[at + 8 : at + 8 + ksize]
-
-    def _at(self, page: bytes, pgno: int, n: int, i: int) -> int:
-        """Where node ``i`` of ``n`` starts, checked: the node header and its key inside the page."""
-        at = page[16 + 2 * i] | page[17 + 2 * i] << 8
-        if not 16 + 2 * n <= at <= self.psize - 8 or at + 8 + (page[at + 6] | page[at + 7] << 8) > self.psize:
-            raise self._damaged(pgno, f"node {i} at {at}, or its key, past the page")
-        return at
-
-    def _key(self, page: bytes, pgno: int, n: int, i: int) -> bytes:
-        at = self._at(page, pgno, n, i)
-        return page[at + 8 : at + 8 + (page[at + 6] | page[at + 7] << 8)]
-
-    def get(self, key: bytes) -> bytes | None:
+    def get(self, key: bytes) -> bytes | memoryview | None:
         """The value stored under ``key`` (a copy read from the file), or ``None``.
 
         Raises:
             IndexFormatError: a page on the way is damaged, or the file is shorter than its pages.
         """
         found = self._find(key)
-        if found is None or found.inline is not None:
-            return None if found is None else found.inline
-        data = os.pread(self.fd, found.size, found.page * self.psize + 16)
-        if len(data) != found.size:
-            raise self._damaged(found.page, f"read {len(data)} of a value's {found.size} bytes")
-        return data
+        if found is None:
+            return None
+        page, size, flags, at = found
+        if not flags & _F_BIGDATA:
+            return page[at : at + size]
+        first = int.from_bytes(page[at : at + 8], "little")
+        pages = -(-(size + 16) // self.psize)
+        if not 2 <= first <= self.last - pages + 1:
+            raise self._damaged(first, f"a value of {size} bytes here, past the file's {self.last + 1} pages")
+        data = os.pread(self.fd, size + 16, first * self.psize)  # its first page's header, then the value
+        if len(data) != size + 16:
+            raise self._damaged(first, f"read {len(data)} of a value's {size + 16} bytes")
+        number, _, oflags, _, _ = _HEAD.unpack_from(data)
+        count = int.from_bytes(data[12:16], "little")
+        if number != first or oflags != _P_OVERFLOW or count < pages:
+            raise self._damaged(first, f"an overflow page header of page {number}, flags {oflags:#x}, {count} pages")
+        return memoryview(data)[16:]
 
     def size_of(self, key: bytes) -> int | None:
         """The size of the value under ``key``, from its leaf (a large value itself is not read), or ``None``.
@@ -158,75 +141,92 @@ class IndexFile:
             IndexFormatError: a page on the way is damaged.
         """
         found = self._find(key)
-        return None if found is None else found.size
+        return None if found is None else found[1]
 
-    def _find(self, key: bytes) -> _Found | None:
+    def _find(self, key: bytes) -> tuple[bytes, int, int, int] | None:
+        """``(leaf page, value size, node flags, where the value (or its first page's number) is)``, or ``None``."""
         pgno = self.root
         if pgno == _NO_PAGE:
             return None
         for _ in range(self.depth):
-            branch = self._branches.get(pgno)
-            if branch is None:
-                page, flags, n = self._page(pgno, _P_BRANCH | _P_LEAF)
-                if flags & _P_LEAF:
-                    return self._leaf(page, pgno, n, key)
-                branch = self._branch(page, pgno, n)
-            keys, children = branch
-            pgno = children[bisect_right(keys, key, 1) - 1]  # the last node whose key <= key (node 0: "anything lower")
+            page = self._branches.get(pgno) or self._leaves.get(pgno) or self._read(pgno)
+            if page.leaf:
+                return self._leaf(page, pgno, key)
+            pgno = page.children[bisect_right(page.keys, key, 1) - 1]  # the last node whose key <= key (node 0: "anything lower")
         raise self._damaged(self.root, f"no leaf within the tree's depth of {self.depth}")
 
-    def _branch(self, page: bytes, pgno: int, n: int) -> tuple[list[bytes], list[int]]:
-        """A branch page's keys (in order, checked) and child pages, kept (a copy: valid while the file is,
-        which every read checks after it, see :meth:`changed`)."""
-        if n < 1:
-            raise self._damaged(pgno, "an empty branch page")
-        nodes = [self._node(page, pgno, n, i) for i in range(n)]
-        keys, children = [b"", *(node[3] for node in nodes[1:])], [low | high << 32 for low, high, _, _ in nodes]
-        if any(a >= b for a, b in zip(keys[1:], keys[2:])):
-            raise self._damaged(pgno, "branch keys out of order")
-        if len(self._branches) < _BRANCHES_KEPT:
-            self._branches[pgno] = keys, children
-        return keys, children
+    def _read(self, pgno: int) -> _Page:
+        """Page ``pgno`` read and checked; a branch page parsed. Kept (a copy: valid while the file is, which every
+        read checks after it, see :meth:`changed`): the first ``_PAGES_KEPT`` branch pages, and leaf pages until
+        ``_PAGES_KEPT`` are kept (then they are read again)."""
+        if not 2 <= pgno <= self.last:
+            raise self._damaged(pgno, f"a page outside the file's {self.last + 1}")
+        data = os.pread(self.fd, self.psize, pgno * self.psize)
+        if len(data) != self.psize:
+            raise self._damaged(pgno, f"read {len(data)} of {self.psize} bytes")
+        number, _, flags, lower, upper = _HEAD.unpack_from(data)
+        n = (lower - 16) // 2
+        if number != pgno or flags not in (_P_BRANCH, _P_LEAF) or not 16 <= lower <= upper <= self.psize or lower % 2 or n < 1:
+            raise self._damaged(pgno, f"a page header of page {number}, flags {flags:#x}, {n} nodes")
+        page = _Page(data, n, [], [])
+        if not page.leaf:
+            for i in range(n):
+                at = self._at(page, pgno, i)
+                lo, hi, high, ksize = _NODE.unpack_from(data, at)
+                page.keys.append(data[at + 8 : at + 8 + ksize] if i else b"")  # node 0's key stands for "anything lower"
+                page.children.append(lo | hi << 16 | high << 32)
+            if any(a >= b for a, b in zip(page.keys[1:], page.keys[2:])):
+                raise self._damaged(pgno, "keys out of order")
+        if not page.leaf:
+            if len(self._branches) < _PAGES_KEPT:
+                self._branches[pgno] = page
+            return page
+        if len(self._leaves) >= _PAGES_KEPT:
+            self._leaves.clear()
+        self._leaves[pgno] = page
+        return page
 
-    def _leaf(self, page: bytes, pgno: int, n: int, key: bytes) -> _Found | None:
-        lo, hi = 0, n
-        while lo < hi:
+    def _at(self, page: _Page, pgno: int, i: int) -> int:
+        """Where node ``i`` of a page starts, checked: its header and key inside the page."""
+        data = page.data
+        at = data[16 + 2 * i] | data[17 + 2 * i] << 8
+        if not 16 + 2 * page.n <= at <= self.psize - 8 or at + 8 + (data[at + 6] | data[at + 7] << 8) > self.psize:
+            raise self._damaged(pgno, f"node {i} at {at}, or its key, past the page")
+        return at
+
+    def _leaf(self, page: _Page, pgno: int, key: bytes) -> tuple[bytes, int, int, int] | None:
+        data, lo, hi = page.data, 0, page.n
+        while lo < hi:  # the first node whose key >= key
             mid = (lo + hi) // 2
-            if self._key(page, pgno, n, mid) < key:
+            at = self._at(page, pgno, mid)
+            if data[at + 8 : at + 8 + (data[at + 6] | data[at + 7] << 8)] < key:
                 lo = mid + 1
             else:
                 hi = mid
-        if lo == n:
+        if lo == page.n:
             return None
-        size, flags, at, found = self._node(page, pgno, n, lo)
-        if found != key:
+        at = self._at(page, pgno, lo)
+        low, high, flags, ksize = _NODE.unpack_from(data, at)
+        if data[at + 8 : at + 8 + ksize] != key:
             return None
-        if not flags & _F_BIGDATA:
-            if flags or at + size > self.psize:
-                raise self._damaged(pgno, f"a value of {size} bytes past its page (flags {flags:#x})")
-            return _Found(page[at : at + size], 0, size)
-        if at + 8 > self.psize:
-            raise self._damaged(pgno, "a large value's page number past its page")
-        first = int.from_bytes(page[at : at + 8], "little")
-        pages = -(-(size + 16) // self.psize)
-        if not 2 <= first <= self.last - pages + 1:
-            raise self._damaged(pgno, f"a value of {size} bytes at page {first}, past the file's {self.last + 1} pages")
-        head = os.pread(self.fd, 16, first * self.psize)
-        if len(head) != 16:
-            raise self._damaged(first, "a short read")
-        number, _, oflags, _, _ = _HEAD.unpack_from(head)
-        count = int.from_bytes(head[12:16], "little")
-        if number != first or oflags != _P_OVERFLOW or count < pages:
-            raise self._damaged(first, f"an overflow page header of page {number}, flags {oflags:#x}, {count} pages")
-        return _Found(None, first, size)
+        size, start = low | high << 16, at + 8 + ksize
+        if flags & ~_F_BIGDATA or start + (8 if flags else size) > self.psize:
+            raise self._damaged(pgno, f"node {lo}'s value past the page (flags {flags:#x})")
+        return data, size, flags, start
 
 
-class _Found(NamedTuple):
-    """Where :meth:`IndexFile._find` found a value: in its leaf (``inline``), or from overflow page ``page``."""
+class _Page(NamedTuple):
+    """A checked page: its bytes and node count; a branch's keys and child pages (empty for a leaf, whose
+    nodes are searched in its bytes)."""
 
-    inline: bytes | None
-    page: int
-    size: int
+    data: bytes
+    n: int
+    keys: list[bytes]
+    children: list[int]
+
+    @property
+    def leaf(self) -> bool:
+        return bool(self.data[10] & _P_LEAF)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int]:

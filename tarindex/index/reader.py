@@ -69,7 +69,7 @@ class _Env:
             self.close()
             raise
 
-    def get(self, key: bytes, path: Path) -> bytes | None:
+    def get(self, key: bytes, path: Path) -> bytes | memoryview | None:
         """The value under ``key``, read from the file, which is then checked to be the one opened.
 
         Raises:
