@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,7 +39,9 @@ _P_BRANCH, _P_LEAF, _P_OVERFLOW = 0x01, 0x02, 0x04
 _F_BIGDATA = 0x01
 _NO_PAGE = (1 << 64) - 1
 _MAX_DEPTH = 32  # a B-tree of 4 KiB pages this deep holds more than any file; deeper is damage
-_PAGES_KEPT = 1024  # branch pages kept parsed (~100 at 100M samples), and leaf pages kept read (4 MiB), each
+_BRANCHES_KEPT = 1024  # branch pages kept parsed (~100 at 100M samples)
+_LEAVES_KEPT = 2048  # leaf pages kept read (8 MiB: the key table of 1.5M samples)
+_PARSED_LEAF = 16  # a leaf of at most this many nodes is kept parsed (the key table's hold 3)
 
 
 class IndexFile:
@@ -60,6 +62,7 @@ class IndexFile:
             if fd is None and hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)  # a page asked for is read, not the next 128 KiB
             self.identity = _identity(st)
+            self.reads = 0  # pages and values read from the file (not from the pages kept)
             self._branches: dict[int, _Page] = {}
             self._leaves: dict[int, _Page] = {}
             self._read_meta(st.st_size)
@@ -126,6 +129,7 @@ class IndexFile:
         if not 2 <= first <= self.last - pages + 1:
             raise self._damaged(first, f"a value of {size} bytes here, past the file's {self.last + 1} pages")
         data = os.pread(self.fd, size + 16, first * self.psize)  # its first page's header, then the value
+        self.reads += 1
         if len(data) != size + 16:
             raise self._damaged(first, f"read {len(data)} of a value's {size + 16} bytes")
         number, _, oflags, _, _ = _HEAD.unpack_from(data)
@@ -157,31 +161,33 @@ class IndexFile:
 
     def _read(self, pgno: int) -> _Page:
         """Page ``pgno`` read and checked; a branch page parsed. Kept (a copy: valid while the file is, which every
-        read checks after it, see :meth:`changed`): the first ``_PAGES_KEPT`` branch pages, and leaf pages until
-        ``_PAGES_KEPT`` are kept (then they are read again)."""
+        read checks after it, see :meth:`changed`): the first ``_BRANCHES_KEPT`` branch pages, and leaf pages
+        until ``_LEAVES_KEPT`` are kept (then they are read again)."""
         if not 2 <= pgno <= self.last:
             raise self._damaged(pgno, f"a page outside the file's {self.last + 1}")
         data = os.pread(self.fd, self.psize, pgno * self.psize)
+        self.reads += 1
         if len(data) != self.psize:
             raise self._damaged(pgno, f"read {len(data)} of {self.psize} bytes")
         number, _, flags, lower, upper = _HEAD.unpack_from(data)
         n = (lower - 16) // 2
         if number != pgno or flags not in (_P_BRANCH, _P_LEAF) or not 16 <= lower <= upper <= self.psize or lower % 2 or n < 1:
             raise self._damaged(pgno, f"a page header of page {number}, flags {flags:#x}, {n} nodes")
-        page = _Page(data, n, [], [])
-        if not page.leaf:
+        page = _Page(data, n, flags == _P_LEAF, [], [])
+        if not page.leaf or n <= _PARSED_LEAF:  # parsed: a branch, or a leaf small enough (the key table's)
             for i in range(n):
                 at = self._at(page, pgno, i)
                 lo, hi, high, ksize = _NODE.unpack_from(data, at)
-                page.keys.append(data[at + 8 : at + 8 + ksize] if i else b"")  # node 0's key stands for "anything lower"
-                page.children.append(lo | hi << 16 | high << 32)
-            if any(a >= b for a, b in zip(page.keys[1:], page.keys[2:])):
+                page.keys.append(data[at + 8 : at + 8 + ksize] if i or page.leaf else b"")  # a branch's node 0: "anything lower"
+                if not page.leaf:
+                    page.children.append(lo | hi << 16 | high << 32)
+            if any(a >= b for a, b in zip(page.keys[1 - page.leaf :], page.keys[2 - page.leaf :])):
                 raise self._damaged(pgno, "keys out of order")
         if not page.leaf:
-            if len(self._branches) < _PAGES_KEPT:
+            if len(self._branches) < _BRANCHES_KEPT:
                 self._branches[pgno] = page
             return page
-        if len(self._leaves) >= _PAGES_KEPT:
+        if len(self._leaves) >= _LEAVES_KEPT:
             self._leaves.clear()
         self._leaves[pgno] = page
         return page
@@ -196,6 +202,8 @@ class IndexFile:
 
     def _leaf(self, page: _Page, pgno: int, key: bytes) -> tuple[bytes, int, int, int] | None:
         data, lo, hi = page.data, 0, page.n
+        if page.keys:
+            lo = hi = bisect_left(page.keys, key)
         while lo < hi:  # the first node whose key >= key
             mid = (lo + hi) // 2
             at = self._at(page, pgno, mid)
@@ -216,17 +224,14 @@ class IndexFile:
 
 
 class _Page(NamedTuple):
-    """A checked page: its bytes and node count; a branch's keys and child pages (empty for a leaf, whose
-    nodes are searched in its bytes)."""
+    """A checked page: its bytes and node count; a branch's keys and child pages; a small leaf's keys (a
+    larger leaf's nodes are searched in its bytes)."""
 
     data: bytes
     n: int
+    leaf: bool
     keys: list[bytes]
     children: list[int]
-
-    @property
-    def leaf(self) -> bool:
-        return bool(self.data[10] & _P_LEAF)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int]:

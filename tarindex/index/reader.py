@@ -50,8 +50,9 @@ class _Env:
     and every :class:`BlockSource`); keyed by inode, and by what the file was when opened (a rebuilt index
     renamed over the old one, or a file rewritten in place, gets its own).
 
-    Every value is read with ``pread`` (:class:`~tarindex.index.pages.IndexFile`) and followed by a check
-    that the file is still the one opened (one ``fstat``: size, modification and change time). A changed
+    Every value read from the file (:class:`~tarindex.index.pages.IndexFile`, ``pread``) is followed by a
+    check that the file is still the one opened (one ``fstat``: size, modification and change time); a value
+    found in pages read before is the index as opened, and checked again at most every ``CHECK_SECONDS``. A changed
     file whose meta still names the same build (``touch``, ``chmod``, an identical copy) is taken as it
     is; any other change is :class:`~tarindex.errors.IndexChangedError`, from then on for every read.
     """
@@ -63,6 +64,7 @@ class _Env:
             raise IndexFormatError(f"{path}: cannot read the index ({exc.strerror or exc})") from exc
         self.key, self.refs, self.pid, self.path = key, 0, os.getpid(), path
         self.changed: str | None = None  # what changed, once the file is no longer this index
+        self.due = 0.0  # a value read only from pages held is checked (again) from then on
         try:
             self.meta = open_meta(self.file)
         except IndexFormatError:
@@ -79,6 +81,9 @@ class _Env:
         for _ in range(2):
             if self.file.fd < 0:
                 raise IndexFormatError(f"{path}: the index was closed")
+            if self.changed is not None:
+                raise IndexChangedError(self.path, self.changed)
+            reads = self.file.reads
             try:
                 value = self.file.get(key)
             except (IndexFormatError, OSError) as exc:
@@ -87,6 +92,8 @@ class _Env:
                         raise IndexFormatError(f"{path}: cannot read the index ({exc.strerror or exc})") from exc
                     raise
                 continue  # changed under the read and still this build: read again
+            if self.file.reads == reads and _monotonic() < self.due:
+                return value  # from pages read before (and checked then): the index as opened, as held blocks are
             if not self.check():
                 return value
         raise IndexChangedError(self.path, "rewritten while it was read")
@@ -102,6 +109,7 @@ class _Env:
         if self.changed is None:
             what = self.file.changed()
             if what is None:
+                self.due = _monotonic() + CHECK_SECONDS
                 return False
             try:
                 now = IndexFile(self.path, self.file.fd)  # the same open file, its meta pages read again
@@ -111,6 +119,7 @@ class _Env:
             else:
                 if build == self.meta["build_id"] and now.container == self.file.container:  # touch, chmod, a copy
                     self.file.identity = now.identity
+                    self.due = _monotonic() + CHECK_SECONDS
                     return True
             self.changed = what if build is None else f"{what}; build {self.meta['build_id']} -> {build}"
         raise IndexChangedError(self.path, self.changed)
