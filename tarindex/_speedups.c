@@ -18,7 +18,8 @@
  *
  * The record blocks come from the index's BlockSource (tarindex/index/reader.py): this process's copies,
  * read with pread and checked once. The same object, the guard, is asked to check the index file again
- * (check(): IndexChangedError once it changed) at the first read after check_seconds, and gives per shard
+ * (check(): IndexChangedError once it changed) at the first read after check_seconds (a coarse clock read
+ * every check_every reads), and gives per shard
  * the bytes its records may span (bounds, filled by bound(shard)): a record outside is the Python path's
  * IndexFormatError, never an allocation of the size a damaged or crafted record claims.
  */
@@ -64,6 +65,7 @@ typedef struct {
     PyObject *bound;    /* guard.bound(shard): fills bounds[shard] from the shard's record */
     const uint64_t *bounds; /* guard.bounds: per shard, 0 until known, then the bytes its records may span */
     int64_t check_ns, due; /* check() at the first read past `due` (a coarse clock), then every check_ns */
+    long check_every, countdown; /* the clock read every check_every reads */
 } Reader;
 
 /* A record block's header (layout: tarindex/index/records.py), copied out of its bytes when the block is first
@@ -216,10 +218,14 @@ static int adopt_guard(Reader *self, PyObject *guard) {
     const char *bounds = NULL;
     Py_ssize_t len;
     PyObject *seconds = PyObject_GetAttrString(guard, "check_seconds"), *bounds_o = PyObject_GetAttrString(guard, "bounds");
+    PyObject *every = seconds && bounds_o ? PyObject_GetAttrString(guard, "check_every") : NULL;
     double s = seconds ? PyFloat_AsDouble(seconds) : -1;
-    int bad = !seconds || !bounds_o || (s == -1 && PyErr_Occurred()) || take(self, bounds_o, &bounds, &len, PyBUF_SIMPLE) < 0;
+    long e = every ? PyLong_AsLong(every) : -1;
+    int bad = !every || (s == -1 && PyErr_Occurred()) || (e == -1 && PyErr_Occurred()) ||
+              take(self, bounds_o, &bounds, &len, PyBUF_SIMPLE) < 0;
     Py_XDECREF(seconds);
     Py_XDECREF(bounds_o);
+    Py_XDECREF(every);
     if (bad) return -1;
     self->check = PyObject_GetAttrString(guard, "check");
     self->bound = self->check ? PyObject_GetAttrString(guard, "bound") : NULL;
@@ -231,6 +237,8 @@ static int adopt_guard(Reader *self, PyObject *guard) {
     self->bounds = (const uint64_t *)bounds;
     self->check_ns = (int64_t)(s * 1e9);
     self->due = clock_ns() + self->check_ns;
+    self->check_every = e > 0 ? e : 1;
+    self->countdown = 0;
     return 0;
 }
 
@@ -342,14 +350,17 @@ static const uint64_t POW10[20] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 10000
 static inline uint64_t round512(uint64_t x) { return (x + 511) & ~(uint64_t)511; }
 
 /* The index file checked again (check(): one fstat, IndexChangedError once it changed) at the first read
- * past `due`: the blocks held here are this process's copies, checked when read, and this makes a changed
- * file an error for them too within check_ns. 0, or -1 with the error set. */
+ * past `due` (the clock read every check_every reads): the blocks held here are this process's copies,
+ * checked when read, and this makes a changed file an error for them too. 0, or -1 with the error set. */
 static int recheck(Reader *self) {
-    if (!self->check || clock_ns() < self->due) return 0;
-    PyObject *ok = PyObject_CallNoArgs(self->check);
-    if (!ok) return -1;
-    Py_DECREF(ok);
-    self->due = clock_ns() + self->check_ns;
+    if (!self->check || --self->countdown >= 0) return 0;
+    if (clock_ns() >= self->due) {
+        PyObject *ok = PyObject_CallNoArgs(self->check);
+        if (!ok) return -1; /* the countdown stays below 0: every later read checks (and raises) again */
+        Py_DECREF(ok);
+        self->due = clock_ns() + self->check_ns;
+    }
+    self->countdown = self->check_every;
     return 0;
 }
 

@@ -27,7 +27,7 @@ class Reader:
         fallback: Callable[[int], dict[str, Any]],
         error: Callable[[str, int, str], BaseException],
         fork: list[int],  # tarindex._process.FORK: a reader made in another generation hands reads to fallback
-        guard: Any = ...,  # index/reader.py BlockSource: check(), check_seconds, bounds (u64 per shard), bound(shard)
+        guard: Any = ...,  # index/reader.py BlockSource: check(), check_seconds, check_every, bounds (u64 per shard), bound(shard)
         /,
     ) -> None: ...
     def read(self, i: int, /) -> dict[str, Any]: ...

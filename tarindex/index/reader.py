@@ -164,7 +164,9 @@ _UNBOUNDED = (1 << 64) - 1
 _monotonic = time.monotonic
 CHECK_SECONDS = 0.1
 """A process reading only record blocks it holds checks the index file again (one ``fstat``) at its first
-read after this many seconds without a check; every block it reads for the first time is checked anyway."""
+read after this many seconds without a check (the clock read every ``CHECK_EVERY`` reads); every block it
+reads for the first time is checked anyway."""
+CHECK_EVERY = 16
 
 
 class BlockSource:
@@ -185,11 +187,13 @@ class BlockSource:
         self._n, self._n_exts = reader.n_samples, len(reader.exts)
         self._blocks: dict[int, Block] = {}
         self._due = _monotonic() + CHECK_SECONDS
+        self._countdown = 0
         self._shards = reader.shards
         self.bounds = array("Q", bytes(8 * len(self._shards)))
         """Per shard: 0 until its record is read, then the bytes a record of it may span (its recorded size for
         a plain tar; ``2**64 - 1`` for a compressed one, whose reader checks the ranges it is asked)."""
         self.check_seconds = CHECK_SECONDS
+        self.check_every = CHECK_EVERY
         if self._env.meta.get("build_id") != meta["build_id"]:
             raise IndexChangedError(reader.path, f"build {meta['build_id']} -> {self._env.meta.get('build_id')}")
 
@@ -239,10 +243,13 @@ class BlockSource:
             IndexFormatError: its record is damaged.
             IndexChangedError: the index file changed since it was opened.
         """
-        if _monotonic() >= self._due:
-            self.check()
+        self._countdown -= 1
+        if self._countdown < 0:  # the clock read every CHECK_EVERY reads
+            if _monotonic() >= self._due:
+                self.check()  # when it raises, the countdown stays below 0: every later read checks again
+            self._countdown = CHECK_EVERY
         b, j = divmod(i, self.block_samples)
-        found = self.block(b).record(j, f"{self._where}: the record of sample {i}")
+        found = self.block(b).record(j, self._where, i)
         try:
             bound = self.bounds[found[0]] or self.bound(found[0])
         except IndexError:  # a shard the index does not have
