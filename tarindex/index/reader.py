@@ -249,7 +249,7 @@ class BlockSource:
                 self.check()  # when it raises, the countdown stays below 0: every later read checks again
             self._countdown = CHECK_EVERY
         b, j = divmod(i, self.block_samples)
-        found = self.block(b).record(j, self._where, i)
+        found = (self._blocks.get(b) or self.block(b)).record(j, self._where, i)
         try:
             bound = self.bounds[found[0]] or self.bound(found[0])
         except IndexError:  # a shard the index does not have
