@@ -19,9 +19,9 @@
  * The record blocks come from the index's BlockSource (tarindex/index/reader.py): this process's copies,
  * read with pread and checked once. The same object, the guard, is asked to check the index file again
  * (check(): IndexChangedError once it changed) at the first read after check_seconds (a coarse clock read
- * every check_every reads), and gives per shard
- * the bytes its records may span (bounds, filled by bound(shard)): a record outside is the Python path's
- * IndexFormatError, never an allocation of the size a damaged or crafted record claims.
+ * every check_every reads), and gives per shard the bytes its records may span (bounds, filled by
+ * bound(shard)): a record outside is the Python path's IndexFormatError, never an allocation of the size
+ * a damaged or crafted record claims.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -202,7 +202,7 @@ static int adopt_opener(Reader *self, PyObject *opener) {
     return 0;
 }
 
-/* A monotonic clock cheap enough for every read (the coarse clock: a few ns, a few ms resolution). */
+/* A cheap monotonic clock (the coarse one: a few ns through the vDSO, a few ms resolution). */
 static inline int64_t clock_ns(void) {
     struct timespec t;
 #ifdef CLOCK_MONOTONIC_COARSE

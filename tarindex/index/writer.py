@@ -167,12 +167,12 @@ class IndexWriter:
         for f in [*self._parts, *([self._frames] if self._frames else [])]:
             f.close()
         self._parts, self._frames = [], None
-        if self._txn is not None:
-            self._txn.abort()
-            self._txn = None
-        if self._env is not None:
-            self._env.close()
-            self._env = None
+        with contextlib.suppress(lmdb.Error):  # an environment a failed set_mapsize left closed
+            if self._txn is not None:
+                self._txn.abort()
+            if self._env is not None:
+                self._env.close()
+        self._txn = self._env = None
         if self._spill.exists():
             shutil.rmtree(self._spill, ignore_errors=True)
         for leftover in (self._tmp, Path(str(self._tmp) + "-lock")):
