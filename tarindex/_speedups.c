@@ -20,6 +20,12 @@
  *
  * A dataset of some shards of an index (tarindex/view.py) reads through a view: its sample i is index
  * sample rindex[r] + i - rview[r], r the run that holds i (a bisection over the runs; none without a view).
+ * The record blocks come from the index's BlockSource (tarindex/index/reader.py): this process's copies,
+ * read with pread and checked once. The same object, the guard, is asked to check the index file again
+ * (check(): IndexChangedError once it changed) at the first read after check_seconds (a coarse clock read
+ * every check_every reads), and gives per shard the bytes its records may span (bounds, filled by
+ * bound(shard)): a record outside is the Python path's IndexFormatError, never an allocation of the size
+ * a damaged or crafted record claims.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,6 +33,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "_tarcore.h"
@@ -40,11 +47,11 @@
 
 typedef struct {
     PyObject_HEAD
-    Py_buffer cols[4];  /* the opener's fds and busy tables, the view's runs */
+    Py_buffer cols[5];  /* the opener's fds and busy tables, the view's runs, the guard's bounds */
     int ncols;
     PyObject *blocks;   /* blocks(b) -> memoryview of record block b, checked (tarindex/index/records.py) */
-    PyObject **bobj;    /* per block: the memoryview, once asked for (keeps the map alive with its source) */
-    struct Block **bhead; /* per block: its header, copied out of the map when the block is first read */
+    PyObject **bobj;    /* per block: the memoryview of its bytes (this process's copy), once asked for */
+    struct Block **bhead; /* per block: its header, copied out of its bytes when the block is first read */
     Py_ssize_t per, n_blocks; /* samples per block */
     Py_ssize_t n, n_exts, n_shards; /* n: samples of the index */
     Py_ssize_t len;     /* samples this reader reads: n, or the view's */
@@ -63,14 +70,19 @@ typedef struct {
     long gen;           /* FORK[0] when this reader was made: a reader inherited through fork hands reads to fallback */
     const int32_t *fds; /* opener.fds: per shard, the plain descriptor open here, or -1 */
     uint32_t *busy;     /* opener.busy: per shard, reads in progress here; [n_shards]: handles waiting to close */
+    PyObject *check;    /* guard.check(): raises if the index file changed since it was opened (one fstat); or NULL */
+    PyObject *bound;    /* guard.bound(shard): fills bounds[shard] from the shard's record */
+    const uint64_t *bounds; /* guard.bounds: per shard, 0 until known, then the bytes its records may span */
+    int64_t check_ns, due; /* check() at the first read past `due` (a coarse clock), then every check_ns */
+    long check_every, countdown; /* the clock read every check_every reads */
 } Reader;
 
-/* A record block's header (layout: tarindex/index/records.py), copied out of the map when the block is first
- * read, with what a read derives from it. A warm read then touches the map only at its row and key bytes: at
+/* A record block's header (layout: tarindex/index/records.py), copied out of its bytes when the block is first
+ * read, with what a read derives from it. A warm read then touches the block only at its row and key bytes: at
  * 100M samples the header's page was a second TLB and cache miss per read (half of the C read's own time). */
 typedef struct Block {
-    const char *rows;           /* the block's rows, in the map */
-    const char *heap;           /* the key heap after them (key_mode 0), in the map */
+    const char *rows;           /* the block's rows, in its bytes (bobj) */
+    const char *heap;           /* the key heap after them (key_mode 0), in its bytes */
     Py_ssize_t rowlen, key_at;  /* bytes per row; the key column's place in a row */
     uint32_t m, npat, plen, heap_len;
     int mode, digits;
@@ -132,6 +144,8 @@ static int Reader_traverse(Reader *self, visitproc visit, void *arg) {
     Py_VISIT(self->fallback);
     Py_VISIT(self->error);
     Py_VISIT(self->fork);
+    Py_VISIT(self->check);
+    Py_VISIT(self->bound);
     return 0;
 }
 
@@ -146,6 +160,8 @@ static int Reader_clear(Reader *self) {
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->error);
     Py_CLEAR(self->fork);
+    Py_CLEAR(self->check);
+    Py_CLEAR(self->bound);
     return 0;
 }
 
@@ -232,8 +248,48 @@ static inline Py_ssize_t to_index(const Reader *self, Py_ssize_t i) {
     return (Py_ssize_t)(self->rindex[lo] + ((uint64_t)i - v[lo]));
 }
 
+/* A cheap monotonic clock (the coarse one: a few ns through the vDSO, a few ms resolution). */
+static inline int64_t clock_ns(void) {
+    struct timespec t;
+#ifdef CLOCK_MONOTONIC_COARSE
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+#else
+    clock_gettime(CLOCK_MONOTONIC, &t);
+#endif
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* The guard's check(), bound(shard), bounds (a u64 per shard) and check_seconds (tarindex/index/reader.py BlockSource). */
+static int adopt_guard(Reader *self, PyObject *guard) {
+    const char *bounds = NULL;
+    Py_ssize_t len;
+    PyObject *seconds = PyObject_GetAttrString(guard, "check_seconds"), *bounds_o = PyObject_GetAttrString(guard, "bounds");
+    PyObject *every = seconds && bounds_o ? PyObject_GetAttrString(guard, "check_every") : NULL;
+    double s = seconds ? PyFloat_AsDouble(seconds) : -1;
+    long e = every ? PyLong_AsLong(every) : -1;
+    int bad = !every || (s == -1 && PyErr_Occurred()) || (e == -1 && PyErr_Occurred()) ||
+              take(self, bounds_o, &bounds, &len, PyBUF_SIMPLE) < 0;
+    Py_XDECREF(seconds);
+    Py_XDECREF(bounds_o);
+    Py_XDECREF(every);
+    if (bad) return -1;
+    self->check = PyObject_GetAttrString(guard, "check");
+    self->bound = self->check ? PyObject_GetAttrString(guard, "bound") : NULL;
+    if (!self->bound) return -1;
+    if (len != 8 * self->n_shards) {
+        PyErr_SetString(PyExc_ValueError, "the guard's bounds do not match the index's shards");
+        return -1;
+    }
+    self->bounds = (const uint64_t *)bounds;
+    self->check_ns = (int64_t)(s * 1e9);
+    self->due = clock_ns() + self->check_ns;
+    self->check_every = e > 0 ? e : 1;
+    self->countdown = 0;
+    return 0;
+}
+
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
-    PyObject *blocks, *exts, *urls, *opener, *fallback, *error, *fork, *view = Py_None;
+    PyObject *blocks, *exts, *urls, *opener, *fallback, *error, *fork, *view = Py_None, *guard = Py_None;
     Py_ssize_t per, n;
     if (self->exts) {
         PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
@@ -243,8 +299,8 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "tarindex._speedups.init() was not called (tarindex._native calls it)");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OnnO!O!OOOO!|O", &blocks, &per, &n, &PyTuple_Type, &exts, &PyList_Type, &urls, &opener,
-                          &fallback, &error, &PyList_Type, &fork, &view))
+    if (!PyArg_ParseTuple(args, "OnnO!O!OOOO!|OO", &blocks, &per, &n, &PyTuple_Type, &exts, &PyList_Type, &urls, &opener,
+                          &fallback, &error, &PyList_Type, &fork, &view, &guard))
         return -1;
     if (PyList_GET_SIZE(fork) != 1 || !PyLong_Check(PyList_GET_ITEM(fork, 0))) {
         PyErr_SetString(PyExc_ValueError, "fork must be a list of one int");
@@ -273,7 +329,7 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
         PyErr_NoMemory();
         return -1;
     }
-    if (adopt_opener(self, opener) < 0) return -1;
+    if (adopt_opener(self, opener) < 0 || (guard != Py_None && adopt_guard(self, guard) < 0)) return -1;
     return view == Py_None ? 0 : adopt_view(self, view);
 }
 
@@ -340,11 +396,43 @@ static const uint64_t POW10[20] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 10000
 
 static inline uint64_t round512(uint64_t x) { return (x + 511) & ~(uint64_t)511; }
 
+/* The index file checked again (check(): one fstat, IndexChangedError once it changed) at the first read
+ * past `due` (the clock read every check_every reads): the blocks held here are this process's copies,
+ * checked when read, and this makes a changed file an error for them too. 0, or -1 with the error set. */
+static int recheck(Reader *self) {
+    if (!self->check || --self->countdown >= 0) return 0;
+    if (clock_ns() >= self->due) {
+        PyObject *ok = PyObject_CallNoArgs(self->check);
+        if (!ok) return -1; /* the countdown stays below 0: every later read checks (and raises) again */
+        Py_DECREF(ok);
+        self->due = clock_ns() + self->check_ns;
+    }
+    self->countdown = self->check_every;
+    return 0;
+}
+
+/* Whether a record lies inside what its shard's record allows (bounds[shard], asked of bound() the first
+ * time): 0 inside, -2 outside (the Python path names it), -1 on error. A read never allocates for a range
+ * the index's own shard record rules out. */
+static int within(Reader *self, const Record *r) {
+    if (!self->bounds) return 0;
+    uint64_t bound = self->bounds[r->shard];
+    if (!bound) {
+        PyObject *got = PyObject_CallFunction(self->bound, "I", r->shard);
+        if (!got) return -1;
+        Py_DECREF(got);
+        bound = self->bounds[r->shard];
+    }
+    return r->size > bound || r->offset > bound - r->size ? -2 : 0;
+}
+
 /* Record i, decoded from its block's row (layout: tarindex/index/records.py) and checked: every member
- * inside the sample's range, in order; a known pattern, shard and key. The block's header and layout were
- * checked when it was first read. Returns 0, -1 (an error set) or -2 (a damaged record: the Python path
- * makes the same checks, and its error names the index file). */
+ * inside the sample's range, in order; a known pattern, shard and key; the range inside the shard's
+ * recorded size. The block's header and layout were checked when it was first read. Returns 0, -1 (an
+ * error set) or -2 (a damaged record: the Python path makes the same checks, and its error names the
+ * index file). */
 static int load(Reader *self, Py_ssize_t i, Record *r) {
+    if (recheck(self) < 0) return -1;
     const Block *b = block(self, i / self->per);
     if (!b) return -1;
     Py_ssize_t j = i % self->per;
@@ -386,6 +474,8 @@ static int load(Reader *self, Py_ssize_t i, Record *r) {
     if (r->size > PY_SSIZE_T_MAX) goto bad;
     for (Py_ssize_t k = 0; k < count; k++)
         if (r->mo[k] > r->size || r->ms[k] > r->size - r->mo[k]) goto bad;
+    int inside = within(self, r);
+    if (inside < 0) return inside;
     if (b->mode == 1) {
         r->digits = b->digits;
         r->number = f[4] + (uint64_t)j;

@@ -28,6 +28,7 @@ class Reader:
         error: Callable[[str, int, str], BaseException],
         fork: list[int],  # tarindex._process.FORK: a reader made in another generation hands reads to fallback
         view: tuple[bytes, bytes] | None = ...,  # tarindex.view.View.runs(): run_view, run_index (uint64); None: every sample
+        guard: Any = ...,  # index/reader.py BlockSource: check(), check_seconds, check_every, bounds (u64 per shard), bound(shard)
         /,
     ) -> None: ...
     def read(self, i: int, /) -> dict[str, Any]: ...

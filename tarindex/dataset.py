@@ -234,6 +234,7 @@ class TarDataset:
                 CorruptArchiveError,
                 FORK,
                 self._map.runs() if self._map is not None else None,
+                self._blocks,  # the guard: the index file checked again as blocks are held, records against their shard
             )
         self._gen = FORK[0]
         # The hot path: this instance's `read` is the reader's own method, not the class's wrapper. Both

@@ -243,9 +243,10 @@ class CommandNotAllowedError(TarIndexError, PermissionError):
 
 
 class IndexChangedError(StaleIndexError):
-    """The index file at a path is no longer the one first opened there (rebuilt in place); ``.what`` says how."""
+    """The index file at a path is no longer the one first opened there (rebuilt, copied over, truncated or
+    rewritten in place); ``.what`` says how."""
 
-    _template = "{path}: the index was rebuilt since it was opened ({what}); open it again"
+    _template = "{path}: the index file changed since it was opened ({what}); open it again"
 
 
 class SampleNotFoundError(TarIndexError, KeyError):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import mmap
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -21,6 +20,7 @@ from .errors import (
     CorruptDeflateError,
     CorruptFrameError,
     DecompressionLimitError,
+    IndexFormatError,
     ShardNotFoundError,
 )
 from .grouping import Packer, SampleRecord, new_packer, pack_samples
@@ -29,7 +29,7 @@ from .gzip_random import decompress_indexed
 from .options import SourceOptions
 from .shards import FINGERPRINT_SPAN, fingerprint, fingerprint_stream
 from .sources import is_url, open_regular, open_source
-from .tables import ShardInfo, ShardTable
+from .tables import MAX_EXTS, ShardInfo, ShardTable
 from .tar import Buffer, Entry, index_tar, index_tar_file
 from .zstd import (
     MAP_SLICE,
@@ -37,7 +37,6 @@ from .zstd import (
     SeekTableMismatch,
     by_seek_table,
     check_seek_table,
-    close_map,
     decompress_frames,
     frame_array,
     is_zstd,
@@ -83,8 +82,18 @@ def table_from_file(fd: int, path: str, *, max_member_size: int | None = None, a
 
 def _walked(path: str, walk: Callable[[Packer], None]) -> ShardTable:
     packer = new_packer(path)
-    walk(packer)
-    return ShardTable.from_columns(packer.finish())
+    try:
+        walk(packer)
+        columns = packer.finish()
+    except OverflowError as exc:  # the C packer, at a 65,537th distinct extension (it numbers them in 16 bits)
+        raise _too_many_exts(path) from exc
+    if len(columns[7]) > MAX_EXTS:  # the reference packer numbers them all
+        raise _too_many_exts(path)
+    return ShardTable.from_columns(columns)
+
+
+def _too_many_exts(path: str) -> IndexFormatError:
+    return IndexFormatError(f"{path}: more than {MAX_EXTS:,} distinct extensions in one shard; an index holds at most {MAX_EXTS:,}")
 
 def table_from_entries(entries: Iterable[Entry], path: str) -> ShardTable:
     """Group a shard's :func:`tarindex.tar.iter_tar` entries into samples and pack them.
@@ -289,32 +298,59 @@ def scan_zstd(fd: int, path: str, *, max_member_size: int | None = None) -> Shar
 def _scan_zstd(fd: int, path: str, max_member_size: int | None = None, allow_missing_end: bool = False) -> tuple[ShardTable, bool]:
     """:func:`scan_zstd`, and whether the walk stopped inside a frame (whose row is then incomplete)."""
     end = ArchiveEnd()
-    buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    try:
-        if hasattr(mmap, "MADV_SEQUENTIAL"):
-            buf.madvise(mmap.MADV_SEQUENTIAL)
-        seek = read_seek_table(buf, path)
-        mv = memoryview(buf)
-        rows: list[tuple[int, int, int, int]] = []
-        table = None
-        if seek is not None and len(seek) and int(seek[:, 1].max()) <= PIECE_LIMIT:
-            try:
-                table = _scan_chunks(by_seek_table(mv, seek, rows, path, end), path, end, max_member_size, allow_missing_end)
-            except SeekTableMismatch:
-                rows.clear()
-                end = ArchiveEnd()
-        if table is None:
-            pieces = (mv[i : i + MAP_SLICE] for i in range(0, len(mv), MAP_SLICE))
-            table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False, end=end), path, end, max_member_size, allow_missing_end)
-            del pieces
-        mv.release()
-    finally:
-        close_map(buf)
+    buf = _FileBytes(fd, path)
+    seek = read_seek_table(buf, path)
+    rows: list[tuple[int, int, int, int]] = []
+    table = None
+    if seek is not None and len(seek) and int(seek[:, 1].max()) <= PIECE_LIMIT:
+        try:
+            table = _scan_chunks(by_seek_table(buf, seek, rows, path, end), path, end, max_member_size, allow_missing_end)
+        except SeekTableMismatch:
+            rows.clear()
+            end = ArchiveEnd()
+    if table is None:
+        pieces = (buf[i : i + _WINDOW] for i in range(0, len(buf), _WINDOW))
+        table = _scan_chunks(decompress_frames(pieces, path, rows, hold=False, end=end), path, end, max_member_size, allow_missing_end)
     frames = frame_array(rows)
     if seek is not None:
         check_seek_table(frames[:-1] if end.partial else frames, seek, path, prefix=end.skipped)
     table.frames = frames
     return table, end.partial
+
+
+_WINDOW = 256 << 10
+"""Bytes of a zstd shard read at a time by the scan: a window stays in cache while it is decompressed (16 MiB
+windows, copied to memory and read back, cost 1.4x as much; docs/performance.md has the figures)."""
+
+
+class _FileBytes:
+    """A local shard's bytes, sliced as a map is but read with ``pread`` in windows of ``_WINDOW`` bytes or
+    the slice asked (slices are views of a window's ``bytes``, which stay valid after the next window is
+    read). A map would kill the process (``SIGBUS``) when the shard is truncated while it is scanned; here
+    that is a short read, a :class:`~tarindex.errors.CorruptFrameError` naming the shard and the offset."""
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd, self.path = fd, path
+        self.size = os.fstat(fd).st_size
+        self.at, self.window = 0, memoryview(b"")
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # read ahead, as the map was told
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: slice) -> memoryview:
+        start, stop = max(key.start or 0, 0), min(self.size if key.stop is None else key.stop, self.size)
+        if stop <= start:
+            return memoryview(b"")
+        if not (self.at <= start and stop <= self.at + len(self.window)):
+            want = min(max(stop - start, _WINDOW), self.size - start)
+            data = os.pread(self.fd, want, start)
+            if len(data) != want:
+                what = f"the shard was truncated while it was read ({self.size} bytes when its scan began)"
+                raise CorruptFrameError(self.path, start + len(data), what)
+            self.at, self.window = start, memoryview(data)
+        return self.window[start - self.at : stop - self.at]
 
 
 def _scan_gzip(fd: int, path: str, max_member_size: int | None = None, allow_missing_end: bool = False) -> ShardTable:

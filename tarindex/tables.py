@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []  # internal: the index and the scan share these records
 
+MAX_EXTS = 1 << 16
+"""Distinct extensions a shard's tables, and an index, can number (a member's extension is a u16)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ShardInfo:

@@ -562,9 +562,12 @@ class SeekTableMismatch(Exception):
 
 
 def by_seek_table(
-    mv: memoryview, seek: np.ndarray, rows: list[tuple[int, int, int, int]], path: str, end: ArchiveEnd | None = None
+    mv: Any, seek: np.ndarray, rows: list[tuple[int, int, int, int]], path: str, end: ArchiveEnd | None = None
 ) -> Iterator[bytes]:
     """Decompress the frames the seek table lists, one call each, checking every size and frame end.
+
+    ``mv`` is the whole file: anything with a length whose slices are bytes-like (a memoryview, or the
+    scan's ``pread`` view of a local shard).
 
     Once ``end`` is set and the padding after it decompressed, the remaining frames get the seek
     table's rows without being decompressed (their bytes are never served: they follow the tar).
@@ -575,14 +578,17 @@ def by_seek_table(
     """
     dctx = zstandard.ZstdDecompressor()
     budget = Budget(path, end)
-    off = d_off = 0
+    off = d_off = at = 0
+    window = mv[0:0]  # frames are sliced from windows of 1 MiB of mv (one slice of mv each: one read of a file)
     for c_size, d_size in seek.tolist():
         if budget.padding_done():
             rows.append((off, c_size, d_off, d_size))
             off += c_size
             d_off += d_size
             continue
-        frame = mv[off : off + c_size]
+        if off + c_size > at + len(window):
+            at, window = off, mv[off : off + max(c_size, 1 << 20)]
+        frame = window[off - at : off - at + c_size]
         if len(frame) != c_size or zstandard.frame_content_size(frame) == 0:  # a 0 is proved by the frame walk
             raise SeekTableMismatch
         try:

@@ -386,14 +386,15 @@ def _damaged_index(tmp_path: Path, damage: Callable[[ShardTable, ShardInfo], Non
     return paths[0], TarDataset(tmp_path / "short" / "bad.tarindex"), info.size
 
 
-def test_index_past_the_end_of_a_shard_is_corrupt(tmp_path: Path) -> None:
+def test_index_past_the_end_of_a_shard_is_a_damaged_index(tmp_path: Path) -> None:
     def damage(table: ShardTable, info: ShardInfo) -> None:
         table.sample_offset[-1] = info.size - 100  # the index now says the last sample runs past the end
 
-    shard, ds, size = _damaged_index(tmp_path, damage)
+    _, ds, size = _damaged_index(tmp_path, damage)
     assert _strip(ds[0])["__key__"] == "s00i000"
-    with pytest.raises(tarindex.CorruptArchiveError, match=rf"{re.escape(str(shard))}: sample runs past the end of the shard at offset {size}"):
-        ds[2]
+    past = rf"the record of sample 2 is damaged \(\d+ bytes at offset {size - 100} past the {size} bytes of shard 0\)"
+    with pytest.raises(tarindex.IndexFormatError, match=rf"{re.escape(str(ds.index_path))}: {past}"):
+        ds[2]  # checked against the shard's record before anything is read or allocated
 
 
 def test_out_of_range_member_in_a_record_is_a_damaged_index(tmp_path: Path) -> None:

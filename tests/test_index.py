@@ -191,7 +191,7 @@ def _edited(index: Path, out: Path, edit: Any) -> Path:
         ("n_samples", 22, "shard start table is damaged"),
         ("n_samples", 20, "shard start table is damaged"),
         ("n_samples", -1, "bad n_samples"),
-        ("n_shards", 2, "shard start table is damaged \\(expected 3 ascending"),
+        ("n_shards", 2, "bad n_shards: 2, the shard start table holds 4 entries, expected n_shards \\+ 1"),
         ("format_version", 4, "index format version 4, this tarindex reads version 5; rebuild the index"),
         ("url_shards", 4, "bad url_shards"),
         ("command_shards", -1, "bad command_shards"),
@@ -229,7 +229,7 @@ def test_offsets_beyond_the_shard_are_an_error_not_other_bytes(tmp_path: Path) -
         other, other_table = scan_shard(str(paths[1]))
         w.add(ShardInfo(paths[1].name, other.size, other.mtime_ns, other.fingerprint, other.n_samples, other.n_members), other_table)
     ds = tarindex.TarDataset(tmp_path / "d" / "x.tarindex")
-    with pytest.raises(tarindex.CorruptArchiveError, match=f"{paths[0]}: sample runs past the end of the shard"):
+    with pytest.raises(IndexFormatError, match=rf"the record of sample 1 is damaged \(\d+ bytes at offset {info.size + 4096} past the {info.size} bytes of shard 0\)"):
         ds[1]
 
 
@@ -271,7 +271,7 @@ def test_a_forked_reader_refuses_an_index_rebuilt_in_place(built: tuple[list[Pat
     child.start()
     kind, message = q.get(timeout=60)
     child.join(60)
-    assert kind == "IndexChangedError" and f"{index}: the index was rebuilt since it was opened" in message
+    assert kind == "IndexChangedError" and f"{index}: the index file changed since it was opened" in message
     assert issubclass(IndexChangedError, StaleIndexError)
     assert ix.key(0) == "s00i000"  # this process keeps the file it opened
 

@@ -1,53 +1,32 @@
-"""The index's container and meta: the LMDB file checked before it is mapped, the sealed meta's
-checksum and schema. Imports neither numpy nor the record codec, so ``tarindex info`` (which
-shows what the meta holds) starts as fast as the CLI itself.
+"""The index's meta: the sealed meta's checksum and schema, its counts checked against each other and
+against the file (the values they describe exist and have the sizes they imply), before anything is
+allocated from them. Imports neither numpy nor the record codec, so ``tarindex info`` (which shows what
+the meta holds) starts as fast as the CLI itself.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-import lmdb
-
 from ..errors import IndexFormatError
-from .format import CONTENT_SUMMARY, FORMAT_VERSION, MAGIC, META_KEY, SHARD_SUMMARY, unseal
+from ..tables import MAX_EXTS
+from .format import (
+    BLOCK_PREFIX,
+    CONTENT_SUMMARY,
+    FORMAT_VERSION,
+    MAGIC,
+    META_KEY,
+    SHARD_SUMMARY,
+    START_KEY,
+    bucket_keys,
+    numbered,
+    unseal,
+)
+from .pages import IndexFile
 
 __all__: list[str] = []  # internal module: the index reader and `tarindex info` use these names
-
-_LMDB_MAGIC = 0xBEEFC0DE
-
-
-def check_container(path: Path) -> None:
-    """Check that the file holds every page its LMDB meta pages name, before it is mapped.
-
-    A truncated index (an interrupted copy, a full disk) would otherwise be mapped and
-    fault (``SIGBUS``) on the first page past its end.
-
-    Raises:
-        IndexFormatError: not an LMDB file, or shorter than its meta pages say.
-    """
-    try:
-        with open(path, "rb") as f:
-            head = f.read(152)
-            size = os.fstat(f.fileno()).st_size
-            psize = int.from_bytes(head[40:44], "little") if len(head) >= 152 else 0
-            if len(head) < 152 or int.from_bytes(head[16:20], "little") != _LMDB_MAGIC or not 512 <= psize <= 1 << 16:
-                raise IndexFormatError(f"{path}: not a tarindex index (not an LMDB file: {size} bytes)")
-            f.seek(psize)
-            second = f.read(152)
-    except OSError as exc:
-        raise IndexFormatError(f"{path}: cannot read the index ({exc.strerror or exc})") from exc
-    metas = [head] + ([second] if len(second) == 152 and int.from_bytes(second[16:20], "little") == _LMDB_MAGIC else [])
-    meta = max(metas, key=lambda m: int.from_bytes(m[144:152], "little"))  # LMDB uses the later transaction's
-    last = int.from_bytes(meta[136:144], "little")
-    if (last + 1) * psize > size:
-        raise IndexFormatError(
-            f"{path}: the index is truncated (expected at least {(last + 1) * psize} bytes, got {size}); rebuild or copy it again"
-        )
-
 
 _META_INTS = (
     "n_samples", "n_members", "n_shards", "duplicate_keys", "block_samples", "n_blocks", "n_buckets", "sample_bytes", "shard_block",
@@ -101,12 +80,12 @@ def check_meta(path: Path, raw: Any) -> dict[str, Any]:
         bad = [
             name
             for name, ok in (
-                ("block_samples", b > 0),
-                ("shard_block", meta["shard_block"] > 0),
+                ("block_samples", 0 < b <= _MAX_U32),  # a block header's n is a u32
+                ("shard_block", 0 < meta["shard_block"] <= _MAX_U32),
                 ("n_blocks", meta["n_blocks"] == -(-n // b)),
-                ("n_buckets", (meta["n_buckets"] > 0) == (n > 0)),
-                ("sample_bytes", 1 <= meta["sample_bytes"] <= 8 and n <= 1 << (8 * meta["sample_bytes"])),
-                ("exts", isinstance(meta.get("exts"), list) and all(isinstance(e, str) for e in meta["exts"])),
+                ("sample_bytes", meta["sample_bytes"] == max(1, (max(n - 1, 0).bit_length() + 7) // 8)),  # as written
+                ("n_buckets", meta["n_buckets"] in _bucket_counts(n, meta["sample_bytes"])),
+                ("exts", _are_exts(meta.get("exts"))),
                 ("build_id", isinstance(meta.get("build_id"), str)),
                 ("part", _is_part(meta.get("part"))),
                 ("url_shards", meta["url_shards"] + meta["command_shards"] <= meta["n_shards"]),
@@ -123,28 +102,72 @@ def check_meta(path: Path, raw: Any) -> dict[str, Any]:
     return meta
 
 
+def _bucket_counts(n: int, sample_bytes: int) -> tuple[int, ...]:
+    """The bucket counts a writer gives ``n`` samples: by entry width (``bucket_keys``), or 256 keys a bucket
+    (format-5 indexes written before buckets were sized by width). Any other count sends lookups to the
+    wrong bucket, so it is refused."""
+    return (-(-n // bucket_keys(sample_bytes)), -(-n // 256)) if 1 <= sample_bytes <= 8 else ()
+
+
+_MAX_U32 = 0xFFFF_FFFF
+_RESERVED = ("__key__", "__url__", "__index__")  # fields of every sample dict (tarindex.grouping.RESERVED)
+
+
+def _are_exts(exts: Any) -> bool:
+    """An extension table: distinct non-empty strings, none a sample's reserved field, at most ``MAX_EXTS``."""
+    return (
+        isinstance(exts, list)
+        and len(exts) <= MAX_EXTS
+        and all(isinstance(e, str) and e and e not in _RESERVED for e in exts)
+        and len(set(exts)) == len(exts)
+    )
+
+
 def _is_part(part: Any) -> bool:
     if part is None:
         return True
     return isinstance(part, list) and len(part) == 2 and all(type(x) is int for x in part) and 1 <= part[0] <= part[1]
 
 
+def open_meta(file: IndexFile) -> dict[str, Any]:
+    """The meta of an open index file, checked (:func:`check_meta`), and its counts against the file: the
+    shard start table has ``n_shards + 1`` entries, and the last record block is ``n_blocks - 1`` (read from
+    the B-tree's leaves: no table is read). A crafted count is refused here, before a reader allocates
+    anything by it.
+
+    Raises:
+        IndexFormatError: not a tarindex index, another format version, or damaged.
+    """
+    path = file.path
+    meta = check_meta(path, file.get(META_KEY))
+    starts = file.size_of(START_KEY)
+    if starts != 4 + 8 * (meta["n_shards"] + 1):
+        raise IndexFormatError(
+            f"{path}: the index's meta is damaged (bad n_shards: {meta['n_shards']}, the shard start table holds "
+            f"{'no' if starts is None else max(starts - 4, 0) // 8} entries, expected n_shards + 1); rebuild the index"
+        )
+    n_blocks = meta["n_blocks"]
+    if n_blocks and (file.size_of(numbered(BLOCK_PREFIX, n_blocks - 1)) is None or file.size_of(numbered(BLOCK_PREFIX, n_blocks)) is not None):
+        raise IndexFormatError(
+            f"{path}: the index's meta is damaged (bad n_blocks: {n_blocks} record blocks of {meta['block_samples']} samples "
+            f"for {meta['n_samples']} samples, the file holds another number); rebuild the index"
+        )
+    return meta
+
+
 def read_meta(path: Path) -> dict[str, Any]:
-    """The meta of the index at ``path``, checked, without mapping more than its page.
+    """The meta of the index at ``path``, checked, reading only the pages on its way.
 
     Raises:
         IndexFormatError: not a tarindex index, another format version, truncated or damaged.
     """
-    check_container(path)
     try:
-        env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=0, readahead=False)
-    except lmdb.Error as exc:
-        raise IndexFormatError(f"{path}: not a tarindex index ({exc})") from exc
+        file = IndexFile(path)
+    except OSError as exc:
+        raise IndexFormatError(f"{path}: cannot read the index ({exc.strerror or exc})") from exc
     try:
-        with env.begin() as txn:
-            raw = txn.get(META_KEY)
-    except lmdb.Error as exc:
-        raise IndexFormatError(f"{path}: the index is damaged ({exc}); rebuild the index") from exc
+        return open_meta(file)
+    except OSError as exc:
+        raise IndexFormatError(f"{path}: cannot read the index ({exc.strerror or exc})") from exc
     finally:
-        env.close()
-    return check_meta(path, raw)
+        file.close()

@@ -1,31 +1,35 @@
-"""Read an index: lazy per-process LMDB, record blocks read one at a time, hashed key lookup.
+"""Read an index: the file opened lazily per process and read with ``pread`` (never mapped), record
+blocks read one at a time, hashed key lookup.
 
-Importing this module, or opening an index, never imports torch. Opening reads the
-LMDB container's two meta pages (checked against the file's size, so a truncated
-file is an :class:`~tarindex.errors.IndexFormatError`, never a ``SIGBUS``) and the
-sealed ``meta``; a sample touches its record block and the B-tree pages above it.
+Importing this module, or opening an index, never imports torch. Opening reads the LMDB container's
+two meta pages (checked against the file's size, so a truncated file is an
+:class:`~tarindex.errors.IndexFormatError`) and the sealed ``meta``; a sample reads its record block and
+the B-tree pages above it. Every read is followed by a check that the file is still the one opened: a
+file changed in place under a reader (``cp``, ``rsync --inplace``, a truncation) is an
+:class:`~tarindex.errors.IndexChangedError`, never a ``SIGBUS`` or another index's records.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import weakref
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any, overload
 
-import lmdb
 import numpy as np
 
+from ..compression import limits
 from ..errors import IndexChangedError, IndexFormatError, IndexNotFoundError, SampleNotFoundError
 from .format import (
     BLOCK_PREFIX,
     FRAMES_PREFIX,
     GZIP_PREFIX,
     KEYS_PREFIX,
-    META_KEY,
     SHARDS_PREFIX,
     START_KEY,
     ShardInfo,
@@ -35,38 +39,90 @@ from .format import (
     numbered,
     unseal,
 )
-from .meta import check_container, check_meta
+from .meta import open_meta
+from .pages import IndexFile
 from .records import Block, Columns, parse
 
 __all__ = ["IndexReader"]
 
 class _Env:
-    """One LMDB environment and read transaction per index file per process.
+    """One open index file per process, shared by the readers of that file (reference counted: readers
+    and every :class:`BlockSource`); keyed by inode, and by what the file was when opened (a rebuilt index
+    renamed over the old one, or a file rewritten in place, gets its own).
 
-    LMDB forbids opening one environment twice in a process, so readers of the
-    same file share it (reference counted: readers and every :class:`BlockSource`).
-    Keyed by inode: a rebuilt index (a new file renamed over the old) gets a new environment.
+    Every value read from the file (:class:`~tarindex.index.pages.IndexFile`, ``pread``) is followed by a
+    check that the file is still the one opened (one ``fstat``: size, modification and change time); a value
+    found in pages read before is the index as opened, and checked again at most every ``CHECK_SECONDS``. A changed
+    file whose meta still names the same build (``touch``, ``chmod``, an identical copy) is taken as it
+    is; any other change is :class:`~tarindex.errors.IndexChangedError`, from then on for every read.
     """
 
     def __init__(self, key: tuple[int, int], path: Path) -> None:
-        check_container(path)
         try:
-            self.env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=0, readahead=False)
-        except lmdb.Error as exc:
-            raise IndexFormatError(f"{path}: not a tarindex index ({exc})") from exc
-        self.key, self.refs, self.pid = key, 0, os.getpid()
-        self.txn = self.env.begin(buffers=True)
+            self.file = IndexFile(path)
+        except OSError as exc:
+            raise IndexFormatError(f"{path}: cannot read the index ({exc.strerror or exc})") from exc
+        self.key, self.refs, self.pid, self.path = key, 0, os.getpid(), path
+        self.changed: str | None = None  # what changed, once the file is no longer this index
+        self.due = 0.0  # a value read only from pages held is checked (again) from then on
         try:
-            self.meta = check_meta(path, self.get(META_KEY, path))
+            self.meta = open_meta(self.file)
         except IndexFormatError:
             self.close()
             raise
 
-    def get(self, key: bytes, path: Path) -> Any:
-        try:
-            return self.txn.get(key)
-        except lmdb.Error as exc:
-            raise IndexFormatError(f"{path}: the index is damaged ({exc}); rebuild the index") from exc
+    def get(self, key: bytes, path: Path) -> bytes | memoryview | None:
+        """The value under ``key``, read from the file, which is then checked to be the one opened.
+
+        Raises:
+            IndexChangedError: the file changed since it was opened.
+            IndexFormatError: the file is damaged, or was closed.
+        """
+        for _ in range(2):
+            if self.file.fd < 0:
+                raise IndexFormatError(f"{path}: the index was closed")
+            if self.changed is not None:
+                raise IndexChangedError(self.path, self.changed)
+            reads = self.file.reads
+            try:
+                value = self.file.get(key)
+            except (IndexFormatError, OSError) as exc:
+                if not self.check():  # unchanged: damage, said as such (a changed file said so by check)
+                    if isinstance(exc, OSError):
+                        raise IndexFormatError(f"{path}: cannot read the index ({exc.strerror or exc})") from exc
+                    raise
+                continue  # changed under the read and still this build: read again
+            if self.file.reads == reads and _monotonic() < self.due:
+                return value  # from pages read before (and checked then): the index as opened, as held blocks are
+            if not self.check():
+                return value
+        raise IndexChangedError(self.path, "rewritten while it was read")
+
+    def check(self) -> bool:
+        """Whether the file changed since it was opened (or last checked) and is still this index; then its
+        new identity is taken. One ``fstat`` when unchanged.
+
+        Raises:
+            IndexChangedError: the file is no longer this index (another build, or no longer readable as
+                one); raised again by every later call.
+        """
+        if self.changed is None:
+            what = self.file.changed()
+            if what is None:
+                self.due = _monotonic() + CHECK_SECONDS
+                return False
+            try:
+                now = IndexFile(self.path, self.file.fd)  # the same open file, its meta pages read again
+                build = open_meta(now)["build_id"]
+            except (IndexFormatError, OSError):
+                build = None
+            else:
+                if build == self.meta["build_id"] and now.container == self.file.container:  # touch, chmod, a copy
+                    self.file.identity = now.identity
+                    self.due = _monotonic() + CHECK_SECONDS
+                    return True
+            self.changed = what if build is None else f"{what}; build {self.meta['build_id']} -> {build}"
+        raise IndexChangedError(self.path, self.changed)
 
     def acquire(self) -> _Env:
         self.refs += 1
@@ -82,8 +138,7 @@ class _Env:
             self.close()
 
     def close(self) -> None:
-        self.txn.abort()
-        self.env.close()
+        self.file.close()
 
 
 _ENVS: dict[tuple[int, int], _Env] = {}
@@ -100,16 +155,28 @@ def _acquire(path: Path) -> _Env:
     st = path.stat()
     key = (st.st_dev, st.st_ino)
     found = _ENVS.get(key)
-    if found is None:
+    if found is None or found.changed is not None or found.file.changed() is not None:  # rewritten in place since
         found = _ENVS[key] = _Env(key, path)
     return found.acquire()
 
 
-class BlockSource:
-    """The record blocks of one index in one process: checked once, then served as views of the map.
+_UNBOUNDED = (1 << 64) - 1
+_monotonic = time.monotonic
+CHECK_SECONDS = 0.1
+"""A process reading only record blocks it holds checks the index file again (one ``fstat``) at its first
+read after this many seconds without a check (the clock read every ``CHECK_EVERY`` reads); every block it
+reads for the first time is checked anyway."""
+CHECK_EVERY = 16
 
-    Holds the LMDB environment open while it lives, so views it handed out stay
-    valid even after :meth:`IndexReader.close` (a dataset's C reader keeps one).
+
+class BlockSource:
+    """The record blocks of one index in one process: each read once (a private copy), checked, then kept.
+
+    A block is read with ``pread`` and the file then checked to be the one opened, so the records a
+    process holds are the index it opened, whatever happens to the file later; :meth:`check` (at most
+    every :data:`CHECK_SECONDS` for reads of blocks already held) makes a changed file an
+    :class:`~tarindex.errors.IndexChangedError` for them too. Holds the index file open while it lives
+    (a dataset's C reader keeps one), even after :meth:`IndexReader.close`.
     """
 
     def __init__(self, reader: IndexReader) -> None:
@@ -119,6 +186,14 @@ class BlockSource:
         self.block_samples: int = meta["block_samples"]
         self._n, self._n_exts = reader.n_samples, len(reader.exts)
         self._blocks: dict[int, Block] = {}
+        self._due = _monotonic() + CHECK_SECONDS
+        self._countdown = 0
+        self._shards = reader.shards
+        self.bounds = array("Q", bytes(8 * len(self._shards)))
+        """Per shard: 0 until its record is read, then the bytes a record of it may span (its recorded size for
+        a plain tar; ``2**64 - 1`` for a compressed one, whose reader checks the ranges it is asked)."""
+        self.check_seconds = CHECK_SECONDS
+        self.check_every = CHECK_EVERY
         if self._env.meta.get("build_id") != meta["build_id"]:
             raise IndexChangedError(reader.path, f"build {meta['build_id']} -> {self._env.meta.get('build_id')}")
 
@@ -127,6 +202,7 @@ class BlockSource:
 
         Raises:
             IndexFormatError: the block is missing or damaged.
+            IndexChangedError: the index file changed since it was opened.
         """
         found = self._blocks.get(b)
         if found is None:
@@ -145,17 +221,54 @@ class BlockSource:
         return found
 
     def payload(self, b: int) -> memoryview:
-        """Block ``b``'s checked bytes, a view of the map (for the C reader)."""
+        """Block ``b``'s checked bytes (a view of this process's copy, for the C reader)."""
         return self.block(b).view
+
+    def check(self) -> None:
+        """Check that the index file is still the one opened (one ``fstat``; the C reader calls this).
+
+        Raises:
+            IndexChangedError: it changed (another build, or no longer readable as this one).
+            IndexFormatError: the index was closed.
+        """
+        if self._env is None:
+            raise IndexFormatError(f"{self._where}: the index was closed")
+        self._env.check()
+        self._due = _monotonic() + CHECK_SECONDS
 
     def record(self, i: int) -> tuple[int, int, int, list[tuple[int, int, int]], bytes]:
         """Sample ``i``: ``(shard, offset, size, [(extension number, data offset, size)...], key bytes)``.
 
         Raises:
             IndexFormatError: its record is damaged.
+            IndexChangedError: the index file changed since it was opened.
         """
+        self._countdown -= 1
+        if self._countdown < 0:  # the clock read every CHECK_EVERY reads
+            if _monotonic() >= self._due:
+                self.check()  # when it raises, the countdown stays below 0: every later read checks again
+            self._countdown = CHECK_EVERY
         b, j = divmod(i, self.block_samples)
-        return self.block(b).record(j, f"{self._where}: the record of sample {i}")
+        found = (self._blocks.get(b) or self.block(b)).record(j, self._where, i)
+        try:
+            bound = self.bounds[found[0]] or self.bound(found[0])
+        except IndexError:  # a shard the index does not have
+            bound = 0
+        if found[1] + found[2] > bound:
+            shard, where = found[0], f"{self._where}: the record of sample {i} is damaged"
+            past = f"past the {bound} bytes of shard {shard}" if bound else f"in shard {shard} of {len(self.bounds)}"
+            raise IndexFormatError(f"{where} ({found[2]} bytes at offset {found[1]} {past}); rebuild the index")
+        return found
+
+    def bound(self, shard: int) -> int:
+        """Shard ``shard``'s entry of :attr:`bounds`, from its record (read now if it is not yet; the C reader calls this).
+
+        Raises:
+            IndexFormatError: the shard record is damaged.
+        """
+        info = self._shards[shard]
+        found = self.bounds[shard] = max(info.size, 1) if info.compression is None else _UNBOUNDED
+        return found
 
     def release(self) -> None:
         env, self._env = self._env, None
@@ -231,14 +344,15 @@ class ShardList(Sequence[ShardInfo]):
 class IndexReader:
     """A read-only view of one index file.
 
-    The LMDB environment opens lazily in each process (after ``fork`` a child
-    opens its own, and refuses a different file: :class:`~tarindex.errors.IndexChangedError`).
-    Opening reads the meta only; records, keys and shard records are read a block at
-    a time as they are asked for. Pickles by path.
+    The file opens lazily in each process (after ``fork`` a child opens its own, and refuses a
+    different file: :class:`~tarindex.errors.IndexChangedError`). Opening reads the meta only;
+    records, keys and shard records are read a block at a time as they are asked for, each read
+    followed by a check that the file did not change (one ``fstat``). Pickles by path.
 
     Raises:
         IndexNotFoundError: the file does not exist.
         IndexFormatError: the file is not a tarindex index, has another format version, or is damaged.
+        IndexChangedError: (on any later read) the file changed since it was opened.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -506,6 +620,8 @@ class IndexReader:
         cols = self.decode(int(starts[shard]), int(starts[shard + 1]))
         if len(cols) and bool((cols.shard != shard).any()):
             raise IndexFormatError(f"{self.path}: a record of shard {shard} names another shard; rebuild the index")
+        if len(cols) and info.compression is None and bool((cols.size > info.size).any() or (cols.offset > info.size - cols.size).any()):
+            raise IndexFormatError(f"{self.path}: a record of shard {shard} lies past its {info.size} bytes; rebuild the index")
         return cols
 
     def shard_table(self, shard: int) -> ShardTable:
@@ -543,7 +659,11 @@ class IndexReader:
         table = unseal(raw, key, where)
         if len(table) % 32:
             raise IndexFormatError(f"{where} is damaged ({len(table)} bytes, not rows of 32); rebuild the index")
-        return np.frombuffer(table, "<u8").reshape(-1, 4).copy()
+        rows = np.frombuffer(table, "<u8").reshape(-1, 4).copy()
+        wrong = _frames_wrong(rows, self.shards[shard])
+        if wrong:
+            raise IndexFormatError(f"{where} is damaged ({wrong}); rebuild the index")
+        return rows
 
     def gzip_points(self, shard: int) -> bytes | None:
         """A gzip shard's encoded seek-point table (:mod:`tarindex.gzip_random`, a copy); ``None`` if it has none.
@@ -559,3 +679,25 @@ class IndexReader:
         """Size of the index file in bytes."""
         return self.path.stat().st_size
 
+
+def _frames_wrong(rows: np.ndarray, info: ShardInfo) -> str:
+    """What is wrong with a zstd shard's frame table against its record ('' when nothing): frames in order
+    inside the shard's recorded size, decompressed offsets consecutive from 0, the total within the
+    expansion the scan allows, every frame within the random-access bound when the record says so."""
+    from ..zstd import RANDOM_ACCESS_FRAME_LIMIT  # (zstandard is imported where zstd shards are read)
+
+    if not len(rows):
+        return ""
+    if int(rows.max()) >= 1 << 62:
+        return f"a value of {int(rows.max())}"
+    c_off, c_size, d_off, d_size = (rows[:, k].astype(np.int64) for k in range(4))
+    total, bound = int(d_off[-1] + d_size[-1]), max(limits().ratio_floor, int(limits().max_ratio * info.size))
+    if bool((c_size <= 0).any()) or bool((c_off[1:] < c_off[:-1] + c_size[:-1]).any()) or int(c_off[-1] + c_size[-1]) > info.size:
+        return f"frames out of order or past the shard's {info.size} bytes"
+    if int(d_off[0]) or bool((d_off[1:] != d_off[:-1] + d_size[:-1]).any()):
+        return "decompressed offsets not consecutive"
+    if total > bound:
+        return f"{total} bytes decompressed from {info.size}, more than the {bound} the scan allows"
+    if info.random_access and int(d_size.max()) > RANDOM_ACCESS_FRAME_LIMIT:
+        return f"a frame of {int(d_size.max())} bytes in a shard recorded as read at random (at most {RANDOM_ACCESS_FRAME_LIMIT})"
+    return ""

@@ -253,6 +253,8 @@ class Block:
         self.widths, self.rowlen, self.heap_len = widths, rowlen, heap_len
         self.bases: list[int] = bases
         self.patterns: list[tuple[int, ...]] = [tuple(row[1 : 1 + row[0]]) for row in table.tolist()]
+        if any(len(set(p)) != len(p) for p in self.patterns):  # a sample dict would keep one member of the two
+            raise IndexFormatError(f"{bad} (a member pattern names one extension twice); rebuild the index")
         self.prefix = bytes(view[pos : pos + plen])
         self.rows = view[pos + plen : pos + plen + n * rowlen]
         self.heap = view[pos + plen + n * rowlen :]
@@ -263,8 +265,10 @@ class Block:
         base: int = self.bases[c]
         return (base + (int.from_bytes(row[self.at[c] : self.at[c] + w], "little") if w else 0)) & _MASK
 
-    def record(self, j: int, where: str) -> tuple[int, int, int, list[tuple[int, int, int]], bytes]:
+    def record(self, j: int, where: str, sample: int = -1) -> tuple[int, int, int, list[tuple[int, int, int]], bytes]:
         """Row ``j``: ``(shard, offset, size, [(extension number, data offset, data size)...], key)``, checked.
+
+        An error names ``where`` (the index), and sample ``sample`` when one is given (the message is made only then).
 
         Raises:
             IndexFormatError: the record is inconsistent (a member outside the sample, an unknown pattern or key).
@@ -273,7 +277,7 @@ class Block:
         f = self._field
         pattern = f(row, 3)
         if pattern >= len(self.patterns):
-            raise IndexFormatError(f"{where} is damaged (pattern {pattern} of {len(self.patterns)}); rebuild the index")
+            raise IndexFormatError(f"{_of(where, sample)} is damaged (pattern {pattern} of {len(self.patterns)}); rebuild the index")
         exts = self.patterns[pattern]
         members, pos = [], 0
         for k, e in enumerate(exts):
@@ -283,24 +287,24 @@ class Block:
             pos = mo + ms
         size = (f(row, 2) + ((pos + 511) & ~511 if exts else 0)) & _MASK
         if size >= 1 << 63:
-            raise IndexFormatError(f"{where} is damaged (a sample of {size} bytes); rebuild the index")
+            raise IndexFormatError(f"{_of(where, sample)} is damaged (a sample of {size} bytes); rebuild the index")
         check = 0
         for _, mo, ms in members:
             if mo < check or mo > size or ms > size - mo:
-                raise IndexFormatError(f"{where} is damaged (a member at {mo}+{ms} outside the sample's {size} bytes); rebuild the index")
+                raise IndexFormatError(f"{_of(where, sample)} is damaged (a member at {mo}+{ms} outside the sample's {size} bytes); rebuild the index")
             check = mo + ms
-        return f(row, 0), f(row, 1), size, members, self._key(j, row, where)
+        return f(row, 0), f(row, 1), size, members, self._key(j, row, where, sample)
 
-    def _key(self, j: int, row: memoryview, where: str) -> bytes:
+    def _key(self, j: int, row: memoryview, where: str, sample: int) -> bytes:
         v = self._field(row, 4)
         if self.mode == 1:
             number = (v + j) & _MASK
             if number >= 10**self.digits:
-                raise IndexFormatError(f"{where} is damaged (key number {number} has more than {self.digits} digits); rebuild the index")
+                raise IndexFormatError(f"{_of(where, sample)} is damaged (key number {number} has more than {self.digits} digits); rebuild the index")
             return self.prefix + b"%0*d" % (self.digits, number)
         start = self._field(self.rows[(j - 1) * self.rowlen : j * self.rowlen], 4) if j else 0
         if not start <= v <= self.heap_len:
-            raise IndexFormatError(f"{where} is damaged (key bytes {start}..{v} of {self.heap_len}); rebuild the index")
+            raise IndexFormatError(f"{_of(where, sample)} is damaged (key bytes {start}..{v} of {self.heap_len}); rebuild the index")
         return self.prefix + bytes(self.heap[start:v])
 
     def columns(self, where: str) -> Columns:
@@ -361,6 +365,10 @@ class Block:
             raise IndexFormatError(f"{where} is damaged (key bytes out of order or past the heap's {self.heap_len}); rebuild the index")
         heap = bytes(self.heap)
         return [prefix + heap[a:b] for a, b in zip(starts, ends)]
+
+
+def _of(where: str, sample: int) -> str:
+    return f"{where}: the record of sample {sample}" if sample >= 0 else where
 
 
 def parse(view: memoryview, n_exts: int, expected: int, where: str) -> Block:

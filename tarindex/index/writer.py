@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import resource
 import shutil
 import stat
 import time
@@ -26,7 +27,8 @@ import numpy as np
 
 from .._atomic import clean_stale, commit, temp_name, write_error
 from ..compression import HEAD_BYTES, looks_like_index, looks_like_shard
-from ..errors import IndexFormatError, OverwriteError, TarIndexError
+from ..errors import IndexFormatError, OverwriteError, TarIndexError, WriteError
+from ..tables import MAX_EXTS
 from .format import (
     BLOCK_PREFIX,
     BLOCK_SAMPLES,
@@ -49,7 +51,7 @@ from .format import (
     numbered,
     seal,
 )
-from .meta import check_container
+from .pages import IndexFile
 from .reader import IndexReader
 from .records import Columns, encode_block, parse
 
@@ -59,7 +61,9 @@ _PARTITIONS = 256  # key hashes spilled by their top 8 bits: one partition in me
 _SPILL_ROWS = 1 << 20  # key entries (16 bytes each) held in memory before they go to the spill files (16 MB)
 _SPILL_FRAMES = 64 << 20  # bytes of frame tables held in memory before they go to a spill file
 _COMMIT_BYTES = 64 << 20  # a write transaction's dirty pages live in memory: commit every this many bytes
-_MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
+_MAP_FIRST = 256 << 20  # address space LMDB maps for the file at first; grown as the file fills it
+_MAP_SLACK = 16 << 20  # room kept beside the values: pages a commit adds (free list, branches)
+_MAP_MARGIN = 64 << 20  # address space left to the rest of the process when a limit (ulimit -v) bounds the map
 
 
 def remove_stale_temporaries(path: Path) -> list[Path]:
@@ -115,19 +119,15 @@ def _not_an_index(path: Path, st: os.stat_result) -> str | None:
         return f"unreadable: {exc.strerror or exc}"
     if not looks_like_index(head):
         return "a tar shard" if looks_like_shard(head) else f"a file of {st.st_size} bytes"
-    try:
-        check_container(path)
-        env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=0, readahead=False)
-    except (IndexFormatError, lmdb.Error):  # a truncated or damaged index; or one this process has open (LMDB opens
-        return None  # a file once per process): the index a rebuild or a merge reads from
-    try:
-        with env.begin() as txn:
-            raw = txn.get(META_KEY)
-            meta = bytes(raw) if raw is not None else b""
-    except lmdb.Error:
+    try:  # the pages are read with pread (index/pages.py): no map, and no LMDB environment of this process's
+        file = IndexFile(path)  # own in the way (one that reads this index while a build or merge replaces it)
+        try:
+            raw = file.get(META_KEY)
+        finally:
+            file.close()
+    except (IndexFormatError, OSError):  # a truncated or damaged index: the write replaces it
         return None
-    finally:
-        env.close()
+    meta = bytes(raw) if raw is not None else b""
     try:  # JSON behind a 4-byte checksum (format 4 on), or bare (older formats)
         found = json.loads(meta if meta[:1] == b"{" else meta[4:])
     except ValueError:
@@ -179,6 +179,10 @@ class IndexWriter:
         self._env: Any = None
         self._txn: Any = None
         self._txn_bytes = 0
+        self._map_size = 0  # address space mapped for the file now
+        self._psize = 4096
+        self._used = 0  # bytes of the file up to its last committed page
+        self._txn_need = 0  # at most this many bytes of pages the current transaction adds
         self._tmp = temp_name(self.path)
         self._spill = self._tmp.with_name(self._tmp.name + ".spill")
         self._parts: list[BinaryIO] = []  # spill files of key entries by partition, once memory holds too many
@@ -208,23 +212,28 @@ class IndexWriter:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(self.path)
-            self._env = lmdb.open(str(self._tmp), subdir=False, lock=False, map_size=_MAP_SIZE, max_dbs=0, sync=False, metasync=False)
+            self._map_size = self._map_for(_MAP_FIRST, 2 * _MAP_SLACK)
+            self._env = lmdb.open(str(self._tmp), subdir=False, lock=False, map_size=self._map_size, max_dbs=0, sync=False, metasync=False)
+            self._psize = self._env.stat()["psize"]
             self._txn = self._env.begin(write=True)
+        except TarIndexError:  # the address-space limit, said by _map_for
+            self._discard()
+            raise
         except (OSError, lmdb.Error) as exc:
             self._discard()
-            raise write_error(self.path, exc) from exc
+            raise _write_error(self.path, exc) from exc
 
     def _discard(self) -> None:
         """Drop everything written so far (the previous index, if any, stays)."""
         for f in [*self._parts, *([self._frames] if self._frames else [])]:
             f.close()
         self._parts, self._frames = [], None
-        if self._txn is not None:
-            self._txn.abort()
-            self._txn = None
-        if self._env is not None:
-            self._env.close()
-            self._env = None
+        with contextlib.suppress(lmdb.Error):  # an environment a failed set_mapsize left closed
+            if self._txn is not None:
+                self._txn.abort()
+            if self._env is not None:
+                self._env.close()
+        self._txn = self._env = None
         if self._spill.exists():
             shutil.rmtree(self._spill, ignore_errors=True)
         for leftover in (self._tmp, Path(str(self._tmp) + "-lock")):
@@ -272,13 +281,17 @@ class IndexWriter:
         if info.compression == "zstd" and frames is not None and len(frames) and n:  # samples per frame: of shards with samples
             self._summary["zstd_samples"] += n
             self._summary["zstd_frames"] += len(frames)
-        remap = np.array([self._exts.setdefault(e, len(self._exts)) for e in exts] or [0], np.uint16)
+        remap = [self._exts.setdefault(e, len(self._exts)) for e in exts] or [0]
+        if len(self._exts) > MAX_EXTS:  # numbered in 16 bits
+            raise IndexFormatError(
+                f"{info.path}: the index would hold {len(self._exts):,} distinct extensions with this shard; an index holds at most {MAX_EXTS:,}"
+            )
         self._spill_keys(cols.keys, first)
         if frames is not None:
             self._add_frames(numbered(FRAMES_PREFIX, shard), np.ascontiguousarray(frames, "<u8").tobytes())
         if gzip_points is not None:
             self._add_frames(numbered(GZIP_PREFIX, shard), gzip_points)
-        member_ext = remap[cols.member_ext.astype(np.int64)] if len(cols.member_ext) else np.zeros(0, np.uint16)
+        member_ext = np.array(remap, np.uint16)[cols.member_ext.astype(np.int64)] if len(cols.member_ext) else np.zeros(0, np.uint16)
         self._count(info, cols, member_ext)
         self._pending.append(dataclasses.replace(cols, shard=np.full(n, shard, np.uint64), member_ext=member_ext))
         self._pending_n += n
@@ -349,15 +362,53 @@ class IndexWriter:
 
     def _put(self, key: bytes, value: bytes) -> None:
         try:
+            need = len(key) + len(value) + self._psize + 32  # a value's pages, rounded up, and its node
+            if self._used + self._txn_need + need + _MAP_SLACK > self._map_size:
+                self._grow(need)
             if not self._txn.put(key, value, append=True):
                 raise TarIndexError(f"{self.path}: key {key[:20]!r} written twice")
+            self._txn_need += need
             self._txn_bytes += len(value) + len(key)
             if self._txn_bytes >= _COMMIT_BYTES:
-                self._txn.commit()
-                self._txn = self._env.begin(write=True)
-                self._txn_bytes = 0
+                self._commit()
+        except TarIndexError:
+            raise
         except (OSError, lmdb.Error) as exc:  # a full disk, a read-only directory: one line naming the index
-            raise write_error(self.path, exc) from exc
+            raise _write_error(self.path, exc) from exc
+
+    def _commit(self, *, again: bool = True) -> None:
+        """Commit the write transaction and (``again``) begin the next one."""
+        self._txn.commit()
+        self._txn = None
+        self._used = (self._env.info()["last_pgno"] + 1) * self._psize
+        self._txn_bytes = self._txn_need = 0
+        if again:
+            self._txn = self._env.begin(write=True)
+
+    def _grow(self, need: int) -> None:
+        """Map more of the file before a value that might not fit (LMDB fails a write past its map): the map
+        is sized from the work, not reserved whole (a reserve of 1 TiB fails under any ``ulimit -v``)."""
+        self._commit(again=False)
+        least = -(-(self._used + need + _MAP_SLACK) >> 16) << 16
+        size = self._map_for(max(2 * self._map_size, self._used + 2 * (need + _COMMIT_BYTES) + _MAP_SLACK), least)
+        self._env.set_mapsize(size)
+        self._map_size = size
+        self._txn = self._env.begin(write=True)
+
+    def _map_for(self, wanted: int, least: int) -> int:
+        """``wanted`` bytes of map, or less down to ``least`` where an address-space limit leaves less room.
+
+        Raises:
+            WriteError: the limit leaves less than ``least`` (the message names it and what is needed).
+        """
+        wanted = -(-wanted >> 16) << 16  # whole pages of any page size
+        room = _address_room()
+        if room is None:
+            return wanted
+        room += self._map_size - _MAP_MARGIN  # the map being replaced is released first
+        if room < least:
+            raise _limit_error(self.path, room, least)
+        return min(wanted, room) >> 16 << 16  # whole pages of any page size
 
     # -- finishing ---------------------------------------------------------------
     def write(self) -> Path:
@@ -376,10 +427,10 @@ class IndexWriter:
             self._check_written()
             check_output(self.path)  # still nothing but an index to replace
             commit(self._tmp, self.path)
-        except OverwriteError:
+        except TarIndexError:
             raise
         except (OSError, lmdb.Error) as exc:  # a full disk, a read-only directory: one line naming the index
-            raise write_error(self.path, exc) from exc
+            raise _write_error(self.path, exc) from exc
         finally:
             self._discard()
         return self.path
@@ -428,8 +479,7 @@ class IndexWriter:
                 self._put_sealed(key, raw)
         sample_bytes = max(1, (max(n - 1, 0).bit_length() + 7) // 8)
         n_buckets = -(-n // bucket_keys(sample_bytes))
-        self._txn.commit()  # the records are readable from here on (duplicate keys are compared by their bytes)
-        self._txn, self._txn_bytes = self._env.begin(write=True), 0
+        self._commit()  # the records are readable from here on (duplicate keys are compared by their bytes)
         duplicates = self._key_table(n, n_buckets, sample_bytes)
         meta = {
             "magic": MAGIC,
@@ -528,6 +578,34 @@ class _KeyBytes:
             n_exts = 1 << 16
             self._block = (b, parse(memoryview(raw)[4:], n_exts, min(BLOCK_SAMPLES, self._n - b * BLOCK_SAMPLES), "new block"))
         return bytes(self._block[1].record(j, "new block")[4])
+
+
+def _write_error(path: Path, exc: BaseException) -> WriteError:
+    """:func:`tarindex._atomic.write_error`, naming the address-space limit when LMDB could not map the file."""
+    if isinstance(exc, lmdb.MemoryError) and _address_room() is not None:
+        return _limit_error(path, _address_room() or 0, 0)
+    return write_error(path, exc)
+
+
+def _limit_error(path: Path, room: int, least: int) -> WriteError:
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    needs = f", which needs {-(-least >> 20)} MiB; raise it to at least {-(-(soft + least - room) >> 20)} MiB" if least else "; raise it"
+    return WriteError(
+        str(path), f"the address-space limit (ulimit -v: {soft >> 20} MiB) leaves {max(room, 0) >> 20} MiB to map the index being written{needs}"
+    )
+
+
+def _address_room() -> int | None:
+    """Address space this process may still map under its limit (``RLIMIT_AS``), or ``None`` without one."""
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # no /proc: assume the limit is all there is
+        mapped = 0
+    return soft - mapped
 
 
 def _fsync(path: Path) -> None:
