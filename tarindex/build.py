@@ -54,7 +54,7 @@ _log = logging.getLogger(__name__)
 _NAMED_DROPS = 20  # dropped shards named one by one in the log; more are counted
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # compared and hashed as itself, as before it held its fields in a dataclass
 class BuildReport:
     """What a build did: the index path, which shards were scanned or reused, and which servers of URL shards
     do not answer Range requests."""
