@@ -26,7 +26,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 from ._process import FORK
 from ._retry import RETRYABLE_STATUS, Transient, parse_retry_after
 from ._source import Source, _reads
-from .errors import ShardNotFoundError, SourceError, StaleIndexError, TarIndexError
+from .errors import NO_RANGES, ShardNotFoundError, SourceError, StaleIndexError, TarIndexError
 from .options import SourceOptions
 
 __all__ = ["FsspecSource", "HTTPSource", "RangeReader", "credentials_follow", "http_status_error", "without_credentials"]
@@ -619,6 +619,8 @@ class RangeReader:
         self.size = -1
         self.mtime_ns = 0
         self.etag: str | None = None
+        self.ranges = False
+        """Whether the server answered the first request's ``Range`` with that range (``206``)."""
         first = self.policy.call(self._probe, url, 0)  # GET, not HEAD: presigned URLs allow GET only
         self._validator = first.getheader("ETag") or first.getheader("Last-Modified")
         self.etag = first.getheader("ETag")
@@ -648,12 +650,14 @@ class RangeReader:
 
     def _probe(self) -> http.client.HTTPResponse:
         conn, first = self._request({"Range": "bytes=0-0"}, 0)
-        first.read()
         if first.status == 206:
-            total = first.getheader("Content-Range", "").rpartition("/")[2]
+            first.read()
+            got = first.getheader("Content-Range", "")
+            total = got.rpartition("/")[2]
             self.size = int(total) if total.isdigit() else -1
+            self.ranges = got.startswith("bytes 0-")
             self._give_back(conn, first)
-        elif first.status == 200:  # no Range support: read_at will say so
+        elif first.status == 200:  # no Range support: read_at will say so; the body (the whole shard) is not read
             length = first.getheader("Content-Length")
             self.size = int(length) if length and length.isdigit() else -1
             conn.close()
@@ -720,7 +724,7 @@ class RangeReader:
             if status == 200:
                 if self._validator and (headers.get("etag") or headers.get("last-modified")) != self._validator:
                     raise StaleIndexError(self.url, "the server has a new version (ETag or Last-Modified)")
-                raise SourceError(self.url, offset, "the server does not answer Range requests")
+                raise SourceError(self.url, offset, NO_RANGES)
             if self._expired(status):
                 raise Transient(f"HTTP {status} from the redirected URL: redirected again")
             raise http_status_error(self.url, status, reason, headers.get("retry-after"), offset)
@@ -765,7 +769,7 @@ class RangeReader:
         if resp.status == 200:
             if self._validator and (resp.getheader("ETag") or resp.getheader("Last-Modified")) != self._validator:
                 raise StaleIndexError(self.url, "the server has a new version (ETag or Last-Modified)")
-            raise SourceError(self.url, offset, "the server does not answer Range requests")
+            raise SourceError(self.url, offset, NO_RANGES)
         if self._expired(resp.status):
             raise Transient(f"HTTP {resp.status} from the redirected URL: redirected again")
         raise http_status_error(self.url, resp.status, resp.reason, resp.getheader("Retry-After"), offset)

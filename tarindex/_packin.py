@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, Literal
 
 from ._packout import Data, FileMember
-from .errors import ListError, PackError, shown
+from .errors import ListError, PackError, counted, shown
 from .grouping import RESERVED, sample_key
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
@@ -224,7 +224,7 @@ def _csv_rows(lst: str) -> Iterator[Row]:
         if not any(cell.strip() for cell in row):
             continue
         if len(row) > len(header):
-            raise ListError(lst, f"line {n}: {len(row)} cells, the header names {len(header)} columns")
+            raise ListError(lst, f"line {n}: {counted(len(row), 'cell')}, the header names {counted(len(header), 'column')}")
         yield n, {name: cell for name, cell in zip(header, row) if cell != ""}
 
 

@@ -824,7 +824,7 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
     int given = i >= 0 && PyLong_CheckExact(arg); /* then arg itself is __index__ */
     if (i < 0) i += self->len;
     if (i < 0 || i >= self->len) {
-        PyErr_Format(PyExc_IndexError, "sample %zd out of range for %zd samples", asked, self->len);
+        PyErr_Format(PyExc_IndexError, "sample %zd out of range for %zd sample%s", asked, self->len, self->len == 1 ? "" : "s");
         return NULL;
     }
     Record r;

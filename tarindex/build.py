@@ -14,12 +14,15 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from .errors import (
+    NO_RANGES,
     CorruptArchiveError,
     IndexFormatError,
     IndexNotFoundError,
@@ -37,28 +40,45 @@ from .opener import shard_name
 from .options import SourceOptions
 from .scan import scan_shard
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, shard_kind
-from .sources import is_url
+from .sources import RangeReader, is_url
 from .tables import ShardInfo, ShardTable
 
 __all__ = ["BuildReport", "build_index", "merge_indexes"]
 
-Progress = Callable[[int], None]
+Progress = Callable[[int, int], None]
+"""Called with a number of shards done since the last call and the bytes scanned for them (0 for shards
+taken unchanged from the existing index)."""
 Part = tuple[int, int] | str
 
 _log = logging.getLogger(__name__)
 _NAMED_DROPS = 20  # dropped shards named one by one in the log; more are counted
 
 
+@dataclass(frozen=True, slots=True, eq=False)  # compared and hashed as itself, as before it held its fields in a dataclass
 class BuildReport:
-    """What a build did: the index path and which shards were scanned or reused."""
+    """What a build did: the index path, which shards were scanned or reused, and which servers of URL shards
+    do not answer Range requests."""
 
-    def __init__(self, path: Path, scanned: list[str], reused: list[str]) -> None:
-        self.path = path
-        self.scanned = scanned
-        self.reused = reused
+    path: Path
+    """The index file."""
+    scanned: list[str]
+    """The shards scanned (new or changed), in shard order."""
+    reused: list[str]
+    """The shards taken from the existing index unchanged, in shard order."""
+    no_ranges: list[str] = field(default_factory=list)
+    """The servers (``scheme://host:port``) of ``http(s)://`` shards that answered a ranged request with the
+    whole file: the index streams (:class:`~tarindex.TarStream`), random reads of those shards fail."""
 
     def __repr__(self) -> str:
-        return f"BuildReport({str(self.path)!r}, scanned={len(self.scanned)}, reused={len(self.reused)})"
+        unranged = f", no_ranges={self.no_ranges!r}" if self.no_ranges else ""
+        return f"BuildReport(path={str(self.path)!r}, scanned={_listed(self.scanned)}, reused={_listed(self.reused)}{unranged})"
+
+
+def _listed(names: list[str], shown: int = 3) -> str:
+    """A list of names for a repr: in full up to ``shown`` names, else the first ones and the count."""
+    if len(names) <= shown:
+        return repr(names)
+    return "[" + ", ".join(map(repr, names[:shown])) + f", ... {len(names) - shown} more] ({len(names)} shards)"
 
 
 _REOPEN_SAMPLES = 1 << 22
@@ -177,7 +197,7 @@ def _scanned(
         results = mapped(executor, scan, shards)
         for result in results:
             if progress:  # before handing it out: the last shard's count must not wait for a next() that never comes
-                progress(1)
+                progress(1, result[0].size)
             yield result
 
 
@@ -264,8 +284,9 @@ def build_index(
         part: ``(K, N)`` or ``"K/N"`` to index only the K-th of N contiguous slices
             of the shard list (1-based), for builds spread over machines; combine the
             parts with :func:`merge_indexes`, which orders them by the K recorded in each.
-        progress: called with the number of shards done (scanned, or found unchanged)
-            since the last call; the index is written after the last.
+        progress: called as ``progress(shards, nbytes)`` with the number of shards done since the
+            last call and the bytes scanned for them (a shard's file size; 0 for shards found
+            unchanged, which are not scanned); the index is written after the last.
         executor: scan the shards on this ``concurrent.futures.Executor`` instead of
             local processes: a ``ProcessPoolExecutor``, ``dask.distributed.Client(...).get_executor()``,
             Ray's ``ray.util.multiprocessing.Pool`` wrapped in an executor (docs/building.md).
@@ -302,6 +323,11 @@ def build_index(
         CorruptArchiveError: a shard is not a valid tar archive, or has a member over ``max_member_size``.
         OverwriteError: the index path holds a file that is not a tarindex index, or is one of the
             shards, or the existing index holds shards the list does not name (see ``drop_unlisted``).
+
+    ``http(s)://`` shards: one ranged request per server, before any scan, checks that the server
+    answers ``Range`` requests; a server that does not is named in a logged warning and in the
+    report's ``no_ranges`` (the index is written: :class:`~tarindex.TarStream` streams it, while
+    random reads of those shards fail), see docs/remote.md.
     """
     if max_member_size is not None and max_member_size < 0:
         raise ValueError(f"max_member_size must be >= 0, not {max_member_size}")
@@ -327,6 +353,7 @@ def build_index(
         paths, rel = part_slice(paths, part), part_slice(rel, part)
     if len(set(rel)) != len(rel):
         raise TarIndexError("the same shard is named twice")
+    no_ranges = _without_ranges(paths, opts)
     previous = _Previous(out)
     known = previous.shards
     try:
@@ -335,13 +362,13 @@ def build_index(
         kept = {s: info for s, r in zip(paths, rel) if r in known and (info := current_info(s, previous.info(known[r]))) is not None}
         todo = [s for s in paths if s not in kept]  # new or changed: scanned
         if progress and len(todo) < len(paths):
-            progress(len(paths) - len(todo))
+            progress(len(paths) - len(todo), 0)
         unchanged = previous.reader is not None and previous.reader.part == part and list(known) == rel
         if not todo and unchanged and all(kept[s] == previous.info(known[r]) for s, r in zip(paths, rel)):
             if max_member_size is not None:  # the index stands if every shard's members are within the bound
                 for s, r in zip(paths, rel):
                     _check_members(s, previous.table(known[r]), max_member_size)
-            return BuildReport(out, [], list(paths))  # nothing changed (same shards, order and mtimes): the index stands
+            return BuildReport(out, [], list(paths), no_ranges)  # nothing changed (same shards, order and mtimes): the index stands
         scans = _scanned(todo, workers or os.cpu_count() or 1, executor, progress, max_member_size, opts, allow_missing_end)
         todo_set = set(todo)
         with IndexWriter(out, part=part) as writer:
@@ -358,7 +385,30 @@ def build_index(
         _warn_dropped(out, known, rel)  # once the new index has replaced the old one
     finally:
         previous.close()
-    return BuildReport(out, todo, [s for s in paths if s not in todo_set])
+    return BuildReport(out, todo, [s for s in paths if s not in todo_set], no_ranges)
+
+
+def _without_ranges(paths: list[str], options: SourceOptions) -> list[str]:
+    """The servers of the ``http(s)://`` shards in ``paths`` that do not answer ``Range`` requests, each named
+    in a logged warning: one ranged request of one byte to the first shard of each server (a ``206`` with
+    that range is an answer; a ``200``, the whole file, is not: its body is not read).
+
+    Raises:
+        ShardNotFoundError, SourceError: as the scan of that shard would (HTTP 404, a refused connection).
+    """
+    first: dict[str, str] = {}
+    for path in paths:
+        parts = urlsplit(path)
+        if parts.scheme.lower() in ("http", "https"):
+            first.setdefault(f"{parts.scheme.lower()}://{parts.netloc.rpartition('@')[2]}", path)
+    unranged = []
+    for server, url in first.items():
+        reader = RangeReader(url, options)
+        reader.close()
+        if not reader.ranges:
+            unranged.append(server)
+            _log.warning("%s: asked for byte 0 of %s, got the whole file: %s", server, url, NO_RANGES)
+    return unranged
 
 
 def _check_not_a_shard(out: Path, paths: list[str]) -> None:
@@ -420,15 +470,18 @@ def _warn_dropped(out: Path, previous: dict[str, int], rel: list[str]) -> None:
         _log.warning("%s: %d more shards are no longer in the shard list; dropped from the index", out, len(dropped) - _NAMED_DROPS)
 
 
-def merge_indexes(parts: Iterable[str | os.PathLike[str]], output: str | os.PathLike[str]) -> Path:
+def merge_indexes(
+    parts: Iterable[str | os.PathLike[str]], output: str | os.PathLike[str], *, progress: Progress | None = None
+) -> Path:
     """Combine indexes into one: parts of a ``--part K/N`` build in K order (all N of them), other indexes as given.
 
     Streams shard by shard (memory bounded by the largest shard); the output is
     written atomically, so an interrupted merge leaves any previous index at
-    ``output`` as it was.
+    ``output`` as it was. ``progress(shards, nbytes)``: called with 1 shard as each shard is
+    written, and with a part's file size (0 shards) as each part is done.
 
     Raises:
         IndexNotFoundError, IndexFormatError: a part is missing or not an index.
         TarIndexError: two parts name the same shard; a part of a split is missing or given twice.
     """
-    return merge(parts, output, shard_name)
+    return merge(parts, output, shard_name, progress)

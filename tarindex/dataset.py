@@ -6,9 +6,10 @@ import logging
 import operator
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, overload
 
+from . import _args
 from ._native import SPEEDUPS
 from ._process import FORK
 from ._readcheck import check_sample
@@ -23,6 +24,7 @@ from .errors import (
     ShardNotFoundError,
     StaleIndexError,
     TarIndexError,
+    counted,
     shown,
 )
 from .identity import Check, Checked, check_shard, open_shard
@@ -129,6 +131,9 @@ class TarDataset:
             that holds every one of them (the message names the shards it lacks).
         IndexFormatError: the file is not a tarindex index.
         PatternError: a shard is named twice.
+        OptionError: ``max_open_files`` below 1; :class:`~tarindex.errors.OptionTypeError` for a
+            ``max_open_files`` that is not an integer or ``decoders`` that is not a mapping of
+            extension to function (``["jpg"]``).
     """
 
     def __init__(
@@ -156,11 +161,13 @@ class TarDataset:
         self.on_error: OnError = on_error
         self.max_errors = max_errors
         self._failures = 0  # failures in a row, in this process
+        decoders = _args.decoders(decoders)
+        max_open_files = _args.count(max_open_files, "max_open_files", means="shard files kept open per process")
         self.index_path, self._view = find_index(source)
         self._load_index()
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
-        self.max_open_files = max(1, max_open_files)
+        self.max_open_files = max_open_files
         self.zstd_cache_dir = os.fspath(zstd_cache_dir) if zstd_cache_dir is not None else None
         self.zstd_cache_bytes = zstd_cache_bytes
         if verify not in ("stat", "fingerprint"):
@@ -348,7 +355,7 @@ class TarDataset:
         if i < 0:
             i += n
         if not 0 <= i < n:
-            raise IndexError(f"sample {i} out of range for {n} samples")
+            raise IndexError(f"sample {i} out of range for {counted(n, 'sample')}")
         shard, offset, size, members, key = self._blocks.record(i if self._map is None else self._map.to_index(i))
         if shard >= len(self.urls):
             raise IndexFormatError(f"{self.index_path}: the record of sample {i} names shard {shard} of {len(self.urls)}; rebuild the index")
@@ -586,7 +593,7 @@ class TarDataset:
             shard = self.index.record(j)[0]
             raise SampleNotFoundError(
                 f"{self.index_path}: the sample with key {shown(key)} is in {self.urls[shard]}, "
-                f"not one of this dataset's {len(self._map.shards)} shards"
+                f"not one of this dataset's {counted(len(self._map.shards), 'shard')}"
             )
         return self[i]
 
@@ -609,10 +616,9 @@ class TarDataset:
             self._samples_per_frame = self.index.samples_per_frame
         return self._samples_per_frame
 
-    def keys(self) -> Iterator[str]:
-        """Every sample's key, in the dataset's order."""
-        for i in range(self._n):
-            yield self.index.key(self._index_of(i))
+    def keys(self) -> SampleKeys:
+        """Every sample's key, in the dataset's order: a sized view (``len``, ``keys[i]``, iteration, ``key in``)."""
+        return SampleKeys(self)
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(self._n):
@@ -621,3 +627,50 @@ class TarDataset:
     def __repr__(self) -> str:
         shards = len(self._map.shards) if self._map is not None else len(self.urls)
         return f"TarDataset({str(self.index_path)!r}, samples={self._n}, shards={shards})"
+
+
+class SampleKeys(Sequence[str]):
+    """The keys of a :class:`TarDataset`'s samples, in its order (``ds.keys()``): ``len``, ``keys[i]``
+    (sample ``i``'s key; a slice gives a list), iteration, and ``key in keys`` by the index's key table
+    (one bucket read, not a scan). Reads the dataset's index as it is when asked."""
+
+    __slots__ = ("_ds",)
+
+    def __init__(self, ds: TarDataset) -> None:
+        self._ds = ds
+
+    def __len__(self) -> int:
+        return len(self._ds)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        k = operator.index(i)
+        if k < 0:
+            k += n
+        if not 0 <= k < n:
+            raise IndexError(f"key {i} out of range for {counted(n, 'sample')}")
+        return self._ds.index.key(self._ds._index_of(k))
+
+    def __iter__(self) -> Iterator[str]:
+        ds = self._ds
+        for i in range(len(ds)):
+            yield ds.index.key(ds._index_of(i))
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        ds = self._ds
+        try:
+            j = ds.index.lookup(key)
+        except SampleNotFoundError:
+            return False
+        return ds._map is None or ds._map.from_index(j) is not None
+
+    def __repr__(self) -> str:
+        return f"<keys of {self._ds!r}>"

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from . import _args
 from ._image import Image, empty_rows, sample_ident
+from .errors import counted
 
 __all__ = ["IMAGE_EXTENSIONS", "IMAGE_SPECS", "DecodeMode", "Decoder", "Image"]
 
@@ -110,18 +113,31 @@ def _image_decoder(mode: str | Image) -> Callable[..., Any]:
     return _Spec(mode)
 
 
+_ADDRESS = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
+"""An object's default repr in a decoder's message (PIL's ``cannot identify image file <_io.BytesIO object
+at 0x...>``): an address that says nothing about the data."""
+_HEAD = 16
+"""Leading bytes of a member that failed to decode, shown in the message (an HTML page saved as .jpg shows)."""
+
+
 def failure(exc: BaseException) -> str:
     """What failed, for a :class:`~tarindex.errors.DecodeError` message: the member (when a member's
-    decoder failed), the exception's type and text."""
+    decoder failed: its extension, size and first bytes), the exception's type and text (without the
+    address of an in-memory file the decoder read from)."""
     member = getattr(exc, "tarindex_member", None)
+    head = getattr(exc, "tarindex_head", None)
     where = f"member {member!r}: " if member is not None else ""
-    return f"{where}{type(exc).__name__}: {exc}"
+    seen = f" (the member: {counted(head[0], 'byte')}, starting {head[1]!r})" if member is not None and head is not None else ""
+    return f"{where}{type(exc).__name__}: {_ADDRESS.sub('', str(exc))}{seen}"
 
 
-def _tag(exc: BaseException, ext: str) -> BaseException:
-    """``exc`` marked with the member it came from (read by :func:`failure`)."""
+def _tag(exc: BaseException, ext: str, data: bytes | None = None) -> BaseException:
+    """``exc`` marked with the member it came from and, when given, the member's size and first bytes (read
+    by :func:`failure`)."""
     try:
         exc.tarindex_member = ext  # type: ignore[attr-defined]
+        if data is not None:
+            exc.tarindex_head = (len(data), bytes(data[:_HEAD]))  # type: ignore[attr-defined]
     except AttributeError:  # an exception type without a __dict__
         pass
     return exc
@@ -175,6 +191,7 @@ class Decoder:
     Raises:
         ValueError: an unknown ``mode``; ``"torch"``, whose meaning differs between webdataset
             (float32 in [0, 1]) and earlier tarindex (``uint8``): the message names both spellings.
+        OptionTypeError: ``decoders`` is not a mapping of extension to function (``["jpg"]``).
     """
 
     def __init__(
@@ -186,7 +203,7 @@ class Decoder:
     ) -> None:
         self._image = _image_decoder(mode) if mode is not None else None
         self.mode = mode
-        self.custom = dict(decoders or {})
+        self.custom = _args.decoders(decoders) or {}
         self.allow_pickle = allow_pickle
         self._cache: dict[str, Callable[[bytes], Any] | None] = {}
 
@@ -236,7 +253,7 @@ class Decoder:
                     try:
                         sample[ext] = fn(value, sample) if isinstance(fn, Image) else fn(value)
                     except Exception as exc:
-                        _tag(exc, ext)
+                        _tag(exc, ext, value)
                         raise
         return sample
 
@@ -279,7 +296,7 @@ class Decoder:
                 if failed[k] is None:
                     s[ext] = rows[k]
                 elif errors[k] is None:
-                    errors[k] = _tag(failed[k], ext)  # type: ignore[arg-type]
+                    errors[k] = _tag(failed[k], ext, s[ext])  # type: ignore[arg-type]
         for k, s in enumerate(samples):
             if errors[k] is None:
                 try:

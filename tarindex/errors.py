@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any, ClassVar, overload
 
@@ -50,6 +51,32 @@ def shown(name: str | bytes) -> str:
     if len(text) <= SHOWN_CHARS:
         return repr(text)
     return f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
+
+
+NO_RANGES = (
+    "the server does not answer Range requests (TarDataset needs them to read at random, TarStream streams "
+    "without them; serve the shards with one that answers ranges: nginx, Apache, caddy, python -m RangeHTTPServer, "
+    "an object store)"
+)
+"""What a read (or a build's check) says of an HTTP server that answers a ranged request with the whole file."""
+
+
+def iso_time(ns: int) -> str:
+    """A time in nanoseconds since the epoch as an ISO 8601 local time with its UTC offset, to the
+    nanosecond when it has a fraction of a second: ``2024-05-01T12:00:00.123456789+02:00``."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    when = datetime.datetime.fromtimestamp(seconds).astimezone()
+    text = when.strftime("%Y-%m-%dT%H:%M:%S")
+    if fraction:
+        text += f".{fraction:09d}".rstrip("0")
+    offset = when.strftime("%z")
+    return text + (f"{offset[:3]}:{offset[3:]}" if offset not in ("", "+0000") else "Z")
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: ``1 shard``, ``2 shards``, ``0 shards``
+    (``plural`` for a noun that does not take an s: ``counted(2, "index", "indexes")``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 class TarIndexError(Exception):
@@ -228,14 +255,24 @@ class RandomAccessError(_OfShard, ValueError):
 
 
 class StaleIndexError(_OfShard):
-    """A shard changed after it was indexed; ``.changed`` (``.what``) says what changed."""
+    """A shard changed after it was indexed; ``.changed`` (``.what``) says what changed; ``.mtime_ns`` holds the
+    indexed and the current modification time (nanoseconds) when a changed time is what the message names."""
 
     _template = "{path}: shard changed since it was indexed ({what}); rebuild the index"
+    mtime_ns: tuple[int, int] | None = None  # the default holds for an error made from its message alone
 
     @property
     def changed(self) -> str:
         """What changed: ``"size 10240 -> 20480"``, ``"content fingerprint differs"``."""
         return self.what
+
+    @classmethod
+    def of_mtime(cls, path: str | os.PathLike[str], indexed_ns: int, current_ns: int, also: str = "") -> StaleIndexError:
+        """The error for a modification time that changed (and ``also``, what else differs): the message shows
+        both times as ISO 8601 local times (:func:`iso_time`), ``.mtime_ns`` keeps them in nanoseconds."""
+        error = cls(path, f"mtime {iso_time(indexed_ns)} -> {iso_time(current_ns)}{also}")
+        error.mtime_ns = (indexed_ns, current_ns)
+        return error
 
 
 class CommandNotAllowedError(TarIndexError, PermissionError):

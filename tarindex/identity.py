@@ -71,7 +71,7 @@ def check_shard(path: str, fd: int, info: ShardInfo, *, check: Check = "stat", s
     if fingerprint(fd, st.st_size) != info.fingerprint:
         what = "content fingerprint differs"
         if st.st_mtime_ns != info.mtime_ns:
-            what = f"mtime {info.mtime_ns} -> {st.st_mtime_ns}, {what}"
+            raise StaleIndexError.of_mtime(path, info.mtime_ns, st.st_mtime_ns, f", {what}")
         raise StaleIndexError(path, what)
     return st.st_mtime_ns
 
@@ -87,7 +87,7 @@ def check_source(url: str, info: ShardInfo, size: int | None, mtime_ns: int) -> 
     if size is not None and size >= 0 and size != info.size:
         raise StaleIndexError(url, f"size {info.size} -> {size}")
     if mtime_ns and info.mtime_ns and mtime_ns != info.mtime_ns:
-        raise StaleIndexError(url, f"mtime {info.mtime_ns} -> {mtime_ns}")
+        raise StaleIndexError.of_mtime(url, info.mtime_ns, mtime_ns)
 
 
 def current_info(path: str, info: ShardInfo) -> ShardInfo | None:

@@ -21,9 +21,10 @@ from typing import Any, Literal
 import numpy as np
 import torch.utils.data
 
+from . import _args
 from ._split import Draws, Slot, stream_key
 from ._state import EPOCHS, SharedEpoch, check_header, flag, flags, header, integer, integers, slot_of, stream_states
-from .errors import StateError, TarIndexError
+from .errors import StateError, TarIndexError, counted
 from .stream import TarStream
 
 __all__: list[str] = []  # internal: tarindex.mix and tarindex.Mix are the public names
@@ -56,6 +57,7 @@ def mix(
     Raises:
         ValueError: no sources, a weight count that differs from the sources', a negative weight,
             weights that are all zero, a bad ``stop``.
+        OptionError: ``epoch_size`` below 1 (:class:`~tarindex.errors.OptionTypeError`: not an integer).
     """
     return Mix(sources, weights, seed=seed, stop=stop, epoch_size=epoch_size)
 
@@ -77,13 +79,12 @@ class Mix(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             raise ValueError("mix needs at least one source")
         w = [1.0] * len(sources) if weights is None else [float(x) for x in weights]
         if len(w) != len(sources):
-            raise ValueError(f"{len(w)} weights for {len(sources)} sources")
+            raise ValueError(f"{counted(len(w), 'weight')} for {counted(len(sources), 'source')}")
         if any(not x >= 0 for x in w) or sum(w) <= 0:
             raise ValueError(f"weights must be >= 0 and not all 0, got {w}")
         if stop not in _STOPS:
             raise ValueError(f"stop must be one of {_STOPS}, not {stop!r}")
-        if epoch_size is not None and epoch_size < 0:
-            raise ValueError(f"epoch_size must be >= 0, not {epoch_size}")
+        epoch_size = _args.count(epoch_size, "epoch_size", means="samples per rank per epoch", none="as stop says")
         self.sources = list(sources)
         self.weights = w
         self.seed = seed
@@ -179,7 +180,7 @@ class Mix(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             epochs.add(integer(st, "epoch", "Mix", *EPOCHS))
             _MixRun.check(st, self.weights, self.stop)
             if not isinstance(st.get("sources"), list) or len(st["sources"]) != len(self.sources):
-                raise StateError(f"malformed Mix state: {_count(st.get('sources'))} source states for {len(self.sources)} sources")
+                raise StateError(f"malformed Mix state: {_count(st.get('sources'))} source states for {counted(len(self.sources), 'source')}")
         if len(epochs) != 1:
             raise StateError(f"Mix states of several epochs: {sorted(epochs)}")
         loaded = [source._checked_states([st["sources"][k] for st in states]) for k, source in enumerate(self.sources)]
@@ -197,7 +198,7 @@ class Mix(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         return run.iterate(self.sources, self.weights, self.stop)  # no generator of ours between the sources and the caller
 
     def __repr__(self) -> str:
-        return f"Mix({len(self.sources)} sources, weights={self.weights}, stop={self.stop!r}, epoch={self.epoch})"
+        return f"Mix({counted(len(self.sources), 'source')}, weights={self.weights}, stop={self.stop!r}, epoch={self.epoch})"
 
 
 class _MixRun:

@@ -400,7 +400,7 @@ def _open_reader(url: str, *, size: int, etag: str | None, mtime_ns: int, option
             if etag and reader.etag and reader.etag != etag:
                 raise StaleIndexError(url, f"ETag {etag} -> {reader.etag}")
             if reader.mtime_ns and mtime_ns and reader.mtime_ns != mtime_ns:
-                raise StaleIndexError(url, f"mtime {mtime_ns} -> {reader.mtime_ns}")
+                raise StaleIndexError.of_mtime(url, mtime_ns, reader.mtime_ns)
         except BaseException:
             reader.close()
             raise

@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from ._split import Draws, pick, stream_key
 from ._state import EPOCHS, MAX_COUNT, MAX_READERS, check_header, flag, flags, header, integer, integers, required, same
-from .errors import SamplerStateError, StateError
+from .errors import SamplerStateError, StateError, counted
 
 __all__ = ["MixSampler", "ShardSampler", "ShardSized"]
 
@@ -494,7 +494,7 @@ class ShardSampler:
             raise SamplerStateError(str(exc)) from exc
         if self.elastic:  # one global position, whatever the world sizes (padding: up to a world past the end)
             if any(c > self.total_samples + old_world for c in counts):
-                raise SamplerStateError(f"{kind} state: consumed {_shown(counts)} past the stream's {self.total_samples} samples")
+                raise SamplerStateError(f"{kind} state: consumed {_shown(counts)} past the stream's {counted(self.total_samples, 'sample')}")
             return epoch, old_world, old_drop_last, plan, counts
         total = sum(b - a for a, b in plan)
         length = self._block_len(total, old_world, old_drop_last)
@@ -595,7 +595,7 @@ class MixSampler:
             raise ValueError("MixSampler needs at least one dataset")
         w = [1.0] * len(datasets) if weights is None else [float(x) for x in weights]
         if len(w) != len(datasets):
-            raise ValueError(f"{len(w)} weights for {len(datasets)} datasets")
+            raise ValueError(f"{counted(len(w), 'weight')} for {counted(len(datasets), 'dataset')}")
         if any(not x >= 0 for x in w) or sum(w) <= 0:
             raise ValueError(f"weights must be >= 0 and not all 0, got {w}")
         if stop not in ("first", "all", "never"):

@@ -15,7 +15,7 @@ import os
 import stat
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Literal, NoReturn
@@ -103,18 +103,28 @@ def _sample_starts(buf: Any, path: str) -> list[int]:
     return [rec.offset for rec in group_members(iter_tar((buf,), path), path)]
 
 
-def _compress_plain(src: str, fd: int, out: BinaryIO, level: int, frame_size: int) -> list[tuple[int, int]]:
+_TELL_EVERY = 8 << 20
+"""Bytes of tar compressed between two calls of ``compress_shard``'s ``progress``."""
+
+
+def _compress_plain(
+    src: str, fd: int, out: BinaryIO, level: int, frame_size: int, tell: Callable[[int, int], None] | None = None
+) -> list[tuple[int, int]]:
+    """The plain tar ``fd`` as seekable zstd into ``out``; ``tell(done, total)`` with the tar bytes compressed so far."""
     buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     try:
         starts = _sample_starts(buf, src)
         writer = SeekableZstdWriter(out, level=level, frame_size=frame_size)
         mv = memoryview(buf)
-        prev = 0
+        prev = told = 0
         for off in starts:
             if off > prev:
                 writer.write(mv[prev:off])
                 prev = off
                 writer.boundary()
+                if tell is not None and off - told >= _TELL_EVERY:
+                    tell(off, len(buf))
+                    told = off
         writer.write(mv[prev:])
         writer.close()
         mv.release()
@@ -129,12 +139,15 @@ def compress_shard(
     *,
     level: int = DEFAULT_LEVEL,
     frame_size: int = DEFAULT_FRAME_SIZE,
+    progress: Callable[[int], None] | None = None,
 ) -> list[tuple[int, int]]:
     """Rewrite a tar (plain, or any zstd ``.tar.zst``) as a seekable ``.tar.zst`` with sample-aligned frames.
 
     ``dst`` may equal ``src`` (recompress in place): the output is written to a
     temporary name and renamed when complete. Returns the ``(compressed,
-    uncompressed)`` size of each frame.
+    uncompressed)`` size of each frame. ``progress`` is called with the bytes of ``src``
+    done since the last call (every 8 MiB of tar compressed, the rest at the end: they add up
+    to the size of ``src``; a compressed ``src`` counts as the share of its tar compressed).
 
     Raises:
         ShardNotFoundError: ``src`` does not exist, or is a directory or another file that is not regular.
@@ -152,8 +165,18 @@ def compress_shard(
         raise ShardNotFoundError(f"{src}: {'is a directory' if stat.S_ISDIR(mode) else 'not a regular file'}, not a shard")
     out = AtomicFile(dst)
     plain: AtomicFile | None = None
+    src_size = os.fstat(fd).st_size
+    told = 0
+
+    def tell(done: int, total: int) -> None:  # tar bytes compressed -> bytes of src
+        nonlocal told
+        now = done * src_size // max(total, 1)
+        if progress is not None and now > told:
+            progress(now - told)
+            told = now
+
     try:
-        if os.fstat(fd).st_size == 0:
+        if src_size == 0:
             raise CorruptArchiveError(src, 0, "empty file, not a tar archive")
         codec = codec_of(os.pread(fd, HEAD_BYTES, 0), src)
         if codec != "tar":  # zstd or gzip: decompress to a temporary tar beside the output first
@@ -165,7 +188,7 @@ def compress_shard(
             plain.file.close()
             os.close(fd)
             fd = os.open(plain.tmp, os.O_RDONLY)
-        sizes = _compress_plain(src, fd, out.file, level, frame_size)
+        sizes = _compress_plain(src, fd, out.file, level, frame_size, tell if progress is not None else None)
     except OSError as exc:  # a full disk: one line naming the output, and no partial file
         raise out.failed(exc) from exc
     except BaseException:
@@ -176,6 +199,8 @@ def compress_shard(
         if plain is not None:
             plain.abort()
     out.commit()
+    if progress is not None and src_size > told:
+        progress(src_size - told)
     return sizes
 
 

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import torch.utils.data
 
+from . import _args
 from ._process import FORK
 from ._split import (
     AFTER,
@@ -47,6 +48,7 @@ from .errors import (
     StateError,
     StreamWarning,
     TarIndexError,
+    counted,
     shown,
 )
 from .grouping import fused, iter_samples
@@ -268,7 +270,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             :data:`DEFAULT_SHUFFLE` = 1,000 samples, webdataset's default buffer).
         shuffle_shards: shuffle the shard order each epoch; default: when there is a shuffle buffer.
         seed: with the epoch, rank and worker, fixes every random choice.
-        epoch_size: samples per rank per epoch (see above); ``None`` streams each shard once.
+        epoch_size: samples per rank per epoch, at least 1 (see above); ``None`` streams each shard once.
         handler: what a bad shard or sample does: ``"raise"`` (default);
             ``"warn"``: warn and go on with the next sample (decode errors) or the
             next shard (unreadable or corrupt shard); ``"skip_shard"``: warn and
@@ -305,9 +307,11 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         ShardNotFoundError: a local shard or pattern matches nothing.
         CommandNotAllowedError: the index names a command shard and ``allow_commands`` is false.
         IndexFormatError: an index's shard entry is damaged or leaves the index's directory.
-        OptionError: a bad ``shuffle`` (negative), ``epoch_size``, ``max_errors`` or ``max_member_size``
+        OptionError: a bad ``shuffle`` (negative), ``epoch_size`` (below 1), ``max_errors`` or ``max_member_size``
             value; :class:`~tarindex.errors.OptionTypeError` for a ``shuffle`` that is not an integer or bool
-            (``"100"``) or a ``shuffle_shards`` that is not a bool or ``None``.
+            (``"100"``), a ``shuffle_shards`` that is not a bool or ``None``, ``urls`` that are not shard names
+            or an index (a :class:`~tarindex.TarDataset`: the message says to pass its index path), ``decoders``
+            that is not a mapping of extension to function (``["jpg"]``).
         ValueError: a bad ``handler``.
         StaleIndexError: (when iterating) streaming from an index, a shard's size or
             modification time differs from the index's (its ``__index__`` numbers would be wrong).
@@ -344,10 +348,11 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         if not callable(handler) and handler not in _HANDLERS:
             raise ValueError(f"handler must be one of {_HANDLERS} or a function, not {handler!r}")
         size = buffer_size(shuffle)
+        _args.shard_names(urls, "urls", call="TarStream", also=(IndexReader,))
+        decoders = _args.decoders(decoders)
         if shuffle_shards is not None and not isinstance(shuffle_shards, bool):
             raise OptionTypeError(f"shuffle_shards must be True, False or None, not {type(shuffle_shards).__name__} {shuffle_shards!r}")
-        if epoch_size is not None and epoch_size < 0:
-            raise OptionError(f"epoch_size must be >= 0, not {epoch_size}")
+        epoch_size = _args.count(epoch_size, "epoch_size", means="samples per rank per epoch", none="each shard once")
         self.urls, self._starts, self._infos, self._index = _shard_list(urls, allow_commands)
         self.decoder = Decoder(decode, decoders=decoders, allow_pickle=allow_pickle) if (decode or decoders or allow_pickle) else None
         self.transform = transform
@@ -803,7 +808,7 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             mine = [st for st in states if (st["slot"][0], st["slot"][2]) == (slot.rank, slot.worker)]
             if len(mine) != 1:
                 raise StateError(
-                    f"TarStream states for {slot.world_size} ranks x {slot.num_workers} workers have "
+                    f"TarStream states for {counted(slot.world_size, 'rank')} x {counted(slot.num_workers, 'worker')} have "
                     f"{len(mine)} for rank {slot.rank} worker {slot.worker} (expected 1)"
                 )
             run = self._new_run(slot, epoch)
@@ -814,8 +819,8 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         have = [(st["slot"][0], st["slot"][2]) for st in old]
         if len(old) != world * workers or have != [(r, w) for r in range(world) for w in range(workers)]:
             raise StateError(
-                f"TarStream states cover readers {have[:8]}{'...' if len(have) > 8 else ''} of {world} ranks x "
-                f"{workers} workers: resuming on another number of ranks or workers needs the state of every "
+                f"TarStream states cover readers {have[:8]}{'...' if len(have) > 8 else ''} of {counted(world, 'rank')} x "
+                f"{counted(workers, 'worker')}: resuming on another number of ranks or workers needs the state of every "
                 "reader of the interrupted epoch (tarindex.stream_states)"
             )
         runs = []
@@ -943,10 +948,14 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         slot = self.slot()
         epoch = self.epoch
         if len(self.urls) < slot.count and slot.index == 0 and not self._pending:
-            policy = "each reads one shard again" if self.epoch_size is not None else "they yield nothing"
+            idle = slot.count - len(self.urls)
+            if self.epoch_size is not None:
+                policy = "it reads one shard again" if idle == 1 else "each reads one shard again"
+            else:
+                policy = "it yields nothing" if idle == 1 else "they yield nothing"
             warnings.warn(
-                f"{len(self.urls)} shards for {slot.world_size} ranks x {slot.num_workers} workers: "
-                f"{slot.count - len(self.urls)} readers have no shard of their own, {policy}",
+                f"{counted(len(self.urls), 'shard')} for {counted(slot.world_size, 'rank')} x {counted(slot.num_workers, 'worker')}: "
+                f"{counted(idle, 'reader')} {'has no shard of its' if idle == 1 else 'have no shard of their'} own, {policy}",
                 StreamWarning,
                 stacklevel=3,  # the caller of next() on __iter__
             )
@@ -971,4 +980,4 @@ class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         return state
 
     def __repr__(self) -> str:
-        return f"TarStream({len(self.urls)} shards, shuffle={self.shuffle_size}, epoch={self.epoch})"
+        return f"TarStream({counted(len(self.urls), 'shard')}, shuffle={self.shuffle_size}, epoch={self.epoch})"

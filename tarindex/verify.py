@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ._readcheck import shown_pair
-from .errors import ShardNotFoundError, StaleIndexError, shown
+from .errors import ShardNotFoundError, StaleIndexError, counted, shown
 from .identity import check_shard
 from .index.reader import IndexReader
 from .opener import check_commands, shard_name
@@ -32,10 +33,16 @@ class VerifyReport:
     """Whether every shard was rescanned and every record compared with what the rescan found."""
 
     def __str__(self) -> str:
-        return f"{self.path}: {len(self.shards)} shards ok" + (" (deep)" if self.deep else "")
+        return f"{self.path}: {counted(len(self.shards), 'shard')} ok" + (" (deep)" if self.deep else "")
 
 
-def verify_index(path: str | os.PathLike[str], *, deep: bool = False, allow_commands: bool = False) -> VerifyReport:
+def verify_index(
+    path: str | os.PathLike[str],
+    *,
+    deep: bool = False,
+    allow_commands: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> VerifyReport:
     """Check that every shard of an index is unchanged since it was indexed.
 
     Each shard's size and content fingerprint (its size and first and last bytes) are compared with the
@@ -50,6 +57,8 @@ def verify_index(path: str | os.PathLike[str], *, deep: bool = False, allow_comm
         path: the index file.
         deep: rescan every shard and compare every record with it.
         allow_commands: run the ``pipe:`` commands the index names as shards (trusted indexes only).
+        progress: called as ``progress(1, nbytes)`` as each shard is checked: ``nbytes`` the bytes
+            read in full (the shard's size, with ``deep`` or for a URL; 0 for a fingerprint).
 
     Returns:
         What was checked.
@@ -80,6 +89,8 @@ def verify_index(path: str | os.PathLike[str], *, deep: bool = False, allow_comm
             if differs is not None:
                 raise StaleIndexError(shard, f"a rescan differs from the index: {differs}")
         checked.append(shard)
+        if progress is not None:
+            progress(1, info.size if table is not None else 0)
     return VerifyReport(index.path, tuple(checked), deep)
 
 
@@ -136,7 +147,7 @@ def _first_difference(new: ShardTable, old: ShardTable, first: int) -> str | Non
             if got != want:
                 return f"{where}: member {k + 1}: {got} in the shard, {want} in the index"
     if new.n_samples != old.n_samples:
-        return f"{new.n_samples} samples in the shard, {old.n_samples} in the index"
+        return f"{counted(new.n_samples, 'sample')} in the shard, {old.n_samples} in the index"
     if not _same_frames(new.frames, old.frames):
         return "the zstd frame table differs"
     return None

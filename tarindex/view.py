@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import IndexFormatError, IndexNotFoundError, PatternError
+from .errors import IndexFormatError, IndexNotFoundError, PatternError, counted
 from .index.format import SHARDS_PREFIX, numbered, unseal
 from .index.merge import relative_path
 from .index.reader import IndexReader
@@ -186,8 +186,9 @@ def find_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
     index, n_shards, missing = min(lacking, key=lambda found: len(found[2]))  # the one that lacks fewest
     shown = ", ".join(missing[:_NAMED_MISSING]) + (f" and {len(missing) - _NAMED_MISSING} more" if len(missing) > _NAMED_MISSING else "")
     others = f" (nor does any other index beside it: {', '.join(p.name for p, _, _ in lacking if p != index)})" if len(lacking) > 1 else ""
+    lacks = "the shard named" if len(named) == 1 else f"{len(missing)} of the {len(named)} shards named"
     raise IndexNotFoundError(
-        f"{index}: this index ({n_shards} shards) does not hold {len(missing)} of the {len(named)} shards named: {shown}{others}; "
+        f"{index}: this index ({counted(n_shards, 'shard')}) does not hold {lacks}: {shown}{others}; "
         f"add them with 'tarindex build' over the whole set (then the index holds them all), write an index of these "
         f"shards with 'tarindex build ... -o OTHER{INDEX_SUFFIX}' and open that, or name only indexed shards"
     )

@@ -30,7 +30,7 @@ import numpy as np
 import zstandard
 
 from .compression import ArchiveEnd, Budget
-from .errors import CorruptFrameError
+from .errors import CorruptFrameError, counted
 
 __all__ = ["iter_decompressed"]  # public: streaming decompression; the rest serves the package
 
@@ -468,7 +468,7 @@ def read_seek_table(buf: Any, path: str) -> np.ndarray | None:
     size = n_frames * entry + _FOOTER
     start = n - size - 8
     if start < 0:
-        raise CorruptFrameError(path, n - _FOOTER, f"seek table of {n_frames} frames does not fit in the file")
+        raise CorruptFrameError(path, n - _FOOTER, f"seek table of {counted(n_frames, 'frame')} does not fit in the file")
     head = bytes(buf[start : start + 8])
     if int.from_bytes(head[:4], "little") != _SEEK_TABLE_SKIPPABLE or int.from_bytes(head[4:], "little") != size:
         raise CorruptFrameError(path, start, "seek table footer without a matching skippable frame header")
@@ -502,7 +502,7 @@ def check_seek_table(table: np.ndarray, seek: np.ndarray, path: str, *, prefix: 
             )
     if len(table) != len(seek) and not (prefix and len(table) <= len(seek)):
         raise CorruptFrameError(
-            path, 0, f"seek table lists {len(seek)} frames, the file has {len(table)} data frames"
+            path, 0, f"seek table lists {counted(len(seek), 'frame')}, the file has {counted(len(table), 'data frame')}"
         )
 
 

@@ -28,7 +28,7 @@ import pytest
 
 __all__ = [
     "AzureServer", "DropServer", "FaultProxy", "FramingServer", "HTTPServer", "SchemeServer", "azure_server", "drop_server",
-    "fault_proxy", "framing_server", "http_server", "s3_server", "scheme_server", "tls_certificate",
+    "fault_proxy", "framing_server", "http_server", "python_http_server", "s3_server", "scheme_server", "tls_certificate",
 ]  # fmt: skip
 
 
@@ -158,6 +158,23 @@ def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HTTPServer
     yield HTTPServer(root, server.server_port, "http.server")
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="session")
+def python_http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HTTPServer]:
+    """``python -m http.server`` (no ``Range`` support: a ranged request gets the whole file) as a child
+    process on a free loopback port, serving a temporary root: the server a user starts first."""
+    root = tmp_path_factory.mktemp("plain-www")
+    for _ in range(3):  # the free port may be taken between our probe and the server's bind
+        port = free_port()
+        cmd = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(root)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if wait_for_port(port, proc):
+            yield HTTPServer(root, port, "python -m http.server")
+            stop(proc)
+            return
+        stop(proc)
+    raise RuntimeError("python -m http.server did not start")
 
 
 @dataclass

@@ -221,6 +221,7 @@ from _servers import (  # noqa: E402,F401 - fixtures for the network tests
     framing_server,
     http_server,
     hub_server,
+    python_http_server,
     s3_server,
     scheme_server,
     tls_certificate,
@@ -239,3 +240,35 @@ def open_files(paths: list[Path] | list[str]) -> dict[int, str]:
         if target in wanted:
             out[int(name)] = target
     return out
+
+
+def on_terminal(*args: str, cwd: Path | None = None, stdout_tty: bool = False) -> tuple[int, bytes, bytes]:
+    """``tarindex ARGS`` as a process with stderr (and with ``stdout_tty`` stdout too) on a terminal (a pty):
+    its exit code, what went to a plain stdout, and what the terminal showed."""
+    import pty
+    import threading
+
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "COLUMNS": "150"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tarindex.cli.main", *args], stdin=subprocess.DEVNULL, cwd=cwd, env=env,
+        stdout=secondary if stdout_tty else subprocess.PIPE, stderr=secondary,
+    )  # fmt: skip
+    os.close(secondary)
+    out: list[bytes] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else b""))
+    reader.start()  # stdout drained meanwhile: neither side waits on a full pipe
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(primary, 1 << 16)
+        except OSError:  # the terminal's other end is closed and drained
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(primary)
+    reader.join(300)
+    if proc.stdout is not None:
+        proc.stdout.close()
+    return proc.wait(300), out[0] if out else b"", shown

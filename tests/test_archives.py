@@ -311,22 +311,26 @@ def test_an_index_and_junk_stay_what_they_were(tmp_path: Path) -> None:
 def test_compress_a_directory_is_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["compress", str(tmp_path), str(tmp_path / "out.tar.zst")])
     assert result.exit_code == 1, result.output
-    assert result.stderr.strip() == f"tarindex: error: {tmp_path}: is a directory, not a shard"
+    example = tmp_path / "*.tar"
+    assert result.stderr.strip() == f"tarindex: error: {tmp_path}: is a directory, not a shard; name its shards, for example '{example}'"
     assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_get_output_into_a_missing_directory(tmp_path: Path) -> None:
-    """``get -o missing/dir/x`` makes the directories (as build -o and compress do); an output that cannot
-    be written is one line, exit 1."""
+    """``get -o missing/dir/x`` is refused (a mistyped directory; exit 2, naming it and ``-p``), made with ``-p``
+    (as build -o, merge -o and compress do); an output that cannot be written is one line, exit 1."""
     shard = tmp_path / "a.tar"
     shard.write_bytes(archive(*GOOD))
     index = build_index([shard], index=tmp_path / "a.tarindex", workers=1).path
     out = tmp_path / "missing" / "dir" / "x"
     result = CliRunner().invoke(main, ["get", str(index), "a", "--ext", "txt", "-o", str(out)])
+    assert result.exit_code == 2 and not (tmp_path / "missing").exists()
+    assert f"Error: {out}: directory '{out.parent}' does not exist; create it, or pass -p (--parents) to have it made" in result.stderr
+    result = CliRunner().invoke(main, ["get", str(index), "a", "--ext", "txt", "-o", str(out), "-p"])
     assert result.exit_code == 0, result.output
     assert out.read_bytes() == b"alpha" * 30
     blocked = tmp_path / "a.tar" / "x"  # under a file: no directory can be made there
-    result = CliRunner().invoke(main, ["get", str(index), "a", "--ext", "txt", "-o", str(blocked)])
+    result = CliRunner().invoke(main, ["get", str(index), "a", "--ext", "txt", "-o", str(blocked), "-p"])
     assert result.exit_code == 1
     assert result.stderr.startswith(f"tarindex: error: {blocked}: cannot write (") and len(result.stderr.strip().splitlines()) == 1
     assert shard.read_bytes() == archive(*GOOD)

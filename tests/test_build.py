@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import tarindex
 import tarindex.scan
-from conftest import gnu_tar, make_shard_set
+from conftest import gnu_tar, make_shard_set, on_terminal
 from tarindex import CorruptArchiveError, OverwriteError, build_index
 from tarindex.build import parse_part
 from tarindex.cli.main import main
@@ -140,28 +140,10 @@ def test_incremental_rebuild_reopening_the_previous_index_equals_a_fresh_build(t
 
 
 def test_progress_bar_on_a_terminal_shows_the_write_phase(shards: list[Path], tmp_path: Path) -> None:
-    import pty
-    import subprocess
-    import sys
-
-    primary, secondary = pty.openpty()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "COLUMNS": "100"}
-    cmd = [sys.executable, "-m", "tarindex.cli.main", "build", str(shards[0].parent / "train-*.tar"), "-o", str(tmp_path / "t.tarindex"), "-w", "1"]
-    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=secondary, env=env, timeout=120)
-    os.close(secondary)
-    shown = b""
-    while True:
-        try:
-            chunk = os.read(primary, 1 << 16)
-        except OSError:  # the terminal's other end is closed and drained
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(primary)
-    assert proc.returncode == 0, shown
+    code, out, shown = on_terminal("build", str(shards[0].parent / "train-*.tar"), "-o", str(tmp_path / "t.tarindex"), "-w", "1")
+    assert code == 0, shown
     assert b"scanning" in shown and b"writing index" in shown, shown
-    assert b"4 shards scanned, 0 unchanged" in proc.stdout
+    assert b"4 shards scanned, 0 unchanged" in out
 
 
 def test_a_url_build_without_an_index_path_is_a_usage_error(shards: list[Path]) -> None:
@@ -409,3 +391,89 @@ def test_repeated_ctrl_c_during_a_parallel_build_ends_at_once_in_one_line(tmp_pa
         with pytest.raises(ProcessLookupError):  # the workers went with their build
             os.killpg(proc.pid, 0)
     assert outcomes.get(130, 0) >= 4, outcomes  # most attempts stop a build under way
+
+
+# -- URL shards: a server that does not answer Range requests is named at build --------------------
+def _served(server: object, paths: list[Path], sub: str) -> list[str]:
+    """``paths`` copied under the server's root, as URLs."""
+    import shutil
+
+    root: Path = server.root  # type: ignore[attr-defined]
+    (root / sub).mkdir(parents=True, exist_ok=True)
+    for p in paths:
+        shutil.copyfile(p, root / sub / p.name)
+    return [server.url(f"{sub}/{p.name}") for p in paths]  # type: ignore[attr-defined]
+
+
+def test_a_server_without_range_requests_is_named_once_and_the_index_streams(  # type: ignore[no-untyped-def]
+    python_http_server, http_server, shards: list[Path], tmp_path: Path, caplog: pytest.LogCaptureFixture, impl: str
+) -> None:
+    import urllib.request
+
+    from conftest import tarfile_members
+    from tarindex import SourceError, TarDataset, TarStream
+
+    assert http_server.kind == "nginx"  # the server that answers ranges
+    plain = _served(python_http_server, shards[:2], tmp_path.name)
+    ranged = _served(http_server, shards[2:], tmp_path.name)
+    with urllib.request.urlopen(urllib.request.Request(plain[0], headers={"Range": "bytes=0-0"})) as answer:  # as the user's server is
+        assert answer.status == 200 and len(answer.read()) == shards[0].stat().st_size
+    server = f"http://127.0.0.1:{python_http_server.port}"
+    with caplog.at_level(logging.WARNING, logger="tarindex"):
+        report = build_index(plain + ranged, index=tmp_path / "mixed.tarindex", workers=1)
+    assert report.no_ranges == [server]  # nginx answers ranges: not named
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("tarindex")]
+    assert said == [  # once per server, with what to use instead
+        f"{server}: asked for byte 0 of {plain[0]}, got the whole file: the server does not answer Range requests (TarDataset "
+        "needs them to read at random, TarStream streams without them; serve the shards with one that answers ranges: "
+        "nginx, Apache, caddy, python -m RangeHTTPServer, an object store)"
+    ]
+    assert f"no_ranges=['{server}']" in repr(report)
+    # the index is written, and it streams: every sample's bytes as tarfile extracts them
+    streamed = [(s["__key__"], s["__index__"], s["bin"]) for s in TarStream(report.path)]
+    expected = [(name[: -len(".bin")], data) for p in shards for name, data in tarfile_members(p) if name.endswith(".bin")]
+    assert [(k, b) for k, _, b in streamed] == expected and [i for _, i, _ in streamed] == list(range(len(expected)))
+    ds = TarDataset(report.path)
+    assert ds[len(ds) - 1]["bin"] == expected[-1][1]  # a shard of nginx reads at random
+    with pytest.raises(SourceError, match=rf"{re.escape(plain[0])}: the server does not answer Range requests \(.*python -m RangeHTTPServer.*\) at byte offset 0"):
+        ds[0]
+    # the CLI: the warning as one line on stderr, the index written, exit 0
+    result = CliRunner().invoke(main, ["build", *plain, "-o", str(tmp_path / "cli.tarindex"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [f"tarindex: warning: {said[0]}"]
+    assert (tmp_path / "cli.tarindex").is_file()
+
+
+def test_servers_that_answer_ranges_cost_one_request_each_and_no_warning(  # type: ignore[no-untyped-def]
+    drop_server, shards: list[Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = shards[0].read_bytes()
+    server = drop_server(data, drop_at=len(data) + 1)  # answers ranges, never drops
+    with caplog.at_level(logging.WARNING, logger="tarindex"):
+        report = build_index([server.url], index=tmp_path / "one.tarindex", workers=1)
+    assert report.no_ranges == [] and not [r for r in caplog.records if r.name.startswith("tarindex")]
+    assert server.requests == ["bytes=0-0", None]  # the check (one byte), then the scan's one read of the whole shard
+    unranged = drop_server(data, drop_at=len(data) + 1, ranges=False)
+    report = build_index([unranged.url], index=tmp_path / "two.tarindex", workers=1)
+    assert report.no_ranges == [f"http://127.0.0.1:{unranged.port}"]
+    assert unranged.requests == ["bytes=0-0", None]  # the check: one request, its answer (the whole file) dropped unread
+
+
+def test_report_repr_shows_lists_and_progress_counts_bytes(shards: list[Path], tmp_path: Path) -> None:
+    calls: list[tuple[int, int]] = []
+    report = build_index([str(p) for p in shards], index=tmp_path / "i.tarindex", workers=1, progress=lambda n, b: calls.append((n, b)))
+    assert calls == [(1, p.stat().st_size) for p in shards]  # each shard as scanned, with its bytes
+    assert report.scanned == [str(p) for p in shards] and report.reused == [] and report.no_ranges == []
+    names = ", ".join(repr(str(p)) for p in shards[:3])
+    assert repr(report) == f"BuildReport(path={str(tmp_path / 'i.tarindex')!r}, scanned=[{names}, ... 1 more] (4 shards), reused=[])"
+    with open(shards[1], "ab") as f:  # one shard changed: the three others are found unchanged, not scanned
+        f.write(bytes(1024))
+    calls.clear()
+    report = build_index([str(p) for p in shards], index=tmp_path / "i.tarindex", workers=1, progress=lambda n, b: calls.append((n, b)))
+    assert calls == [(3, 0), (1, shards[1].stat().st_size)]
+    reused = [str(p) for p in (shards[0], shards[2], shards[3])]  # three: shown in full
+    assert repr(report) == f"BuildReport(path={str(tmp_path / 'i.tarindex')!r}, scanned={[str(shards[1])]!r}, reused={reused!r})"
+    parts = [build_index([str(p) for p in shards], part=f"{k}/2", index=tmp_path / f"p{k}.tarindex") for k in (1, 2)]
+    calls.clear()
+    tarindex.merge_indexes([p.path for p in parts], tmp_path / "m.tarindex", progress=lambda n, b: calls.append((n, b)))
+    assert calls == [(1, 0), (1, 0), (0, parts[0].path.stat().st_size), (1, 0), (1, 0), (0, parts[1].path.stat().st_size)]

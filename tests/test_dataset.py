@@ -86,6 +86,25 @@ def test_get_by_key(built: tuple[list[Path], TarDataset]) -> None:
         ds.get("no-such-key")
 
 
+def test_keys_are_a_sized_view(built: tuple[list[Path], TarDataset]) -> None:
+    paths, ds = built
+    expected = [s["__key__"] for s in _oracle(paths)]
+    keys = ds.keys()
+    assert len(keys) == len(ds) == 24
+    assert list(keys) == expected and keys[0] == expected[0] and keys[-1] == expected[-1] and keys[3:6] == expected[3:6]
+    assert "s02i003" in keys and "no-such-key" not in keys and 7 not in keys
+    with pytest.raises(IndexError, match="key 24 out of range for 24 samples"):
+        keys[24]
+    some = TarDataset(paths[1:3])  # some shards of the index: their keys only
+    assert len(some.keys()) == 12 and list(some.keys()) == expected[6:18]
+    some_keys = some.keys()
+    assert "s01i000" in some_keys and "s00i000" not in some_keys
+    assert len(TarDataset(paths[3]).keys()) == 6 and repr(keys).startswith("<keys of TarDataset(")
+    one = TarDataset(build_index(make_shard_set(paths[0].parent.parent / "one", n_shards=1, per=1)).path)
+    with pytest.raises(IndexError, match=r"sample 1 out of range for 1 sample$"):
+        one[1]
+
+
 def test_default_index_beside_shards(built: tuple[list[Path], TarDataset]) -> None:
     paths, ds = built
     assert ds.index_path == paths[0].parent / "train.tarindex"

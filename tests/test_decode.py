@@ -5,6 +5,7 @@ webdataset's image specs against webdataset's own decoder."""
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import tarfile
 import warnings
@@ -497,3 +498,28 @@ def test_batches_over_http_shards(impl: str, jpeg_shards: list[Path], jpeg_index
     indices = [23, 0, 7, 12, 7]
     got, want = collate(remote.__getitems__(indices)), collate(local.__getitems__(indices))
     assert torch.equal(got["jpg"], want["jpg"]) and list(got["__key__"]) == list(want["__key__"])
+
+
+def test_a_decode_error_shows_the_member_not_an_object_address(impl: str, bad_index: tuple[Path, Path]) -> None:
+    """PIL says ``cannot identify image file <_io.BytesIO object at 0x...>``: the message keeps its words, drops
+    the address, and shows what the member holds instead (its size and first bytes), every way a sample decodes."""
+    shard, index = bad_index
+    with tarfile.open(shard) as tf:
+        offset = next(m.offset for m in tf if m.name == "s005.jpg")
+        data = tf.extractfile("s005.jpg").read()  # type: ignore[union-attr]
+    said = (
+        rf"{shard}: sample 's005': member 'jpg': UnidentifiedImageError: cannot identify image file "
+        rf"\(the member: {len(data)} bytes, starting b'not a jpeg at al'\) \(sample at offset {offset}\)"
+    )
+    ways = {
+        "ds[i]": lambda: TarDataset(index, decode="rgb8")[5],
+        "batch": lambda: TarDataset(index, decode=Image(24, threads=2)).__getitems__([4, 5]),
+        "stream": lambda: list(TarStream([str(shard)], decode="pil")),
+        "stream batch": lambda: list(TarStream([str(shard)]).decode(Image(24)).batched(4)),
+    }
+    for way, read in ways.items():
+        with pytest.raises(DecodeError) as caught:
+            read()
+        message = str(caught.value)
+        assert re.fullmatch(said, message), (way, message)
+        assert " object at 0x" not in message

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from click.testing import CliRunner
 import tarindex
 from conftest import make_shard_set
 from tarindex.cli.main import main
-from tarindex.errors import StaleIndexError
+from tarindex.errors import StaleIndexError, iso_time
 
 
 def read_all(index: Path, **kw: object) -> list[bytes]:
@@ -45,8 +47,16 @@ def test_same_size_other_content_is_stale_everywhere(tmp_path: Path) -> None:
     data = bytearray(shard.read_bytes())
     data[600] ^= 0xFF  # inside the first member's data
     shard.write_bytes(bytes(data))
-    with pytest.raises(StaleIndexError, match=r"train-000000\.tar: shard changed .*\(mtime \d+ -> \d+, content fingerprint differs\)"):
+    os.utime(shard, ns=(0, 1_700_000_000_123_456_789))  # a time with nanoseconds, shown to the nanosecond
+    reader = tarindex.IndexReader(index)
+    indexed = reader.shards[0].mtime_ns
+    reader.close()
+    times = rf"{re.escape(iso_time(indexed))} -> {re.escape(iso_time(1_700_000_000_123_456_789))}"
+    assert re.fullmatch(r"2023-11-1[45]T\d\d:\d\d:20\.123456789([+-]\d\d:\d\d|Z)", iso_time(1_700_000_000_123_456_789))
+    with pytest.raises(StaleIndexError, match=rf"train-000000\.tar: shard changed .*\(mtime {times}, content fingerprint differs\)") as caught:
         read_all(index)
+    assert caught.value.mtime_ns == (indexed, 1_700_000_000_123_456_789)  # the times in nanoseconds, as they were
+    assert pickle.loads(pickle.dumps(caught.value)).mtime_ns == caught.value.mtime_ns
     result = CliRunner().invoke(main, ["verify", str(index)])
     assert result.exit_code == 1 and "content fingerprint differs" in result.output
     assert tarindex.build_index([shard]).scanned == [str(shard)]

@@ -210,7 +210,8 @@ def test_dataset_decode_errors_name_shard_and_offset(tmp_path: Path, stage: str)
     ds = tarindex.TarDataset(tarindex.build_index(shards).path, **kw)
     offset = ds.index.record(7)[1]
     member = "member 'cls': " if stage == "decoder" else ""  # a decoder's failure names the member it decoded
-    pattern = rf"train-000001\.tar: sample 's01i001': {member}ValueError: not what I expected \(sample at offset {offset}\)"
+    seen = r" \(the member: 1 byte, starting b'1'\)" if stage == "decoder" else ""  # its size and first bytes
+    pattern = rf"train-000001\.tar: sample 's01i001': {member}ValueError: not what I expected{seen} \(sample at offset {offset}\)"
     with pytest.raises(DecodeError, match=pattern):
         ds[7]
     with pytest.raises(DecodeError, match=rf"train-000001\.tar: sample 's01i000': {member}ValueError: .* \(sample at offset 0\)"):

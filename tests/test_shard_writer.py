@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import io
 import json
 import os
 import shutil
@@ -159,3 +160,25 @@ def test_compress_errors(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.tar"]
 
 
+
+
+def test_compress_progress_adds_up_to_the_input_size(tmp_path: Path) -> None:
+    """``progress`` is called with bytes of the input as the tar is compressed (every 8 MiB, the rest at the end):
+    for a plain tar its bytes, for a zstd input the share of its tar done; the sum is the input's size."""
+    import tarfile
+
+    src = tmp_path / "big.tar"
+    with tarfile.open(src, "w", format=tarfile.GNU_FORMAT) as tf:  # 20 MiB in 1 MiB samples: two calls on the way
+        for i in range(20):
+            data = os.urandom(1 << 20)
+            ti = tarfile.TarInfo(f"s{i:03d}.bin")
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    calls: list[int] = []
+    compress_shard(src, tmp_path / "a.tar.zst", progress=calls.append)
+    assert sum(calls) == src.stat().st_size and len(calls) == 3 and calls[0] >= 8 << 20
+    zst = tmp_path / "a.tar.zst"
+    calls.clear()
+    compress_shard(zst, tmp_path / "b.tar.zst", progress=calls.append)
+    assert sum(calls) == zst.stat().st_size and len(calls) == 3
+    assert subprocess.run(["zstd", "-dc", str(tmp_path / "b.tar.zst")], capture_output=True, check=True).stdout == src.read_bytes()

@@ -76,3 +76,17 @@ def test_deep_finds_changed_tables_that_the_fingerprint_misses(tmp_path: Path) -
 def test_not_an_index(tmp_path: Path) -> None:
     with pytest.raises(tarindex.IndexNotFoundError, match="no index here"):
         verify_index(tmp_path / "none.tarindex")
+
+
+def test_progress_counts_each_shard_and_the_bytes_read_in_full(tmp_path: Path) -> None:
+    shards = make_shard_set(tmp_path, 3)
+    index = build_index([str(p) for p in shards]).path
+    calls: list[tuple[int, int]] = []
+    verify_index(index, progress=lambda n, b: calls.append((n, b)))
+    assert calls == [(1, 0)] * 3  # fingerprints: no shard read in full
+    calls.clear()
+    verify_index(index, deep=True, progress=lambda n, b: calls.append((n, b)))
+    assert calls == [(1, p.stat().st_size) for p in shards]  # rescanned: each shard's bytes
+    assert str(verify_index(index, deep=True)) == f"{index}: 3 shards ok (deep)"
+    one = build_index([str(shards[0])], index=tmp_path / "one.tarindex").path
+    assert str(verify_index(one)) == f"{one}: 1 shard ok"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import TYPE_CHECKING
+
+import click
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,6 +36,33 @@ def open_index(spec: str) -> tuple[IndexReader, View | None]:
 
     path, view = find_index(spec)
     return IndexReader(path), view if view is not None and not view.whole else None
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """A path as every command's summary shows it: relative to the working directory when it lies inside
+    it (``d/train.tarindex``), else absolute; URLs as they are."""
+    text = os.fspath(path)
+    if "://" in text:
+        return text
+    absolute = os.path.abspath(text)
+    relative = os.path.relpath(absolute)
+    return absolute if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
+
+
+def check_parent(path: str | os.PathLike[str], parents: bool) -> None:
+    """Refuse an output whose directory does not exist (a mistyped ``-o out/x``) unless ``parents`` (``-p``):
+    the writer then makes it.
+
+    Raises:
+        click.UsageError: the directory is missing (exit 2), naming it and ``-p``.
+    """
+    if parents:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        shown = os.path.dirname(os.fspath(path)) or directory
+        what = "is not a directory" if os.path.exists(directory) else "does not exist"
+        raise click.UsageError(f"{os.fspath(path)}: directory {shown!r} {what}; create it, or pass -p (--parents) to have it made")
 
 
 def human(n: float) -> str:

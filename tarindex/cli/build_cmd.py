@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -89,6 +88,7 @@ def _storage_options(ctx: click.Context, param: click.Parameter, values: tuple[s
     help="Let the build drop shards the existing index holds and SHARDS no longer names (left out, or deleted from disk); "
     "without it such a build is refused, so indexing a subset never replaces the set's index.",
 )
+@click.option("-p", "--parents", is_flag=True, help="Make the index's directory (-o) when it does not exist; without it, a missing directory is refused.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def command(
     shards: tuple[str, ...],
@@ -100,26 +100,34 @@ def command(
     storage_options: dict[str, Any],
     allow_missing_end: bool,
     drop_unlisted: bool,
+    parents: bool,
     quiet: bool,
 ) -> None:
     """Index SHARDS (paths, globs, brace patterns) into one LMDB index."""
     from ..build import build_index, part_slice
+    from ..errors import counted
     from ..shards import expand_shards
     from ..sources import is_url
+    from ._common import check_parent, shown_path
+    from ._progress import Bar
 
+    if index is not None:
+        check_parent(index, parents)
     paths = expand_shards(shards, storage_options=storage_options or None)
     url = next((p for p in paths if is_url(p)), None)
     if index is None and url is not None:  # no directory to put the index beside
         raise click.UsageError(f"{url}: URL shards need an index path: add -o INDEX")
     total = len(paths if part is None else part_slice(paths, part))
     show = not quiet and sys.stderr.isatty()
-    with _logged_warnings(), click.progressbar(length=total, label="scanning", file=sys.stderr, hidden=not show) as bar:
+    with _logged_warnings(), Bar("scanning", total, "shard", show=show) as bar:
 
-        def progress(n: int) -> None:
-            bar.update(n)
-            if bar.pos >= total:  # every shard scanned: the index is written next
-                bar.label = "writing index"
-                bar.render_progress()
+        def progress(n: int, nbytes: int) -> None:
+            if nbytes:
+                bar.advance(n, nbytes)
+            else:  # found unchanged: not scanned
+                bar.skip(n)
+            if bar.done >= total:  # every shard scanned: the index is written next
+                bar.relabel("writing index")
 
         report = build_index(
             paths, index=index, workers=workers, part=part, progress=progress, max_member_size=max_member_size,
@@ -127,7 +135,7 @@ def command(
             drop_unlisted=drop_unlisted,
         )  # fmt: skip
     if not quiet:
-        click.echo(f"{report.path}: {len(report.scanned)} shards scanned, {len(report.reused)} unchanged")
+        click.echo(f"{shown_path(report.path)}: {counted(len(report.scanned), 'shard')} scanned, {len(report.reused)} unchanged")
     _warn_slow_zstd(str(report.path))
 
 
@@ -151,11 +159,12 @@ def _warn_slow_zstd(index: str) -> None:
     """One line per zstd shard that cannot be read at random cheaply, with the command that fixes it."""
     from ..index.reader import IndexReader
     from ..opener import fix_command
+    from ._common import shown_path
 
     ix = IndexReader(index)
     for i, info in enumerate(ix.shards):
         if info.compression == "zstd" and not info.random_access:
-            path = os.path.normpath(ix.shard_path(i))
+            path = shown_path(ix.shard_path(i))
             click.echo(
                 f"tarindex: warning: {path}: zstd frames too large for random access (one frame for the whole shard?); "
                 f"TarDataset needs zstd_cache_dir= to read it; fix: '{fix_command(path)}', then build again",

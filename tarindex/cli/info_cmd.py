@@ -18,14 +18,14 @@ if TYPE_CHECKING:
 def command(index: str, as_json: bool) -> None:
     """Summarise INDEX (an index file, or the index beside shards that holds them)."""
     from ..index.meta import read_meta
-    from ._common import index_of
+    from ._common import index_of, shown_path
 
     path = index_of(index)
     meta = read_meta(path)  # the totals are in the meta: no record is decoded, numpy is not imported
     content = _kept(meta) or _counted(path)
     exts = {e: n for e, n in sorted(content["ext_members"].items(), key=lambda kv: -kv[1]) if n}
     summary = {
-        "index": str(path),
+        "index": shown_path(path),
         "format_version": meta["format_version"],
         "created": meta["created"],
         "shards": meta["n_shards"],

@@ -7,6 +7,8 @@ torch): the package facade and the command modules import only click and the err
 from __future__ import annotations
 
 import importlib
+import os
+import select
 import signal
 import sys
 import threading
@@ -22,7 +24,8 @@ COMMANDS = ("build", "merge", "info", "ls", "get", "verify", "compress", "pack",
 
 class _Group(click.Group):
     """Commands loaded by name (their help comes from the command objects), and the one place that
-    turns tarindex errors into exit 1."""
+    turns tarindex errors into exit 1, an interruption into exit 130 and a closed standard output
+    (``tarindex ls IDX | head -1``) into a quiet exit 0."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -39,7 +42,14 @@ class _Group(click.Group):
 
         before = _one_interrupt()
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a closed pipe is met here, not in the interpreter's flush at exit
+            return result
+        except BrokenPipeError:
+            if not _stdout_closed():
+                raise
+            _quiet_stdout()
+            sys.exit(0)
         except TarIndexError as exc:
             click.echo(f"tarindex: error: {exc}", err=True)
             sys.exit(1)
@@ -49,6 +59,28 @@ class _Group(click.Group):
         finally:
             if before is not None and signal.getsignal(signal.SIGINT) is _interrupted:  # not interrupted: as it was
                 signal.signal(signal.SIGINT, before)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader is gone (``head`` has what it wanted)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    if not hasattr(select, "poll"):  # no poll (Windows): a broken pipe there is the output's
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at the null device, so that nothing left in its buffer fails again at exit."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, sys.stdout.fileno())
+    finally:
+        os.close(null)
 
 
 def _interrupted(signum: int, frame: Any) -> None:
@@ -72,7 +104,8 @@ def _one_interrupt() -> Any:
 def main() -> None:
     """tarindex: tar shards as a fast random-access dataset.
 
-    Exit codes: 0 ok, 1 bad or stale data, 2 usage.
+    Exit codes: 0 ok (also when the reader of the output stops early, as head does), 1 bad or stale
+    data, 2 usage, 130 interrupted (Ctrl-C; any previous index is unchanged).
     """
 
 

@@ -99,31 +99,22 @@ def command(
     CSV). Anything else is shards (paths, globs, patterns, URLs, an index, a wids .json list), resharded. The
     index is written beside the shards; run again after an interruption, complete shards are kept.
     """
-    from ..errors import TarIndexError
+    from ..errors import TarIndexError, counted
     from ..options import SourceOptions
     from ..packing import pack
+    from ._common import shown_path
+    from ._progress import Bar
 
     options = SourceOptions.given(None, storage_options=storage_options or None, headers=headers or None)
-    show = not quiet and sys.stderr.isatty()
-    bar: click._termui_impl.ProgressBar[int] | None = None  # made once the total is known
     start = time.monotonic()
-    done = [0, 0]
-
-    def rates(_: int | None) -> str:
-        elapsed = max(time.monotonic() - start, 1e-9)
-        return f"{done[0] / elapsed:,.0f} samples/s, {done[1] / elapsed / 1e6:,.1f} MB/s"
+    bar = Bar("packing", None, "sample", show=not quiet and sys.stderr.isatty(), item_rate=True)  # its total: with the first count
 
     def progress(samples: int, nbytes: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = click.progressbar(length=total, label="packing", file=sys.stderr, hidden=not show, item_show_func=rates)
-            bar.__enter__()
-        done[0] += samples
-        done[1] += nbytes
-        bar.update(samples, samples)
+        bar.total = total
+        bar.advance(samples, nbytes)
 
     try:
-        with _logged_warnings():
+        with _logged_warnings(), bar:
             report = pack(
                 sources, output, index=index, maxcount=maxcount, maxsize=maxsize, workers=workers, exts=exts, keys=keys,
                 label=label, shuffle=shuffle, seed=seed, memory=memory, level=level, frame_size=frame_size,
@@ -133,14 +124,11 @@ def command(
         if isinstance(exc, TarIndexError):  # bad data: one line, exit 1 (cli/main.py)
             raise
         raise click.UsageError(str(exc)) from None  # a bad option
-    finally:
-        if bar is not None:
-            bar.__exit__(None, None, None)
     if not quiet:
         elapsed = time.monotonic() - start
         kept = f", {len(report.kept)} kept from an earlier run" if report.kept else ""
         click.echo(
-            f"{report.index}: {len(report.shards)} shards ({len(report.written)} written{kept}), {report.samples:,} samples, "
+            f"{shown_path(report.index)}: {counted(len(report.shards), 'shard')} ({len(report.written)} written{kept}), {report.samples:,} sample{'' if report.samples == 1 else 's'}, "
             f"{report.bytes / 1e6:,.1f} MB in {elapsed:.1f} s"
         )
         if report.classes is not None:

@@ -68,10 +68,14 @@ def placed(info: ShardInfo, path: str, kind: ShardKind) -> ShardInfo:
 
 
 def merge(
-    parts: Iterable[str | os.PathLike[str]], output: str | os.PathLike[str], shard_name: Callable[[Path, ShardInfo], str]
+    parts: Iterable[str | os.PathLike[str]],
+    output: str | os.PathLike[str],
+    shard_name: Callable[[Path, ShardInfo], str],
+    progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Combine indexes into one (see :func:`tarindex.build.merge_indexes`); ``shard_name(index, info)`` is the name
-    a shard of an index opens by (checked against its recorded kind).
+    a shard of an index opens by (checked against its recorded kind); ``progress(shards, nbytes)`` is called
+    as each shard is written (``(1, 0)``) and as each part is done (``(0, its file size)``).
 
     Raises:
         IndexNotFoundError, IndexFormatError: a part is missing or not an index.
@@ -93,7 +97,11 @@ def merge(
                     writer.add_columns(
                         placed(info, path, info.kind), reader.shard_columns(i), reader.exts, reader.frame_table(i), reader.gzip_points(i)
                     )
+                    if progress is not None:
+                        progress(1, 0)
                 reader.close()  # its pages leave this process's memory: one part is mapped at a time
+                if progress is not None:
+                    progress(0, reader.path.stat().st_size)
     finally:
         for reader in readers:
             reader.close()
