@@ -131,10 +131,10 @@ _LAZY = {
     "compress_shard": "shard_writer",
     "VerifyReport": "verify",
     "verify_index": "verify",
-    "TarStream": "stream",  # imports torch
+    "TarStream": "stream",  # imports torch where installed
     "MixSampler": "sampler",
     "stream_states": "_state",
-    "Mix": "mixing",  # imports torch; the module is not named `mix`, so that `tarindex.mix` stays the function
+    "Mix": "mixing",  # imports torch where installed; the module is not named `mix`, so that `tarindex.mix` stays the function
     "mix": "mixing",
     "export_dali": "export",
     "export_wids": "export",

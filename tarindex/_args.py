@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sized
 from typing import Any
 
 from .errors import OptionError, OptionTypeError
@@ -108,3 +108,87 @@ def shard_names(value: object, name: str, *, call: str, also: tuple[type, ...] =
             f"{name} must be shard names: a path, URL or pattern (str), or a list of them, e.g. "
             f"{call}('data/train-{{000000..000099}}.tar'), not {given(value)}"
         )
+    if isinstance(value, Sized) and len(value) == 0:
+        raise OptionError(f"{call}: {name} is empty: no shards to read")
+
+
+def index_files(value: object, name: str, *, call: str) -> list[str | os.PathLike[str]]:
+    """Index paths as :func:`~tarindex.merge_indexes` takes them: a non-empty iterable of paths.
+
+    Raises:
+        OptionTypeError: one path given as a string, or an item that is not a path.
+        OptionError: no paths.
+    """
+    if isinstance(value, (str, os.PathLike, bytes)) or not isinstance(value, Iterable):
+        raise OptionTypeError(f"{call}: {name} must be a list of index paths, e.g. {call}(['a.tarindex', 'b.tarindex'], ...), not {given(value)}")
+    paths = list(value)
+    if not paths:
+        raise OptionError(f"{call}: {name} is empty: no indexes to merge")
+    for path in paths:
+        if not isinstance(path, (str, os.PathLike)):
+            raise OptionTypeError(f"{call}: {name} must hold index paths (str or os.PathLike), not {given(path)}")
+    return paths
+
+
+def sample_index(value: object) -> int:
+    """``ds[i]``'s ``i``: any integer (numpy's too).
+
+    Raises:
+        OptionTypeError: not an integer; a string says to use ``ds.get(key)`` for a key.
+    """
+    try:
+        return operator.index(value)  # type: ignore[arg-type]  # any integer type (a bool too, as a list takes it)
+    except TypeError as exc:
+        hint = f"; to read the sample with key {value!r}, use ds.get({value!r})" if isinstance(value, str) else ""
+        raise OptionTypeError(f"a sample index must be an integer from 0 to len(ds) - 1, not {given(value)}{hint}") from exc
+
+
+def sample_key(value: object) -> str:
+    """``ds.get(key)``'s key: a string.
+
+    Raises:
+        OptionTypeError: not a string; an integer says to use ``ds[i]`` for the i-th sample.
+    """
+    if isinstance(value, str):
+        return value
+    hint = f"; to read sample number {value}, use ds[{value}]" if isinstance(value, int) and not isinstance(value, bool) else ""
+    raise OptionTypeError(f"a sample key must be a string (the member names' stem, e.g. '000123'), not {given(value)}{hint}")
+
+
+def shard_pattern(value: object) -> str:
+    """A :class:`~tarindex.ShardWriter` pattern: a path with one ``%`` format for the shard number.
+
+    Raises:
+        OptionTypeError: not a path.
+        OptionError: a path without a format for the number, or one the number does not fill.
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        raise OptionTypeError(f"ShardWriter pattern must be a path with a %-format for the shard number, e.g. 'out/train-%06d.tar', not {given(value)}")
+    pattern = os.fspath(value)
+    try:
+        first, second = pattern % 0, pattern % 1
+    except (TypeError, ValueError) as exc:
+        raise OptionError(
+            f"ShardWriter pattern {pattern!r} must hold one %-format for the shard number, e.g. 'out/train-%06d.tar' "
+            f"(a literal % is written %%): {exc}"
+        ) from exc
+    if first == second:
+        raise OptionError(f"ShardWriter pattern {pattern!r} names every shard the same: put %06d where the shard number goes")
+    return pattern
+
+
+def map_style(value: object, *, call: str) -> None:
+    """A dataset a sampler numbers: one with ``len()`` and ``shard_sizes`` (a :class:`~tarindex.TarDataset`).
+
+    Raises:
+        OptionTypeError: an iterable stream (it has no index to sample from), or anything without ``shard_sizes``.
+    """
+    if hasattr(value, "shard_sizes"):
+        return
+    if hasattr(value, "slot") and hasattr(value, "urls"):  # a TarStream: iterable, no numbering to sample
+        raise OptionTypeError(
+            f"{call} samples a map-style dataset (a TarDataset, or a ConcatDataset of them), not a {type(value).__name__}: "
+            f"a stream splits and shuffles its shards itself (rank=, world_size=, shuffle=); for sampled random access "
+            f"build an index and use tarindex.TarDataset"
+        )
+    raise OptionTypeError(f"{call} needs a dataset with shard_sizes (a TarDataset), not {given(value)}")

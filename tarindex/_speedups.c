@@ -819,7 +819,11 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
     PyObject *now = PyList_GET_SIZE(self->fork) == 1 ? PyList_GET_ITEM(self->fork, 0) : NULL;
     if (!now || !PyLong_Check(now) || PyLong_AsLong(now) != self->gen) return PyObject_CallOneArg(self->fallback, arg);
     Py_ssize_t asked = PyLong_CheckExact(arg) ? PyLong_AsSsize_t(arg) : PyNumber_AsSsize_t(arg, PyExc_IndexError); /* numpy ints too */
-    if (asked == -1 && PyErr_Occurred()) return NULL;
+    if (asked == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
+        PyErr_Clear(); /* not an integer: the Python read names what to pass */
+        return PyObject_CallOneArg(self->fallback, arg);
+    }
     Py_ssize_t i = asked;
     int given = i >= 0 && PyLong_CheckExact(arg); /* then arg itself is __index__ */
     if (i < 0) i += self->len;

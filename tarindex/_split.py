@@ -38,6 +38,7 @@ __all__ = [
     "shard_order",
     "shards_for_slot",
     "stream_key",
+    "worker_info",
     "worker_slot",
 ]
 
@@ -83,13 +84,16 @@ def worker_slot(rank: int | None = None, world_size: int | None = None) -> Slot:
         world_size = w if world_size is None else world_size
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-    worker, num_workers = 0, 1
-    data = sys.modules.get("torch.utils.data")
-    if data is not None:
-        info = data.get_worker_info()
-        if info is not None:
-            worker, num_workers = info.id, info.num_workers
+    info = worker_info()
+    worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
     return Slot(rank, world_size, worker, num_workers)
+
+
+def worker_info() -> Any:
+    """torch's ``get_worker_info()`` in a DataLoader worker, else ``None`` (and ``None`` where torch was never
+    imported: no DataLoader made this process)."""
+    data = sys.modules.get("torch.utils.data")
+    return None if data is None else data.get_worker_info()
 
 
 def shard_order(n: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from . import _args
 from .errors import (
     NO_RANGES,
     CorruptArchiveError,
@@ -329,6 +330,8 @@ def build_index(
     report's ``no_ranges`` (the index is written: :class:`~tarindex.TarStream` streams it, while
     random reads of those shards fail), see docs/remote.md.
     """
+    _args.shard_names(shards, "shards", call="build_index")
+    workers = _args.count(workers, "workers", means="local scan processes", none="one per CPU")
     if max_member_size is not None and max_member_size < 0:
         raise ValueError(f"max_member_size must be >= 0, not {max_member_size}")
     part = parse_part(part) if part is not None else None
@@ -484,4 +487,4 @@ def merge_indexes(
         IndexNotFoundError, IndexFormatError: a part is missing or not an index.
         TarIndexError: two parts name the same shard; a part of a split is missing or given twice.
     """
-    return merge(parts, output, shard_name, progress)
+    return merge(_args.index_files(parts, "parts", call="merge_indexes"), output, shard_name, progress)

@@ -161,6 +161,7 @@ class TarDataset:
         self.on_error: OnError = on_error
         self.max_errors = max_errors
         self._failures = 0  # failures in a row, in this process
+        _args.shard_names(source, "source", call="TarDataset")
         decoders = _args.decoders(decoders)
         max_open_files = _args.count(max_open_files, "max_open_files", means="shard files kept open per process")
         self.index_path, self._view = find_index(source)
@@ -318,6 +319,7 @@ class TarDataset:
 
         Raises:
             IndexError: ``i`` is out of range.
+            OptionTypeError: ``i`` is not an integer (a key: the message says to use :meth:`get`).
             StaleIndexError: the shard changed since it was indexed (at open: size, mtime, fingerprint;
                 at each read: a member's header that disagrees with the record, named with its offset).
             ShardNotFoundError: the shard is missing.
@@ -351,7 +353,7 @@ class TarDataset:
             IndexFormatError: the record names a shard the index does not have.
         """
         n = self._n
-        i = operator.index(i)  # numpy integers too, as the C reader takes them
+        i = _args.sample_index(i)  # numpy integers too, as the C reader takes them
         if i < 0:
             i += n
         if not 0 <= i < n:
@@ -582,10 +584,11 @@ class TarDataset:
         """The sample with ``key`` (the first one in the index, if several share it).
 
         Raises:
+            OptionTypeError: ``key`` is not a string.
             SampleNotFoundError: no sample has this key, or (a dataset of some shards of an index) the
                 index's sample with this key is in a shard the dataset does not read.
         """
-        j = self.index.lookup(key)
+        j = self.index.lookup(_args.sample_key(key))
         if self._map is None:
             return self[j]
         i = self._map.from_index(j)

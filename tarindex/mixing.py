@@ -8,23 +8,24 @@ running), drawn from a counter-based random stream of ``(seed, epoch, rank, work
 sequence on every run, and a resumed run continues at its draw without replaying the ones before.
 Every source splits over ranks and DataLoader workers as it does alone, so a mix does too. The
 state (``state_dict()``) is the mix's draws and yields plus each source's own state. Importing this
-module imports torch.
+module imports torch where it is installed (:mod:`tarindex._iterable`); it works without it.
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-import torch.utils.data
 
 from . import _args
+from ._iterable import IterableDataset
 from ._split import Draws, Slot, stream_key
 from ._state import EPOCHS, SharedEpoch, check_header, flag, flags, header, integer, integers, slot_of, stream_states
-from .errors import StateError, TarIndexError, counted
+from .errors import OptionError, OptionTypeError, StateError, TarIndexError, counted
 from .stream import TarStream
 
 __all__: list[str] = []  # internal: tarindex.mix and tarindex.Mix are the public names
@@ -49,20 +50,20 @@ def mix(
         seed: fixes the draws (with the epoch, rank and worker).
         stop: ``"first"``: the epoch ends when any source runs out; ``"all"``: a source that runs
             out leaves the draw (the others' weights renormalised) until all have; ``"never"``: a
-            source that runs out starts its epoch again (small sources repeat), so the mix never
-            ends unless ``epoch_size`` is set.
+            source that runs out starts its epoch again (small sources repeat); it needs ``epoch_size``.
         epoch_size: samples per rank per epoch (split over its DataLoader workers, as
             :class:`~tarindex.TarStream`'s), ``None``: as ``stop`` says.
 
     Raises:
         ValueError: no sources, a weight count that differs from the sources', a negative weight,
             weights that are all zero, a bad ``stop``.
-        OptionError: ``epoch_size`` below 1 (:class:`~tarindex.errors.OptionTypeError`: not an integer).
+        OptionError: ``epoch_size`` below 1, or ``None`` with ``stop="never"`` (:class:`~tarindex.errors.OptionTypeError`:
+            not an integer; a source that is not a :class:`~tarindex.TarStream`).
     """
     return Mix(sources, weights, seed=seed, stop=stop, epoch_size=epoch_size)
 
 
-class Mix(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class Mix(IterableDataset):  # type: ignore[type-arg]
     """The iterable :func:`mix` returns (see there); ``set_epoch``, ``state_dict``, ``load_state_dict``."""
 
     def __init__(
@@ -77,6 +78,14 @@ class Mix(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         super().__init__()
         if not sources:
             raise ValueError("mix needs at least one source")
+        for k, source in enumerate(sources):
+            if not isinstance(source, TarStream):
+                raise OptionTypeError(
+                    f"mix: source {k} is a path, not a TarStream; to mix shards by name, wrap them: "
+                    f"tarindex.TarStream({os.fspath(source)!r})"
+                    if isinstance(source, (str, os.PathLike))
+                    else f"mix: source {k} must be a TarStream, not {_args.given(source)}"
+                )
         w = [1.0] * len(sources) if weights is None else [float(x) for x in weights]
         if len(w) != len(sources):
             raise ValueError(f"{counted(len(w), 'weight')} for {counted(len(sources), 'source')}")
@@ -85,6 +94,12 @@ class Mix(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         if stop not in _STOPS:
             raise ValueError(f"stop must be one of {_STOPS}, not {stop!r}")
         epoch_size = _args.count(epoch_size, "epoch_size", means="samples per rank per epoch", none="as stop says")
+        if stop == "never" and epoch_size is None:
+            raise OptionError(
+                "mix: stop='never' needs epoch_size (samples per rank per epoch): without it the mix never ends, "
+                "and no epoch, DataLoader pass or resume point does either; to train by steps, pass "
+                "epoch_size = steps per epoch x batch size (as MixSampler's num_samples)"
+            )
         self.sources = list(sources)
         self.weights = w
         self.seed = seed

@@ -38,6 +38,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from . import _args
 from ._split import Draws, pick, stream_key
 from ._state import EPOCHS, MAX_COUNT, MAX_READERS, check_header, flag, flags, header, integer, integers, required, same
 from .errors import SamplerStateError, StateError, counted
@@ -284,6 +285,7 @@ class ShardSampler:
         block_samples: int | None = None,
         elastic: bool = False,
     ) -> None:
+        _args.map_style(dataset, call="ShardSampler")
         if block_samples is None:
             block_samples = max(1, int(getattr(dataset, "samples_per_frame", 1)))
         if num_replicas is None or rank is None:

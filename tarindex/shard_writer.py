@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, Literal, NoReturn
 
 import zstandard
 
+from . import _args
 from ._atomic import AtomicFile
 from .compression import HEAD_BYTES, codec_of
 from .errors import CorruptArchiveError, ShardNotFoundError
@@ -261,7 +262,7 @@ class ShardWriter:
     ) -> None:
         if compress not in ("zstd", None):
             raise ValueError(f"compress must be 'zstd' or None, got {compress!r}")
-        self.pattern = os.fspath(pattern)
+        self.pattern = _args.shard_pattern(pattern)
         self.maxcount = maxcount
         self.maxsize = maxsize
         self.compress = compress

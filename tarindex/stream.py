@@ -4,7 +4,8 @@ The same parser as the index builder (:func:`tarindex.tar.iter_tar` over the
 chunks of a :mod:`tarindex.sources` source, zstd decompressed on the way; a
 local plain tar is read with ``pread``), the same grouping
 (:func:`tarindex.grouping.iter_samples`) and the same decoders as
-:class:`tarindex.TarDataset`. Importing this module imports torch.
+:class:`tarindex.TarDataset`. Importing this module imports torch where it is installed (:mod:`tarindex._iterable`);
+it works without it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-import torch.utils.data
-
 from . import _args
+from ._iterable import IterableDataset
 from ._process import FORK
 from ._split import (
     AFTER,
@@ -34,6 +34,7 @@ from ._split import (
     shard_order,
     shards_for_slot,
     stream_key,
+    worker_info,
     worker_slot,
 )
 from ._state import EPOCHS, SharedEpoch, check_header, header, integer, slot_of, stream_states
@@ -119,7 +120,7 @@ def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] |
 def read_ahead_for(url: str, read_ahead: int | None) -> int | None:
     """The read-ahead a shard gets: ``read_ahead`` if given; else 0 for a local file read in a
     DataLoader worker (the workers already use the cores), else ``None`` (the source's default, 8)."""
-    if read_ahead is None and not is_url(url) and torch.utils.data.get_worker_info() is not None:
+    if read_ahead is None and not is_url(url) and worker_info() is not None:
         return 0
     return read_ahead
 
@@ -240,7 +241,7 @@ class _MapTuple:
         return tuple(x if f is None else f(x) for f, x in zip(self.fns, sample))
 
 
-class TarStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class TarStream(IterableDataset):  # type: ignore[type-arg]
     """Stream samples from tar shards, once each per epoch, split over ranks and DataLoader workers.
 
     Yields the sample dicts of :class:`tarindex.TarDataset`: ``__key__``,

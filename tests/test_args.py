@@ -68,3 +68,74 @@ def test_a_dataset_or_a_number_is_not_a_shard_list(impl: str, index: Path) -> No
         with pytest.raises(OptionTypeError, match=rf"urls must be shard names: a path, URL or pattern \(str\), or a list of them, e\.g\. .*, not {shown}$"):
             TarStream(bad)  # type: ignore[arg-type]
     assert len(list(TarStream(str(index)))) == len(list(TarStream(ds.index))) == 6  # what the message says to pass works
+
+
+def test_every_public_constructor_refuses_a_number_for_shards(impl: str, index: Path, tmp_path: Path) -> None:
+    for call, make in [
+        ("TarDataset", lambda: TarDataset(123)),  # type: ignore[arg-type]
+        ("build_index", lambda: build_index(123)),  # type: ignore[arg-type]
+        ("TarStream", lambda: TarStream(123)),  # type: ignore[arg-type]
+    ]:
+        with pytest.raises(OptionTypeError, match=rf"must be shard names: a path, URL or pattern \(str\), or a list of them, e\.g\. {call}\('data/train-\{{000000\.\.000099\}}\.tar'\), not int 123$"):
+            make()
+    with pytest.raises(OptionError, match=r"^TarStream: urls is empty: no shards to read$"):
+        TarStream([])
+    with pytest.raises(OptionError, match=r"^TarDataset: source is empty: no shards to read$"):
+        TarDataset([])
+
+
+def test_a_sample_index_and_a_key_are_told_apart(impl: str, index: Path) -> None:
+    ds = TarDataset(index)
+    key = ds.keys()[1]
+    with pytest.raises(OptionTypeError, match=rf"a sample index must be an integer from 0 to len\(ds\) - 1, not str '{key}'; to read the sample with key '{key}', use ds\.get\('{key}'\)$") as caught:
+        ds[key]  # type: ignore[index]
+    assert isinstance(caught.value, TypeError)
+    with pytest.raises(OptionTypeError, match=r"a sample index must be an integer from 0 to len\(ds\) - 1, not float 1\.0$"):
+        ds[1.0]  # type: ignore[index]
+    with pytest.raises(OptionTypeError, match=r"a sample key must be a string \(the member names' stem, e\.g\. '000123'\), not int 1; to read sample number 1, use ds\[1\]$"):
+        ds.get(1)  # type: ignore[arg-type]
+    assert ds.get(key)["__key__"] == ds[1]["__key__"] == ds[np.int64(1)]["__key__"] == key  # what the messages say to write works
+    assert ds[1]["__key__"] == key  # the refusal left the reader as it was
+
+
+def test_a_sampler_is_given_a_dataset_not_a_stream(index: Path) -> None:
+    with pytest.raises(OptionTypeError, match=r"ShardSampler samples a map-style dataset \(a TarDataset, or a ConcatDataset of them\), not a TarStream: a stream splits"):
+        tarindex.ShardSampler(TarStream(index), num_replicas=1, rank=0)  # type: ignore[arg-type]
+    with pytest.raises(OptionTypeError, match=r"ShardSampler needs a dataset with shard_sizes \(a TarDataset\), not list \[1, 2\]$"):
+        tarindex.ShardSampler([1, 2], num_replicas=1, rank=0)  # type: ignore[arg-type]
+    assert len(tarindex.ShardSampler(TarDataset(index), num_replicas=1, rank=0)) == 6
+
+
+def test_shard_writer_pattern_must_number_the_shards(tmp_path: Path) -> None:
+    with pytest.raises(OptionError, match=r"ShardWriter pattern '.*/out\.tar' must hold one %-format for the shard number, e\.g\. 'out/train-%06d\.tar' \(a literal % is written %%\)"):
+        tarindex.ShardWriter(str(tmp_path / "out.tar"))
+    with pytest.raises(OptionError, match=r"ShardWriter pattern 'a-%d-%d\.tar' must hold one %-format"):
+        tarindex.ShardWriter("a-%d-%d.tar")
+    with pytest.raises(OptionTypeError, match=r"ShardWriter pattern must be a path with a %-format for the shard number, e\.g\. 'out/train-%06d\.tar', not int 5$"):
+        tarindex.ShardWriter(5)  # type: ignore[arg-type]
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+    with tarindex.ShardWriter(str(tmp_path / "ok-%06d.tar")) as sink:
+        sink.write({"__key__": "a", "txt": b"x"})
+    assert [p.name for p in tmp_path.iterdir()] == ["ok-000000.tar"]
+
+
+def test_mix_takes_streams_and_an_end(index: Path) -> None:
+    with pytest.raises(OptionTypeError, match=rf"mix: source 0 is a path, not a TarStream; to mix shards by name, wrap them: tarindex\.TarStream\('{index}'\)$"):
+        tarindex.mix([str(index), TarStream(index)])
+    with pytest.raises(OptionTypeError, match=r"mix: source 1 must be a TarStream, not int 3$"):
+        tarindex.mix([TarStream(index), 3])  # type: ignore[list-item]
+    with pytest.raises(OptionError, match=r"mix: stop='never' needs epoch_size \(samples per rank per epoch\)"):
+        tarindex.mix([TarStream(index)], stop="never")
+    assert len(list(tarindex.mix([TarStream(index)], stop="never", epoch_size=9))) == 9
+
+
+def test_build_and_merge_refuse_what_the_cli_refuses(index: Path, tmp_path: Path) -> None:
+    shards = sorted(str(p) for p in index.parent.glob("*.tar"))
+    with pytest.raises(OptionError, match=r"workers must be an integer >= 1 \(local scan processes\) or None \(one per CPU\), not 0$"):
+        build_index(shards, index=tmp_path / "w.tarindex", workers=0)
+    with pytest.raises(OptionError, match=r"^merge_indexes: parts is empty: no indexes to merge$"):
+        tarindex.merge_indexes([], tmp_path / "m.tarindex")
+    with pytest.raises(OptionTypeError, match=r"merge_indexes: parts must be a list of index paths"):
+        tarindex.merge_indexes(str(index), tmp_path / "m.tarindex")  # type: ignore[arg-type]
+    assert not (tmp_path / "m.tarindex").exists() and not (tmp_path / "w.tarindex").exists()
+    assert build_index(shards, index=tmp_path / "w.tarindex", workers=1).path.is_file()

@@ -40,7 +40,7 @@ def _mix(sets: list[list[str]], **kw: object) -> tarindex.Mix:
 def test_proportions_within_a_binomial_bound(sets: list[list[str]]) -> None:
     n = 100_000
     weights = (0.5, 0.3, 0.2)
-    got = Counter(s["__url__"].split("/")[-2] for s in itertools.islice(_mix(sets, weights=weights, seed=3, stop="never"), n))
+    got = Counter(s["__url__"].split("/")[-2] for s in itertools.islice(_mix(sets, weights=weights, seed=3, stop="never", epoch_size=n), n))
     for name, p in zip("abc", weights):
         assert abs(got[name] - n * p) <= 5 * math.sqrt(n * p * (1 - p)), (name, got)
 
@@ -57,7 +57,7 @@ def test_stop_rules(sets: list[list[str]]) -> None:
     first = Counter(_source(s).split("/")[0] for s in _mix(sets, stop="first"))
     assert max(first["a"] / 120, first["b"] / 40, first["c"] / 10) == 1.0  # stopped when one source ran out
     assert sum(first.values()) < 170
-    never = [_source(s) for s in itertools.islice(_mix(sets, stop="never"), 600)]
+    never = [_source(s) for s in itertools.islice(_mix(sets, stop="never", epoch_size=600), 600)]
     assert Counter(x.split("/")[0] for x in never)["c"] > 10  # the small source repeats
     assert len(list(_mix(sets, stop="never", epoch_size=77))) == 77
 

@@ -726,3 +726,23 @@ def test_tardataset_over_pipe_shards_says_random_access_is_unsupported(shards: l
         ds[0]
     assert [s["__index__"] for s in TarStream(index, allow_commands=True)] == list(range(7))  # streaming it works
 
+
+
+def test_streaming_and_mixing_work_without_torch(tmp_path: Path) -> None:
+    """A process where torch cannot be imported streams, mixes and batches (torch is optional)."""
+    shards = [str(p) for p in make_shard_set(tmp_path / "d", n_shards=2, per=3)]
+    code = f"""
+import sys
+sys.modules["torch"] = None  # import torch raises ModuleNotFoundError, as where it is not installed
+import tarindex
+shards = {shards!r}
+stream = tarindex.TarStream(shards, shuffle=4, seed=1)
+keys = sorted(s["__key__"] for s in stream)
+mixed = list(tarindex.mix([tarindex.TarStream(shards[:1]), tarindex.TarStream(shards[1:])], stop="all"))
+batches = list(tarindex.TarStream(shards).batched(4))
+assert "torch" not in [m.split(".")[0] for m in sys.modules if sys.modules[m] is not None]
+print(len(keys), len(set(keys)), len(mixed), [len(b["__key__"]) for b in batches])
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["6", "6", "6", "[4,", "2]"]
