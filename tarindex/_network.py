@@ -660,8 +660,10 @@ class RangeReader:
         elif first.status == 200:  # no Range support: read_at will say so; the body (the whole shard) is not read
             length = first.getheader("Content-Length")
             self.size = int(length) if length and length.isdigit() else -1
+            first.close()  # the response holds the socket too: both closed, or it outlives the connection
             conn.close()
         else:
+            first.close()
             conn.close()
             raise http_status_error(self.url, first.status, first.reason, first.getheader("Retry-After"), 0)
         return first
@@ -755,6 +757,7 @@ class RangeReader:
         try:
             data = resp.read()
         except BaseException:
+            resp.close()
             conn.close()
             raise
         if resp.status == 206:

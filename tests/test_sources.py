@@ -179,6 +179,7 @@ def test_a_fifo_in_a_shards_place_is_refused_not_waited_on(tmp_path: Path, impl:
     from click.testing import CliRunner
 
     import tarindex
+    import tarindex.stream  # loaded before the time bound: what it bounds is the opens, not an import of torch
     from tarindex.cli.main import main
 
     paths = make_shard_set(tmp_path / "d", n_shards=3, per=4)
