@@ -13,24 +13,26 @@ from . import _args
 from ._native import SPEEDUPS
 from ._process import FORK
 from ._readcheck import check_sample
+from .access.codecs import Indexed, ZstdCache
+from .access.handles import HandleTable
+from .access.open import OpenOptions, open_random
+from .access.reader import RandomReader
 from .decode import DecodeMode, Decoder, Image, failure
 from .errors import (
     CorruptArchiveError,
     DecodeError,
     IndexFormatError,
     IndexNotFoundError,
-    RandomAccessError,
     SampleNotFoundError,
-    ShardNotFoundError,
     StaleIndexError,
     TarIndexError,
     counted,
     shown,
 )
-from .identity import Check, Checked, check_shard, open_shard
+from .identity import Check, Checked
 from .index.reader import IndexReader
+from .naming import ShardNames
 from .objstore import is_remote_reader, read_many
-from .opener import ShardNames, ShardOpener, open_gzip_shard, open_url, open_zstd_shard
 from .options import SourceOptions
 from .tar import global_records
 from .view import View, find_index, view_of
@@ -43,7 +45,6 @@ log = logging.getLogger("tarindex")
 
 OnError = Literal["raise", "skip"]
 
-_pread = os.pread
 _ATTACH = threading.Lock()  # attaching (the first read of a dataset in a process), across threads
 
 
@@ -226,8 +227,9 @@ class TarDataset:
         ix = self.index
         self._blocks = ix.blocks()  # keeps the index's map open while this process reads from it
         self._exts = ix.exts
-        self._opener = ShardOpener(len(self.urls), self._open_handle, self.max_open_files)
+        self._opener = HandleTable(len(self.urls), self._open_handle, self.max_open_files)
         self._checked = Checked(len(self.urls))
+        self._open_options = OpenOptions(self.options, self.verify, ZstdCache(self.zstd_cache_dir, self.zstd_cache_bytes))
         self._global_walks: dict[int, tuple[int, list[tuple[int, dict[str, str]]]]] = {}  # see _globals_at
         self._fast: Any = None
         if _speedups is not None:
@@ -250,38 +252,8 @@ class TarDataset:
         self.read = self._fast.read if self._fast is not None else self._read_py  # type: ignore[method-assign]
         self._choose_item()
 
-    def _open_handle(self, shard: int) -> Any:
-        path = self.urls[shard]
-        fd = self._checked.reopen(path, shard)  # a plain local shard checked before, unchanged since
-        if fd is not None:
-            return fd
-        info = self.index.shards[shard]
-        if info.kind == "command":  # never run from here: a command's output has no random access
-            raise RandomAccessError(
-                path, "a command's output cannot be read at random; stream the index with TarStream(..., allow_commands=True)"
-            )
-        if info.kind == "url":  # an index built from URLs: ranged requests (tarindex.objstore)
-            points = self.index.gzip_points(shard) if info.compression == "gzip" else None
-            return open_url(path, info, self.index.frame_table(shard), self.options, points=points, index=self.index_path)
-        try:
-            fd, st = open_shard(path)
-        except FileNotFoundError as exc:
-            raise ShardNotFoundError(f"{path}: shard named by {self.index_path} is missing") from exc
-        try:
-            mtime_ns = check_shard(path, fd, info, check=self.verify, st=st)
-        except BaseException:
-            os.close(fd)
-            raise
-        if info.compression is None:
-            self._checked.remember(shard, info.size, mtime_ns)
-        handle: Any = fd
-        if info.compression == "gzip":
-            return open_gzip_shard(path, fd, self.index.gzip_points(shard), size=info.size, index=self.index_path)
-        if info.compression == "zstd":
-            handle = open_zstd_shard(
-                path, fd, info, self.index.frame_table(shard), cache_dir=self.zstd_cache_dir, cache_bytes=self.zstd_cache_bytes
-            )
-        return handle
+    def _open_handle(self, shard: int) -> RandomReader:
+        return open_random(self.urls[shard], Indexed(self.index, shard), self._open_options, checked=self._checked)
 
     def close(self) -> None:
         """Close this process's shard files (they reopen on demand); a file being read closes when its read ends."""
@@ -337,7 +309,7 @@ class TarDataset:
         opener = self._opener
         handle = opener.acquire(shard)  # counted: no other thread closes it under this read
         try:
-            buf = _pread(handle, size, offset) if type(handle) is int else handle.read_at(offset, size)
+            buf = handle.read_at(offset, size)
         finally:
             opener.release(shard)
         return self._sample(i, buf, offset, size, shard, members, key)
@@ -395,8 +367,7 @@ class TarDataset:
             handle = self._opener.acquire(shard)
             try:
                 step = 1 << 20
-                read = (lambda at, n: _pread(handle, n, at)) if type(handle) is int else handle.read_at
-                chunks = (read(at, min(step, offset - at)) for at in range(0, offset, step))
+                chunks = (handle.read_at(at, min(step, offset - at)) for at in range(0, offset, step))
                 found = global_records(chunks, self.urls[shard])
             finally:
                 self._opener.release(shard)

@@ -19,7 +19,7 @@ from ._atomic import atomic_write
 from .errors import ExportError, shown
 from .index.merge import relative_path
 from .index.reader import IndexReader
-from .opener import shard_name
+from .naming import shard_name
 from .view import find_index
 
 __all__ = ["export_dali", "export_wids"]

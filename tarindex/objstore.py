@@ -269,6 +269,10 @@ class ObjectReader:
         """:meth:`read_at` in an event loop."""
         return await self.policy.call_async(lambda: self._get_async(offset, size), self.url, offset, size)
 
+    def fileno(self) -> None:
+        """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
+        return None
+
     def close(self) -> None:
         """Nothing to close: stores are shared per process."""
 
@@ -328,6 +332,10 @@ class FsspecReader:
         if size <= 0:
             return b""
         return self.policy.call(lambda: self._cat(offset, size), self.url, offset, size)
+
+    def fileno(self) -> None:
+        """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
+        return None
 
     def close(self) -> None:
         """Nothing to close: fsspec caches its filesystems per process."""

@@ -154,6 +154,8 @@ class ZstdShardReader:
         self._c_size = frames[:, 1].tolist()
         self._d_off = frames[:, 2].tolist()
         self._d_size = frames[:, 3].tolist()
+        self.size = int(frames[-1, 2] + frames[-1, 3]) if len(frames) else 0
+        """The decompressed size in bytes (the frame table's end)."""
         self._source: ReadAt | None = None
         self._key: tuple[Any, ...]
         if isinstance(source, int):
@@ -240,6 +242,10 @@ class ZstdShardReader:
             parts.append(data[:need])
             need -= len(parts[-1])
         return b"".join(parts)
+
+    def fileno(self) -> None:
+        """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
+        return None
 
     def close(self) -> None:
         """Close the shard file or handle."""
