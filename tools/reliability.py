@@ -114,15 +114,19 @@ def names(root: Path) -> Iterator[tuple[str, Callable[[], bool]]]:
             yield f"TarStream(glob) {name!r}", lambda e=expected, p=pattern: stream_all(tarindex.TarStream(p)) == e  # type: ignore[misc]
 
 
-def edit_meta(index: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+def edit_shard(index: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    """The first shard record of ``index`` changed by ``edit`` and sealed again (its checksum recomputed)."""
     import lmdb
 
+    from tarindex.index.format import SHARDS_PREFIX, numbered, seal, unseal
+
+    key = numbered(SHARDS_PREFIX, 0)
     env = lmdb.open(str(index), subdir=False, lock=False)
     try:
         with env.begin(write=True) as txn:
-            meta = json.loads(bytes(txn.get(b"meta")))
-            edit(meta)
-            txn.put(b"meta", json.dumps(meta).encode())
+            records = json.loads(bytes(unseal(txn.get(key), key, str(index))))
+            edit(records[0])
+            txn.put(key, seal(key, json.dumps(records).encode()))
     finally:
         env.close()
 
@@ -160,14 +164,14 @@ def index_meta(root: Path) -> Iterator[tuple[str, Callable[[], bool]]]:
         s = shard(d / "a-000000.tar", "a")
         index = tarindex.build_index([str(s)], index=d / "a.tarindex", workers=1).path
 
-        def apply(meta: dict[str, Any], change: dict[str, Any] = change) -> None:
+        def apply(record: dict[str, Any], change: dict[str, Any] = change) -> None:
             for key, value in change.items():
                 if value is None:
-                    meta["shards"][0].pop(key, None)
+                    record.pop(key, None)
                 else:
-                    meta["shards"][0][key] = value
+                    record[key] = value
 
-        edit_meta(index, apply)
+        edit_shard(index, apply)
         expected = oracle([str(root / "outside.tar" if change.get("outside") else s)])  # built outside: it names that file
         yield f"TarDataset, {what}", lambda i=index, e=expected, d=d: read_all(tarindex.TarDataset(i, zstd_cache_dir=d / "cache")) == e  # type: ignore[misc]
         yield f"TarStream, {what}", lambda i=index, e=expected: stream_all(tarindex.TarStream(i)) == e  # type: ignore[misc]
