@@ -1,10 +1,10 @@
-"""Types of the optional C extension (tarindex/_speedups.c, _tarscan.c, _zstdread.c).
+"""Types of the optional C extension (tarindex/_speedups.c, _batchio.c, _tarscan.c, _zstdread.c).
 
 Checked against the compiled module by tests/test_native.py (every name, and the number of arguments of
 every function and method); tarindex._native states what Python needs from each type as a Protocol.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 def init(*, index_format_error: type[Exception]) -> None:
@@ -23,7 +23,7 @@ class Reader:
         n: int,
         exts: tuple[str, ...],
         urls: list[str | None],  # shard names, None until resolved (the read goes to fallback, which resolves it)
-        opener: Any,  # tarindex.opener.ShardOpener: tables fds, handles, busy; open(shard), reap()
+        opener: Any,  # tarindex.access.handles.HandleTable: tables fds, handles, busy; open(shard), reap()
         fallback: Callable[[int], dict[str, Any]],
         error: Callable[[str, int, str], BaseException],
         fork: list[int],  # tarindex._process.FORK: a reader made in another generation hands reads to fallback
@@ -32,6 +32,7 @@ class Reader:
         /,
     ) -> None: ...
     def read(self, i: int, /) -> dict[str, Any]: ...
+    def read_batch(self, indices: Sequence[int], max_in_flight: int, coalesce_gap: int, /) -> list[dict[str, Any]]: ...
 
 class Packer:
     """Tables mode: ``Packer(sample_key, duplicate)``; sample-dict mode: ``Packer(sample_key, duplicate, url, index)``."""
