@@ -12,11 +12,40 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .errors import IndexFormatError
 
-__all__ = ["SPEEDUPS", "FrameCacheC", "PackerC", "ReaderC", "Speedups", "ZstdReaderC"]
+__all__ = ["SPEEDUPS", "FrameCacheC", "PackerC", "ReaderC", "ReaderConfig", "Speedups", "ZstdReaderC"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderConfig:
+    """What the C ``Reader`` is made from (``Reader(config)``; it reads each field once, at construction)."""
+
+    blocks: Any
+    """The index's record blocks: ``blocks(b)`` is block ``b``'s payload (index/records.py)."""
+    block_samples: int
+    """Samples per record block."""
+    n_samples: int
+    """Samples of the index."""
+    exts: tuple[str, ...]
+    """The index's extensions, by number."""
+    names: list[str | None]
+    """Shard names, ``None`` until resolved (a read of such a shard goes to ``fallback``, which resolves it)."""
+    handles: Any
+    """The :class:`tarindex.access.handles.HandleTable`: tables ``fds``, ``handles``, ``busy``; ``open``, ``reap``."""
+    fallback: Callable[[int], dict[str, Any]]
+    """The Python read of one sample: every read the C reader does not accept goes there."""
+    error: type[BaseException]
+    """The error of a short read (``CorruptArchiveError``)."""
+    fork: list[int]
+    """:data:`tarindex._process.FORK`: a reader made in another generation hands its reads to ``fallback``."""
+    runs: tuple[bytes, bytes] | None = None
+    """A view's runs (``view.View.runs()``); ``None``: every sample of the index."""
+    guard: Any = None
+    """The index's ``BlockSource``: ``check()``, ``check_seconds``, ``check_every``, per-shard ``bounds``."""
 
 
 class ReaderC(Protocol):

@@ -15,22 +15,15 @@ def scan_headers(
 ) -> tuple[list[tuple[str, int, int, int, bytes | None]], int, int, int]: ...
 def _libzstd(on: bool = ..., /) -> bool: ...
 
+BLOCK_HEAD: int  # a record block's header (index/records.py HEADER.size)
+READER_MAX_MEMBERS: int  # members of a sample the C reader reads; a sample with more goes to the Python path
+TAR_BLOCK: int  # tarindex.tar.BLOCK
+TAR_MAX_SIZE: int  # tarindex.tar.MAX_MEMBER_SIZE
+TAR_WINDOW_LARGE: int  # tarindex.tar._WINDOW
+TAR_WINDOW_SMALL: int  # tarindex.tar._SMALL_WINDOW
+
 class Reader:
-    def __init__(
-        self,
-        blocks: Any,  # the index's record blocks (index/records.py: one LMDB value per block of samples)
-        per: int,  # samples per block
-        n: int,
-        exts: tuple[str, ...],
-        urls: list[str | None],  # shard names, None until resolved (the read goes to fallback, which resolves it)
-        opener: Any,  # tarindex.access.handles.HandleTable: tables fds, handles, busy; open(shard), reap()
-        fallback: Callable[[int], dict[str, Any]],
-        error: Callable[[str, int, str], BaseException],
-        fork: list[int],  # tarindex._process.FORK: a reader made in another generation hands reads to fallback
-        view: tuple[bytes, bytes] | None = ...,  # tarindex.view.View.runs(): run_view, run_index (uint64); None: every sample
-        guard: Any = ...,  # index/reader.py BlockSource: check(), check_seconds, check_every, bounds (u64 per shard), bound(shard)
-        /,
-    ) -> None: ...
+    def __init__(self, config: Any, /) -> None: ...  # a tarindex._native.ReaderConfig
     def read(self, i: int, /) -> dict[str, Any]: ...
     def read_batch(self, indices: Sequence[int], max_in_flight: int, coalesce_gap: int, /) -> list[dict[str, Any]]: ...
 

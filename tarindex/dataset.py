@@ -9,9 +9,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from . import _args
+from . import _args, _native
 from ._localbatch import read_ranges
-from ._native import SPEEDUPS
 from ._process import FORK
 from ._readcheck import check_sample
 from .access.codecs import Indexed, ZstdCache
@@ -37,8 +36,6 @@ from .objstore import is_remote_reader, read_many
 from .options import SourceOptions
 from .tar import global_records
 from .view import View, find_index, view_of
-
-_speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
 
 __all__ = ["TarDataset"]
 
@@ -235,19 +232,22 @@ class TarDataset:
         self._global_walks: dict[int, tuple[int, list[tuple[int, dict[str, str]]]]] = {}  # see _globals_at
         self._modes = bytearray(len(self.urls))  # per shard: how a batch reads it (_localbatch)
         self._fast: Any = None
-        if _speedups is not None:
-            self._fast = _speedups.Reader(
-                self._blocks.payload,
-                self._blocks.block_samples,
-                ix.n_samples,
-                tuple(self._exts),
-                self.urls.names,  # None until a shard is first read (the C reader hands such a read to _read_py)
-                self._opener,
-                self._read_py,
-                CorruptArchiveError,
-                FORK,
-                self._map.runs() if self._map is not None else None,
-                self._blocks,  # the guard: the index file checked again as blocks are held, records against their shard
+        speedups = _native.SPEEDUPS  # the C read path, or None; the Python path (_read_py) is the reference
+        if speedups is not None:
+            self._fast = speedups.Reader(
+                _native.ReaderConfig(
+                    blocks=self._blocks.payload,
+                    block_samples=self._blocks.block_samples,
+                    n_samples=ix.n_samples,
+                    exts=tuple(self._exts),
+                    names=self.urls.names,  # None until a shard is first read (the C reader hands such a read to _read_py)
+                    handles=self._opener,
+                    fallback=self._read_py,
+                    error=CorruptArchiveError,
+                    fork=FORK,
+                    runs=self._map.runs() if self._map is not None else None,
+                    guard=self._blocks,  # the index file checked again as blocks are held, records against their shard
+                )
             )
         self._gen = FORK[0]
         # The hot path: this instance's `read` is the reader's own method, not the class's wrapper. Both

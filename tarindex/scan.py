@@ -23,7 +23,7 @@ from .errors import (
     IndexFormatError,
     ShardNotFoundError,
 )
-from .grouping import Packer, SampleRecord, new_packer, pack_samples
+from .grouping import Packer, new_packer
 from .gzip import decompress_gzip
 from .gzip_random import decompress_indexed
 from .options import SourceOptions
@@ -106,10 +106,6 @@ def table_from_entries(entries: Iterable[Entry], path: str) -> ShardTable:
     for name, header_offset, offset, size, _ in entries:
         packer.add(name, header_offset, offset, size)
     return ShardTable.from_columns(packer.finish())
-
-def table_from_samples(samples: Iterable[SampleRecord]) -> ShardTable:
-    """Pack sample records into arrays."""
-    return ShardTable.from_columns(pack_samples(samples))
 
 
 # -- archives: raw chunks -> tar chunks --------------------------------------------

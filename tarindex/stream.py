@@ -61,7 +61,7 @@ from .naming import check_commands, shard_name
 from .options import SourceOptions
 from .scan import archive
 from .shards import INDEX_SUFFIX, expand_shards, shard_kind
-from .sources import DEFAULT_BLOCK_SIZE, FileSource, is_url, open_source
+from .sources import FileSource, is_url, open_source
 from .tables import ShardInfo
 from .tar import DirectArchive
 
@@ -257,12 +257,14 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
             good sample between them, in one worker) raise the last one; ``None``: no limit.
         rank: overrides ``torch.distributed`` / ``RANK``.
         world_size: overrides ``torch.distributed`` / ``WORLD_SIZE``.
-        block_size: bytes per read.
-        retries: network retries without progress.
-        backoff: first backoff in seconds (doubled each time).
-        timeout: socket timeout in seconds.
-        storage_options: client options of object stores and fsspec filesystems (docs/remote.md).
-        headers: extra HTTP(S) request headers (e.g. ``{"Authorization": "Bearer ..."}``).
+        options: how shards are read (:class:`~tarindex.options.SourceOptions`: block size, retries,
+            timeouts, headers, storage options), as ``TarDataset`` and ``build_index`` take them.
+        block_size: overrides ``options.block_size`` (bytes per read).
+        retries: overrides ``options.retries`` (network retries without progress).
+        backoff: overrides ``options.backoff`` (first backoff in seconds, doubled each time).
+        timeout: overrides ``options.timeout`` (socket timeout in seconds).
+        storage_options: overrides ``options.storage_options`` (object stores, fsspec; docs/remote.md).
+        headers: overrides ``options.headers`` (extra HTTP(S) request headers, e.g. ``{"Authorization": "Bearer ..."}``).
         read_ahead: blocks a reader thread keeps ready ahead of the parser (0: read in the
             parser's thread), for sources read in blocks. Default: 8 for network sources; for
             local zstd files 8 in the main process and 0 in DataLoader workers, where the workers
@@ -309,10 +311,11 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         handler: Handler = "raise",
         rank: int | None = None,
         world_size: int | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        retries: int = 5,
-        backoff: float = 0.5,
-        timeout: float = 60.0,
+        options: SourceOptions | None = None,
+        block_size: int | None = None,
+        retries: int | None = None,
+        backoff: float | None = None,
+        timeout: float | None = None,
         storage_options: Mapping[str, Any] | None = None,
         read_ahead: int | None = None,
         allow_commands: bool = False,
@@ -349,14 +352,9 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         self._errors = 0  # errors handled in a row, in this process
         self.rank = rank
         self.world_size = world_size
-        self._source_options: dict[str, Any] = {
-            "block_size": block_size,
-            "retries": retries,
-            "backoff": backoff,
-            "timeout": timeout,
-            "storage_options": dict(storage_options or {}),
-            "headers": dict(headers or {}),
-        }
+        self.options = SourceOptions.given(options, storage_options=storage_options, headers=headers).with_(
+            block_size=block_size, retries=retries, backoff=backoff, timeout=timeout
+        )
         self.read_ahead = read_ahead
         self.batching: tuple[int, Callable[[list[Any]], Any] | None, bool] | None = None
         self._pending: list[dict[str, Any]] | None = None  # loaded states, used by the next iteration of their epoch
@@ -458,7 +456,7 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         """``(sample offset, raw sample)`` for one shard, in archive order."""
         url = self.urls[shard]
         index = self._starts[shard] if self._starts is not None else None
-        source = open_source(url, **self._source_options, read_ahead=read_ahead_for(url, self.read_ahead))
+        source = open_source(url, options=self.options, read_ahead=read_ahead_for(url, self.read_ahead))
         try:
             if self._infos is not None:  # from an index: its sample numbers hold only for the indexed shard
                 if isinstance(source, FileSource):
@@ -612,16 +610,7 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         return Indexed(self._index_reader, shard)
 
     def _open_options(self) -> OpenOptions:
-        opts = self._source_options
-        source = SourceOptions(
-            block_size=opts["block_size"],
-            retries=opts["retries"],
-            backoff=opts["backoff"],
-            timeout=opts["timeout"],
-            headers=opts["headers"],
-            storage_options=opts["storage_options"],
-        )
-        return OpenOptions(source)
+        return OpenOptions(self.options)
 
     def _close_readers(self) -> None:
         readers, self._readers = self._readers, {}
@@ -647,7 +636,7 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         numbered: Iterator[tuple[int, tuple[int, Sample]]]
         if reader is not None:
             index = None if first_index is None else first_index + ordinal
-            block = self._source_options["block_size"]
+            block = self.options.block_size
             chunks = _chunks_at(reader, offset, block)
             walk = iter_samples(chunks, url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end)
             numbered = enumerate(((offset + off, sample) for off, sample in walk), ordinal)

@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _servers import S3Server
+from test_hub import repo  # noqa: F401  # the fixture: a repository on the local Hub server
+from test_objstore import _client, s3_env  # noqa: F401  # the fixture: moto's S3 in the standard environment
 
 from conftest import make_shard_set, tarfile_members
 from tarindex import TarDataset, TarStream, build_index, verify_index
@@ -16,6 +19,7 @@ from tarindex.access.codecs import CODECS, Indexed, codec
 from tarindex.access.reader import LocalReader, RandomReader
 from tarindex.errors import RandomAccessError, ShardNotFoundError
 from tarindex.index.reader import IndexReader
+from tarindex.options import SourceOptions
 from tarindex.shard_writer import compress_shard
 
 pytestmark = pytest.mark.usefixtures("impl")  # every test on both backends
@@ -104,3 +108,43 @@ def test_codecs_are_one_table_and_an_unindexed_shard_is_read_by_its_first_bytes(
         opening.open_random("pipe:cat x", None, opening.OpenOptions())
     with pytest.raises(ShardNotFoundError, match="missing"):
         opening.open_random(str(tmp_path / "none.tar"), None, opening.OpenOptions())
+
+
+@pytest.mark.parametrize("store", ["s3", "hub"])
+def test_a_stream_of_remote_shards_resumes_mid_shard_by_random_reads(
+    store: str, request: pytest.FixtureRequest, tmp_path: Path, opened: list[str]
+) -> None:
+    """Streaming an index of object-store or hub shards, a resumed shard is entered at its saved offset by
+    ranged reads (open_random), as TarDataset reads it, not read again from byte 0."""
+    if store == "s3":
+        s3: S3Server = request.getfixturevalue("s3_env")
+        paths = make_shard_set(tmp_path / "src", n_shards=2, per=8)
+        names = []
+        for p in paths:
+            key = f"access/{tmp_path.name}/{p.name}"
+            _client(s3).put_object(Bucket=s3.bucket, Key=key, Body=p.read_bytes())
+            names.append(f"s3://{s3.bucket}/{key}")
+    else:
+        url, paths = request.getfixturevalue("repo")
+        names = [f"{url}/data/{p.name}" for p in paths[:2]]
+    index = build_index(names, index=tmp_path / "x.tarindex", workers=1).path
+    full = [s["__key__"] for s in TarStream(index)]
+    assert len(full) == 2 * len(set(full[: len(full) // 2]))
+    stream = TarStream(index)
+    it = iter(stream)
+    head = [next(it)["__key__"] for _ in range(len(full) // 2 + 3)]  # 3 samples into the second shard
+    opened.clear()
+    resumed = TarStream(index)
+    resumed.load_state_dict(stream.state_dict())
+    assert head + [s["__key__"] for s in resumed] == full
+    assert opened == [names[1]]  # the second shard, entered by random reads at its saved offset
+
+
+def test_a_stream_takes_source_options_and_the_old_keywords_override_them() -> None:
+    given = SourceOptions(retries=1, timeout=5.0, storage_options={"anon": True}, headers={"X-A": "1"})
+    stream = TarStream(["http://127.0.0.1:9/a.tar"], options=given, retries=3, block_size=1 << 16)
+    assert stream.options == SourceOptions(
+        block_size=1 << 16, retries=3, timeout=5.0, storage_options={"anon": True}, headers={"X-A": "1"}
+    )
+    assert TarStream(["s3://b/a.tar"], storage_options={"k": 1}).options.storage_options == {"k": 1}
+    assert TarStream(["http://127.0.0.1:9/a.tar"]).options == SourceOptions()
