@@ -415,3 +415,11 @@ def test_every_page_is_in_the_nav() -> None:
     assert pages - listed == set()
     assert listed - pages == set()
 
+
+def test_the_c_sources_are_named() -> None:
+    """docs/dataset.md's "The C extension" names every C file the extension is built from, and no other."""
+    text = (ROOT / "docs" / "dataset.md").read_text()
+    section = text[text.index("## The C extension") :]
+    section = section[: section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
+    named = set(re.findall(r"`(?:tarindex/)?(_\w+\.c)`", section))
+    assert named == {p.name for p in (ROOT / "tarindex").glob("*.c")}
