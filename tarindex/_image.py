@@ -34,6 +34,7 @@ Crop = Literal["center", "random-resized"]
 Output = Literal["tensor", "numpy", "pil"]
 Mode = Literal["RGB", "L", "RGBA"]
 Resample = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
+JpegBackend = Literal["simplejpeg", "pillow"]
 
 _SCALES = (8, 4, 2)  # the DCT scales PIL's draft offers (libjpeg's 1/8, 1/4, 1/2)
 _MAX_THREADS = 16
@@ -69,6 +70,19 @@ def sample_ident(sample: Mapping[str, Any]) -> int:
     url = str(sample.get("__url__", "")).rstrip("/")
     name = f"{url.rsplit('/', 1)[-1]}\0{sample.get('__key__', '')}".encode("utf-8", "surrogateescape")
     return int.from_bytes(hashlib.blake2b(name, digest_size=8).digest(), "little")
+
+
+def jpeg_backend() -> JpegBackend:
+    """The JPEG decoder an :class:`Image` made now uses: ``"simplejpeg"`` (libjpeg-turbo's scaled decode
+    in one call that releases the GIL) when it is installed (``pip install 'tarindex[jpeg]'``), unless
+    ``TARINDEX_JPEG=pillow`` is set in the environment; else ``"pillow"``."""
+    if os.environ.get("TARINDEX_JPEG", "").lower() == "pillow":
+        return "pillow"
+    try:
+        import simplejpeg  # noqa: F401
+    except ImportError:
+        return "pillow"
+    return "simplejpeg"
 
 
 def _pil() -> Any:
@@ -173,6 +187,7 @@ class Image:
         self.exif_orientation = exif_orientation
         self.seed = seed
         self.threads = threads
+        self._jpeg: JpegBackend = jpeg_backend()
         self._epoch = SharedEpoch(0)
 
     # -- the epoch -------------------------------------------------------------------------------
@@ -184,6 +199,11 @@ class Image:
     def set_epoch(self, epoch: int) -> None:
         """Draw the random crops of ``epoch`` (call before each epoch; ``TarStream.set_epoch`` calls it)."""
         self._epoch.value = epoch
+
+    @property
+    def jpeg(self) -> JpegBackend:
+        """The JPEG decoder this image decoder uses (:func:`jpeg_backend` when it was made)."""
+        return self._jpeg
 
     @property
     def random(self) -> bool:
@@ -264,6 +284,22 @@ class Image:
             im = im.convert(mode)
         return cast("PILImage", im)
 
+    def decode_array(self, data: bytes, ident: int = 0, epoch: int | None = None) -> Any:
+        """``data`` decoded, cropped and resized as :meth:`decode_pil` does, as a ``uint8`` HWC numpy
+        array (read-only when it is a view of a PIL image): through simplejpeg when it can
+        (:func:`jpeg_backend`), else through PIL.
+
+        Raises:
+            PIL.UnidentifiedImageError: not an image PIL reads.
+            OSError: damaged image data.
+        """
+        import numpy as np
+
+        arr = _simplejpeg_decode(self, data, ident, epoch) if self._jpeg == "simplejpeg" else None
+        if arr is None:
+            arr = np.asarray(self.decode_pil(data, ident, epoch))
+        return arr[:, :, None] if arr.ndim == 2 else arr
+
     def __call__(self, data: bytes, sample: Mapping[str, Any] | None = None) -> Any:
         """One image: ``data`` decoded as the options say. ``sample`` (the dict the member belongs to)
         keys a random crop (its ``__index__``, or its shard and key); without it, the bytes' CRC does.
@@ -273,16 +309,11 @@ class Image:
             OSError: damaged image data.
         """
         ident = (sample_ident(sample) if sample is not None else zlib.crc32(data)) if self.random else 0
-        im = self.decode_pil(data, ident)
         if self.output == "pil":
-            return im
-        import numpy as np
-
-        arr = np.asarray(im)
-        if arr.ndim == 2:
-            arr = arr[:, :, None]
+            return self.decode_pil(data, ident)
+        arr = self.decode_array(data, ident)
         if self.output == "numpy":
-            return arr.copy()  # writable, as a batch's rows are
+            return arr if arr.flags.writeable and arr.flags.c_contiguous else arr.copy()  # writable, as a batch's rows are
         import torch
 
         out = torch.empty((arr.shape[2], arr.shape[0], arr.shape[1]), dtype=torch.uint8)
@@ -296,16 +327,12 @@ class Image:
         Returns:
             Per image, ``None`` or the exception that stopped it (its row is then undefined).
         """
-        import numpy as np
-
         epoch = self.epoch
         chw = self.output == "tensor"
 
         def one(k: int) -> BaseException | None:
             try:
-                arr = np.asarray(self.decode_pil(datas[k], idents[k], epoch))
-                if arr.ndim == 2:
-                    arr = arr[:, :, None]
+                arr = self.decode_array(datas[k], idents[k], epoch)
                 out[k] = arr.transpose(2, 0, 1) if chw else arr
             except Exception as exc:
                 return exc
@@ -319,6 +346,78 @@ class Image:
     def __repr__(self) -> str:
         opts = [f"{k}={v!r}" for k, v in self.__dict__.items() if not k.startswith("_") and k != "size"]
         return f"Image({self.size!r}, {', '.join(opts)})"
+
+
+# -- simplejpeg ------------------------------------------------------------------------------------
+
+_SJ_SPACES = ("YCbCr", "RGB", "Gray")  # what simplejpeg decodes here; CMYK and YCCK go through PIL
+
+
+def _simplejpeg_decode(image: Image, data: bytes, ident: int, epoch: int | None) -> Any:
+    """``data`` as :meth:`Image.decode_array` returns it, through simplejpeg: the same region and
+    output as PIL's path, decoded at the same DCT scale; ``None`` where PIL must decode it (not a
+    JPEG, CMYK or YCCK, an EXIF turn asked for, a color JPEG to gray, or data simplejpeg refuses:
+    PIL then decodes it or names what is wrong)."""
+    if data[:2] != b"\xff\xd8" or image.exif_orientation:
+        return None
+    import simplejpeg
+
+    try:
+        height, width, space, _ = simplejpeg.decode_jpeg_header(data)
+    except Exception:  # any refusal: PIL decides
+        return None
+    gray = space == "Gray"
+    mode = image.mode or ("L" if gray else "RGB")
+    if space not in _SJ_SPACES or (mode == "L" and not gray):
+        return None
+    left, top, right, bottom = image.box(width, height, ident, epoch)
+    scale = 1
+    if image.size is not None and not image.exact:
+        oh, ow = image.size
+        scale = _dct_scale(right - left, bottom - top, (ow, oh), width, height)
+    try:
+        if scale > 1:  # the fast IDCT and upsampling, as PIL's draft decodes
+            arr = simplejpeg.decode_jpeg(data, "GRAY" if gray else "RGB", True, True, -(-height // scale), -(-width // scale))
+        else:
+            arr = simplejpeg.decode_jpeg(data, "GRAY" if gray else "RGB")
+    except Exception:  # damaged data, or a warning libjpeg recovers from: PIL decides
+        return None
+    if image.size is not None:
+        h2, w2 = arr.shape[:2]
+        fx, fy = w2 / width, h2 / height
+        box = (min(left * fx, w2), min(top * fy, h2), min(right * fx, w2), min(bottom * fy, h2))
+        oh, ow = image.size
+        if box != (0, 0, w2, h2) or (w2, h2) != (ow, oh):
+            arr = resize(arr, (oh, ow), box, image.resample)
+    return _to_mode(arr, mode)
+
+
+def _to_mode(arr: Any, mode: str) -> Any:
+    """A decoded HW or HWx1 (gray) or HWx3 (RGB) array in ``mode``, as PIL converts (gray repeated,
+    alpha 255)."""
+    import numpy as np
+
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    have = arr.shape[2]
+    want = {"L": 1, "RGB": 3, "RGBA": 4}[mode]
+    if have == want:
+        return arr
+    out = np.empty((*arr.shape[:2], want), dtype=np.uint8)
+    out[:, :, :3] = arr[:, :, :1] if have == 1 else arr
+    if want == 4:
+        out[:, :, 3] = 255
+    return out
+
+
+def resize(arr: Any, size: tuple[int, int], box: tuple[float, float, float, float], resample: Resample) -> Any:
+    """The ``box`` region of ``arr`` (``uint8`` HW or HWC) resized to ``size`` (height, width), as
+    ``PIL.Image.resize`` resizes it."""
+    PIL = _pil()
+    im = PIL.fromarray(arr[:, :, 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr)
+    import numpy as np
+
+    return np.asarray(im.resize((size[1], size[0]), _RESAMPLE[resample], box=box))
 
 
 # -- geometry helpers ---------------------------------------------------------------------------

@@ -64,6 +64,15 @@ def images() -> dict[str, bytes]:
     }
 
 
+@pytest.fixture(params=["simplejpeg", "pillow"])
+def jpeg(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The JPEG decoder of the Image decoders a test makes: simplejpeg (the default where it is
+    installed) or PIL (``TARINDEX_JPEG=pillow``)."""
+    monkeypatch.setenv("TARINDEX_JPEG", str(request.param))
+    assert Image().jpeg == request.param
+    return str(request.param)
+
+
 def _psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
     return 99.0 if mse == 0 else 10 * np.log10(255**2 / mse)
@@ -90,7 +99,7 @@ def _reference(data: bytes, image: Image, ident: int = 0) -> np.ndarray:
 
 @pytest.mark.parametrize("name", ["rgb.jpg", "gray.jpg", "cmyk.jpg", "progressive.jpg", "exif6.jpg", "rgb.png", "rgba.png", "palette.png", "gray.png", "rgb.webp"])
 @pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])
-def test_shapes_dtypes_channels_and_pixels(images: dict[str, bytes], name: str, mode: str) -> None:
+def test_shapes_dtypes_channels_and_pixels(jpeg: str, images: dict[str, bytes], name: str, mode: str) -> None:
     data = images[name]
     channels = {"RGB": 3, "L": 1, "RGBA": 4}[mode]
     exact = Image((40, 50), mode=mode, exact=True)  # type: ignore[arg-type]
@@ -104,6 +113,57 @@ def test_shapes_dtypes_channels_and_pixels(images: dict[str, bytes], name: str, 
     assert p.size == (50, 40) and p.mode == mode
     full = Image(mode=mode, output="numpy")(data)  # type: ignore[arg-type]
     assert full.shape == (H, W, channels)
+
+
+def test_simplejpeg_is_the_default_and_pillow_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TARINDEX_JPEG", raising=False)
+    assert Image().jpeg == "simplejpeg"  # installed with the test extra
+    monkeypatch.setenv("TARINDEX_JPEG", "pillow")
+    assert Image().jpeg == "pillow"
+    assert Image(32, crop="random-resized").jpeg == "pillow"
+
+
+@pytest.mark.parametrize("name", ["rgb.jpg", "gray.jpg", "cmyk.jpg", "progressive.jpg", "exif6.jpg"])
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA", None])
+def test_both_jpeg_decoders_give_the_same_pixels(monkeypatch: pytest.MonkeyPatch, images: dict[str, bytes], name: str, mode: str | None) -> None:
+    """Full scale: the same libjpeg-turbo decode, the same resize: equal. At a reduced DCT scale (1/2 here),
+    both decode with the fast IDCT and upsampling, PIL through its draft: equal but for rounding."""
+    from PIL import Image as PIL
+
+    big = _save(PIL.open(io.BytesIO(images[name])).resize((W * 2, H * 2)), "JPEG", quality=92)
+    pillow = {}
+    for backend in ("pillow", "simplejpeg"):
+        monkeypatch.setenv("TARINDEX_JPEG", backend)
+        got = [
+            Image((30, 40), mode=mode, output="numpy", exact=True)(images[name]),  # type: ignore[arg-type]
+            Image(crop=None, mode=mode, output="numpy")(images[name]),  # type: ignore[arg-type]
+            Image((40, 40), crop="random-resized", seed=3, mode=mode, output="numpy")(images[name], {"__index__": 5}),  # type: ignore[arg-type]
+            Image((60, 80), mode=mode, output="numpy")(big),  # type: ignore[arg-type]
+        ]
+        if backend == "pillow":
+            pillow = dict(enumerate(got))
+            continue
+        for k, arr in enumerate(got):
+            assert arr.shape == pillow[k].shape and arr.dtype == np.uint8 and arr.flags.writeable
+            if k < 3:
+                np.testing.assert_array_equal(arr, pillow[k])
+            else:
+                assert np.abs(arr.astype(int) - pillow[k]).max() <= 8 and _psnr(arr, pillow[k]) > 40
+
+
+def test_jpeg_damage_libjpeg_recovers_from_decodes_as_pil_decodes_it(monkeypatch: pytest.MonkeyPatch, images: dict[str, bytes]) -> None:
+    """Bytes between the scan and the end marker: libjpeg warns ("extraneous bytes before marker"); simplejpeg
+    refuses the image in strict mode and PIL, which ignores the warning, decodes it: as the pillow setting does."""
+    data = images["rgb.jpg"]
+    assert data.endswith(b"\xff\xd9")
+    damaged = data[:-2] + b"\x00\x17\x2a" + data[-2:]
+    import simplejpeg
+
+    with pytest.raises(ValueError, match="extraneous"):
+        simplejpeg.decode_jpeg(damaged)
+    got = Image(24, output="numpy")(damaged)
+    monkeypatch.setenv("TARINDEX_JPEG", "pillow")
+    np.testing.assert_array_equal(got, Image(24, output="numpy")(damaged))
 
 
 def test_exif_orientation_turns_the_image_when_asked(images: dict[str, bytes]) -> None:
@@ -324,7 +384,7 @@ def _member_bytes(shards: list[Path]) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("output", ["tensor", "numpy"])
 def test_a_batch_is_one_array_equal_to_sample_by_sample_decoding(
-    impl: str, jpeg_shards: list[Path], jpeg_index: Path, output: str
+    impl: str, jpeg: str, jpeg_shards: list[Path], jpeg_index: Path, output: str
 ) -> None:
     image = Image((32, 48), crop="random-resized", seed=3, output=output, threads=2)  # type: ignore[arg-type]
     ds = TarDataset(jpeg_index, decode=image)
@@ -348,6 +408,31 @@ def test_a_batch_is_one_array_equal_to_sample_by_sample_decoding(
         np.testing.assert_array_equal(np.asarray(one), np.asarray(again(oracle[f"s{i:03d}"], {"__index__": i})))
     ds.set_epoch(3)
     assert not np.array_equal(np.asarray(collate(ds.__getitems__(indices))["jpg"]), np.asarray(rows))
+
+
+@pytest.fixture(scope="module")
+def truncated_index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A shard of 8 JPEGs, the fourth cut in half (a JPEG header, then half a scan)."""
+    root = tmp_path_factory.mktemp("truncated")
+    specs = []
+    for i, data in enumerate(_jpegs(8)):
+        specs += [(f"s{i:03d}.jpg", data[: len(data) // 2] if i == 3 else data), (f"s{i:03d}.cls", str(i).encode())]
+    shard = py_tar(root / "cut-000000.tar", specs, tarfile.GNU_FORMAT, dirs=False)
+    return shard, build_index([str(shard)], index=root / "cut.tarindex").path
+
+
+def test_a_truncated_jpeg_in_a_batch_names_shard_offset_and_key(jpeg: str, truncated_index: tuple[Path, Path]) -> None:
+    shard, index = truncated_index
+    with tarfile.open(shard) as tf:
+        offset = next(m.offset for m in tf if m.name == "s003.jpg")
+    ds = TarDataset(index, decode=Image(24, crop="random-resized", threads=2))
+    with pytest.raises(DecodeError, match=rf"{shard}: sample 's003': member 'jpg': OSError: image file is truncated.* at offset {offset}\)"):
+        ds.__getitems__([0, 3, 6])
+    skipping = TarDataset(index, decode=Image(24, crop="random-resized", threads=2), on_error="skip")
+    got = skipping.__getitems__([0, 3, 6, 2])
+    assert [s["__key__"] for s in got] == ["s000", "s004", "s006", "s002"]
+    for s, i in zip(got, [0, 4, 6, 2]):
+        np.testing.assert_array_equal(s["jpg"].numpy(), ds[i]["jpg"].numpy())
 
 
 def test_a_corrupt_jpeg_in_a_batch_names_shard_offset_key_and_member(impl: str, bad_index: tuple[Path, Path]) -> None:
