@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from ._native import SPEEDUPS
 from ._state import SharedEpoch
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ Mode = Literal["RGB", "L", "RGBA"]
 Resample = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
 JpegBackend = Literal["simplejpeg", "pillow"]
 
+_resample_c = SPEEDUPS.resample if SPEEDUPS is not None else None  # PIL's resize, in C (reference: PIL)
 _SCALES = (8, 4, 2)  # the DCT scales PIL's draft offers (libjpeg's 1/8, 1/4, 1/2)
 _MAX_THREADS = 16
 _M64 = (1 << 64) - 1
@@ -284,10 +286,12 @@ class Image:
             im = im.convert(mode)
         return cast("PILImage", im)
 
-    def decode_array(self, data: bytes, ident: int = 0, epoch: int | None = None) -> Any:
+    def decode_array(self, data: bytes, ident: int = 0, epoch: int | None = None, out: Any = None) -> Any:
         """``data`` decoded, cropped and resized as :meth:`decode_pil` does, as a ``uint8`` HWC numpy
         array (read-only when it is a view of a PIL image): through simplejpeg when it can
-        (:func:`jpeg_backend`), else through PIL.
+        (:func:`jpeg_backend`), else through PIL. With ``out`` (a batch's row: ``uint8``, CHW for a
+        ``"tensor"`` output, else HWC), the pixels may be written into it instead: then ``out`` is
+        returned.
 
         Raises:
             PIL.UnidentifiedImageError: not an image PIL reads.
@@ -295,7 +299,7 @@ class Image:
         """
         import numpy as np
 
-        arr = _simplejpeg_decode(self, data, ident, epoch) if self._jpeg == "simplejpeg" else None
+        arr = _simplejpeg_decode(self, data, ident, epoch, out) if self._jpeg == "simplejpeg" else None
         if arr is None:
             arr = np.asarray(self.decode_pil(data, ident, epoch))
         return arr[:, :, None] if arr.ndim == 2 else arr
@@ -332,8 +336,10 @@ class Image:
 
         def one(k: int) -> BaseException | None:
             try:
-                arr = self.decode_array(datas[k], idents[k], epoch)
-                out[k] = arr.transpose(2, 0, 1) if chw else arr
+                row = out[k]
+                arr = self.decode_array(datas[k], idents[k], epoch, row)
+                if arr is not row:
+                    row[...] = arr.transpose(2, 0, 1) if chw else arr
             except Exception as exc:
                 return exc
             return None
@@ -353,7 +359,7 @@ class Image:
 _SJ_SPACES = ("YCbCr", "RGB", "Gray")  # what simplejpeg decodes here; CMYK and YCCK go through PIL
 
 
-def _simplejpeg_decode(image: Image, data: bytes, ident: int, epoch: int | None) -> Any:
+def _simplejpeg_decode(image: Image, data: bytes, ident: int, epoch: int | None, out: Any = None) -> Any:
     """``data`` as :meth:`Image.decode_array` returns it, through simplejpeg: the same region and
     output as PIL's path, decoded at the same DCT scale; ``None`` where PIL must decode it (not a
     JPEG, CMYK or YCCK, an EXIF turn asked for, a color JPEG to gray, or data simplejpeg refuses:
@@ -382,14 +388,18 @@ def _simplejpeg_decode(image: Image, data: bytes, ident: int, epoch: int | None)
             arr = simplejpeg.decode_jpeg(data, "GRAY" if gray else "RGB")
     except Exception:  # damaged data, or a warning libjpeg recovers from: PIL decides
         return None
-    if image.size is not None:
-        h2, w2 = arr.shape[:2]
-        fx, fy = w2 / width, h2 / height
-        box = (min(left * fx, w2), min(top * fy, h2), min(right * fx, w2), min(bottom * fy, h2))
-        oh, ow = image.size
-        if box != (0, 0, w2, h2) or (w2, h2) != (ow, oh):
-            arr = resize(arr, (oh, ow), box, image.resample)
-    return _to_mode(arr, mode)
+    if image.size is None:
+        return _to_mode(arr, mode)
+    h2, w2 = arr.shape[:2]
+    fx, fy = w2 / width, h2 / height
+    box = (min(left * fx, w2), min(top * fy, h2), min(right * fx, w2), min(bottom * fy, h2))
+    oh, ow = image.size
+    if box == (0, 0, w2, h2) and (w2, h2) == (ow, oh):
+        return _to_mode(arr, mode)
+    planar = image.output == "tensor"
+    if out is not None and _resample_c is not None and arr.shape[2] == image.channels and image.resample != "nearest":
+        return resize(arr, (oh, ow), box, image.resample, out, planar)  # straight into the batch's row
+    return _to_mode(resize(arr, (oh, ow), box, image.resample), mode)
 
 
 def _to_mode(arr: Any, mode: str) -> Any:
@@ -410,14 +420,46 @@ def _to_mode(arr: Any, mode: str) -> Any:
     return out
 
 
-def resize(arr: Any, size: tuple[int, int], box: tuple[float, float, float, float], resample: Resample) -> Any:
-    """The ``box`` region of ``arr`` (``uint8`` HW or HWC) resized to ``size`` (height, width), as
-    ``PIL.Image.resize`` resizes it."""
-    PIL = _pil()
-    im = PIL.fromarray(arr[:, :, 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr)
+def resize(
+    arr: Any, size: tuple[int, int], box: tuple[float, float, float, float], resample: Resample, out: Any = None, planar: bool = False
+) -> Any:
+    """The ``box`` region of ``arr`` (``uint8`` HWC, 1 to 4 bands, no alpha to premultiply) resized to
+    ``size`` (height, width): the pixels ``PIL.Image.resize`` gives, computed by the C extension
+    where it is built (in ``out`` when given: HWC, or CHW with ``planar``), else by PIL."""
     import numpy as np
 
-    return np.asarray(im.resize((size[1], size[0]), _RESAMPLE[resample], box=box))
+    oh, ow = size
+    c = arr.shape[2]
+    if _resample_c is not None and resample != "nearest":
+        if out is None:
+            out = np.empty((c, oh, ow) if planar else (oh, ow, c), dtype=np.uint8)
+        h, w = arr.shape[:2]
+        _resample_c(np.ascontiguousarray(arr), out, box, _RESAMPLE[resample], planar, _vertical_first(h, w, oh, ow))
+        return out
+    PIL = _pil()
+    if c == 4:  # as RGBX: PIL premultiplies an RGBA image's alpha before it resizes
+        im = PIL.frombytes("RGBX", (arr.shape[1], arr.shape[0]), np.ascontiguousarray(arr).tobytes())
+    else:
+        im = PIL.fromarray(arr[:, :, 0] if c == 1 else arr)
+    got = np.asarray(im.resize((ow, oh), _RESAMPLE[resample], box=box))
+    got = got[:, :, None] if got.ndim == 2 else got
+    if out is None:
+        return got.transpose(2, 0, 1) if planar else got
+    out[...] = got.transpose(2, 0, 1) if planar else got
+    return out
+
+
+def _vertical_first(h: int, w: int, oh: int, ow: int) -> bool:
+    """Whether PIL resizes down the columns first: Pillow 13 does when the height shrinks by more than
+    twice as many pixels as the width; earlier releases never."""
+    if not _PILLOW_13:
+        from PIL import __version__
+
+        _PILLOW_13.append(int(__version__.split(".")[0]) >= 13)
+    return _PILLOW_13[0] and h - oh > 0 and h - oh > (w - ow) * 2
+
+
+_PILLOW_13: list[bool] = []  # the installed PIL's rule, found at the first resize
 
 
 # -- geometry helpers ---------------------------------------------------------------------------
