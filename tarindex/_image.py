@@ -1,13 +1,14 @@
 """Images decoded at the size a model needs (:class:`tarindex.decode.Image`), one at a time or a batch
 into one array in a thread pool.
 
-A JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8: libjpeg's scaled decode through PIL's
-``draft``) at which the crop still covers the output size, then cropped and resized once
-(``PIL.Image.resize`` with a box: no intermediate copy). Other formats (PNG, WebP, ...) are decoded
-at full scale and take the same crop and resize. Random crops come from a counter-based generator
-keyed by the seed, the epoch and the sample, so they are the same in every run, in every
-``DataLoader`` worker layout and after a resume. PIL releases the GIL while it decodes and resizes,
-so a batch decodes in parallel threads inside one process.
+A JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8: libjpeg-turbo's scaled decode, through
+simplejpeg when it is installed, else PIL's ``draft``) at which the crop still covers the output size,
+then cropped and resized once (``PIL.Image.resize`` with a box, or after simplejpeg the C extension's
+``resample``, which gives the same bytes, straight into a batch's row). Other formats (PNG, WebP, ...)
+are decoded at full scale and take the same crop and resize. Random crops come from a counter-based
+generator keyed by the seed, the epoch and the sample, so they are the same in every run, in every
+``DataLoader`` worker layout and after a resume. simplejpeg, PIL and ``resample`` release the GIL
+while they decode and resize, so a batch decodes in parallel threads inside one process.
 """
 
 from __future__ import annotations
@@ -315,11 +316,20 @@ class Image:
         ident = (sample_ident(sample) if sample is not None else zlib.crc32(data)) if self.random else 0
         if self.output == "pil":
             return self.decode_pil(data, ident)
-        arr = self.decode_array(data, ident)
         if self.output == "numpy":
+            arr = self.decode_array(data, ident)
             return arr if arr.flags.writeable and arr.flags.c_contiguous else arr.copy()  # writable, as a batch's rows are
         import torch
 
+        if self.batchable:  # the output's shape is known: decoded straight into the tensor where it can be
+            oh, ow = self.size or (0, 0)
+            out = torch.empty((self.channels, oh, ow), dtype=torch.uint8)
+            row = out.numpy()
+            arr = self.decode_array(data, ident, None, row)
+            if arr is not row:
+                row[...] = arr.transpose(2, 0, 1)
+            return out
+        arr = self.decode_array(data, ident)
         out = torch.empty((arr.shape[2], arr.shape[0], arr.shape[1]), dtype=torch.uint8)
         out.numpy()[...] = arr.transpose(2, 0, 1)
         return out
