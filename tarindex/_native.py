@@ -11,7 +11,7 @@ are handed to it here, once (``init``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .errors import IndexFormatError
@@ -23,6 +23,7 @@ class ReaderC(Protocol):
     """``Reader``: one sample's members, read with one ``pread`` (reference: ``TarDataset._read_py``)."""
 
     def read(self, i: int, /) -> dict[str, Any]: ...
+    def read_batch(self, indices: Sequence[int], max_in_flight: int, coalesce_gap: int, /) -> list[dict[str, Any]]: ...
 
 
 class PackerC(Protocol):

@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "_batchio.h"
 #include "_tarcore.h"
 #include "_tarscan.h"
 #include "_resample.h"
@@ -76,6 +77,7 @@ typedef struct {
     const uint64_t *bounds; /* guard.bounds: per shard, 0 until known, then the bytes its records may span */
     int64_t check_ns, due; /* check() at the first read past `due` (a coarse clock), then every check_ns */
     long check_every, countdown; /* the clock read every check_every reads */
+    unsigned char *modes; /* per shard: how read_batch reads it (_batchio.h BIO_*), learnt from its reads */
 } Reader;
 
 /* A record block's header (layout: tarindex/index/records.py), copied out of its bytes when the block is first
@@ -176,6 +178,7 @@ static void Reader_dealloc(Reader *self) {
     if (self->bhead)
         for (Py_ssize_t b = 0; b < self->n_blocks; b++) PyMem_Free(self->bhead[b]);
     PyMem_Free(self->bhead);
+    PyMem_Free(self->modes);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -326,7 +329,8 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     self->n_shards = PyList_GET_SIZE(self->urls);
     self->bobj = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(PyObject *)); /* pages touched as blocks are read */
     self->bhead = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(Block *));
-    if (!self->bobj || !self->bhead) {
+    self->modes = PyMem_Calloc(self->n_shards ? (size_t)self->n_shards : 1, 1); /* BIO_NOWAIT each */
+    if (!self->bobj || !self->bhead || !self->modes) {
         PyErr_NoMemory();
         return -1;
     }
@@ -878,8 +882,233 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
     return out;
 }
 
+/* One sample of read_batch: read with the batch (fd >= 0) or alone by Reader_read (fd < 0). */
+typedef struct {
+    PyObject *index;   /* __index__ (a new reference), for a sample read with the batch */
+    Py_ssize_t range;  /* its range among the batch's (sorted) ranges */
+    int fd, counted;   /* counted: busy[shard] holds this sample */
+    char *heap;        /* the sample's bytes, or (direct) its headers and padding */
+    PyObject **vals;   /* direct: each member's bytes, read in place */
+} BatchItem;
+
+typedef struct {
+    uint32_t shard;
+    uint64_t offset;
+    Py_ssize_t item;
+} BatchKey;
+
+static int batch_key_cmp(const void *a, const void *b) {
+    const BatchKey *x = a, *y = b;
+    if (x->shard != y->shard) return x->shard < y->shard ? -1 : 1;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Sample i's record and handle for a batch (the GIL held): 1 read with the batch (it->fd, it->counted), 0 read
+ * alone (a record, shard or handle the plain path does not take), -1 on error. */
+static int batch_plan(Reader *self, PyObject *arg, Record *r, BatchItem *it) {
+    Py_ssize_t asked = PyLong_CheckExact(arg) ? PyLong_AsSsize_t(arg) : PyNumber_AsSsize_t(arg, PyExc_IndexError);
+    if (asked == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) return -1;
+        PyErr_Clear(); /* not an integer: Reader_read's fallback names what to pass */
+        return 0;
+    }
+    Py_ssize_t i = asked < 0 ? asked + self->len : asked;
+    if (i < 0 || i >= self->len) {
+        PyErr_Format(PyExc_IndexError, "sample %zd out of range for %zd sample%s", asked, self->len, self->len == 1 ? "" : "s");
+        return -1;
+    }
+    int loaded = load(self, self->rview ? to_index(self, i) : i, r);
+    if (loaded == -1) return -1;
+    if (loaded == -2 || r->nm > MAX_MEMBERS || (Py_ssize_t)r->shard >= PyList_GET_SIZE(self->urls) ||
+        PyList_GET_ITEM(self->urls, r->shard) == Py_None)
+        return 0;
+    PyObject *handle = NULL;
+    self->busy[r->shard]++;
+    it->counted = 1;
+    int fd = shard_handle(self, r->shard, &handle);
+    if (fd == -2) return -1;
+    if (fd == -1) {
+        Py_DECREF(handle); /* a read_at object (zstd, gzip, a URL): read alone */
+        return 0;
+    }
+    it->index = asked >= 0 && PyLong_CheckExact(arg) ? Py_NewRef(arg) : PyLong_FromSsize_t(i);
+    if (!it->index) return -1;
+    it->fd = fd;
+    return 1;
+}
+
+/* A planned sample's buffers and iovecs (as read_fd lays them out): `iov` has room for 2 * nm + 1. */
+static int batch_buffers(const Record *r, BatchItem *it, struct iovec *iov) {
+    int niov = 0;
+    if (r->size <= DIRECT_READ) {
+        it->heap = PyMem_Malloc(r->size ? r->size : 1);
+        if (!it->heap) return PyErr_NoMemory(), -1;
+        iov[niov++] = (struct iovec){.iov_base = it->heap, .iov_len = r->size};
+        return niov;
+    }
+    uint64_t pos = 0, area = 0;
+    for (Py_ssize_t k = 0; k < r->nm; k++) {
+        area += r->mo[k] - pos;
+        pos = r->mo[k] + r->ms[k];
+    }
+    area += r->size - pos;
+    it->heap = PyMem_Malloc(area ? area : 1);
+    it->vals = PyMem_Calloc(r->nm ? (size_t)r->nm : 1, sizeof(PyObject *));
+    if (!it->heap || !it->vals) return PyErr_NoMemory(), -1;
+    char *gap = it->heap;
+    pos = 0;
+    for (Py_ssize_t k = 0; k < r->nm; k++) {
+        uint64_t mo = r->mo[k], ms = r->ms[k];
+        it->vals[k] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)ms);
+        if (!it->vals[k]) return -1;
+        if (mo > pos) {
+            iov[niov++] = (struct iovec){.iov_base = gap, .iov_len = mo - pos};
+            gap += mo - pos;
+        }
+        if (ms) iov[niov++] = (struct iovec){.iov_base = PyBytes_AS_STRING(it->vals[k]), .iov_len = ms};
+        pos = mo + ms;
+    }
+    if (r->size > pos) iov[niov++] = (struct iovec){.iov_base = gap, .iov_len = r->size - pos};
+    return niov;
+}
+
+/* A sample read with the batch, as read_fd finishes one: an error of its read, a short read or headers to
+ * judge go the Python path's way. */
+static PyObject *batch_sample(Reader *self, const Record *r, BatchItem *it, const bio_range *got) {
+    if (got->err) {
+        errno = got->err;
+        return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PyList_GET_ITEM(self->urls, r->shard));
+    }
+    int direct = it->vals != NULL;
+    if (got->got < r->size || !headers_agree(self, r, (const unsigned char *)it->heap, direct ? (const unsigned char *)it->heap : NULL))
+        return PyObject_CallOneArg(self->fallback, it->index);
+    PyObject *vals[MAX_MEMBERS];
+    if (direct) {
+        memcpy(vals, it->vals, (size_t)r->nm * sizeof(PyObject *));
+        memset(it->vals, 0, (size_t)r->nm * sizeof(PyObject *)); /* new_sample takes them */
+    } else if (slice_members(r, it->heap, vals) < 0) {
+        return NULL;
+    }
+    return new_sample(self, r, it->index, vals);
+}
+
+static void batch_release(Reader *self, const Record *recs, BatchItem *items, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++) {
+        BatchItem *it = &items[k];
+        PyMem_Free(it->heap);
+        if (it->vals) {
+            for (Py_ssize_t q = 0; q < recs[k].nm; q++) Py_XDECREF(it->vals[q]);
+            PyMem_Free(it->vals);
+        }
+        Py_XDECREF(it->index);
+        if (it->counted) self->busy[recs[k].shard]--;
+    }
+}
+
+/* read_batch(indices, max_in_flight, coalesce_gap) -> [sample dict], in the order asked: as [read(i) for i in
+ * indices], with the plain tar samples' ranges read together by bio_read (_batchio.c) without the GIL: sorted
+ * by shard and offset, neighbours merged, the page cache's read inline, the rest max_in_flight at a time. */
+static PyObject *Reader_read_batch(Reader *self, PyObject *const *args, Py_ssize_t nargs) {
+    long in_flight;
+    long long gap;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "read_batch() takes exactly 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if ((in_flight = PyLong_AsLong(args[1])) == -1 && PyErr_Occurred()) return NULL;
+    if ((gap = PyLong_AsLongLong(args[2])) == -1 && PyErr_Occurred()) return NULL;
+    if (!self->fds || !self->busy || !self->handles) {
+        PyErr_SetString(PyExc_RuntimeError, "Reader is not initialised");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "indices must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), planned = 0, niov = 0;
+    PyObject **asked = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n), *now = PyList_GET_SIZE(self->fork) == 1 ? PyList_GET_ITEM(self->fork, 0) : NULL;
+    int here = now && PyLong_Check(now) && PyLong_AsLong(now) == self->gen; /* else every read goes to the fallback */
+    Record *recs = PyMem_Malloc((n ? (size_t)n : 1) * sizeof(Record));
+    BatchItem *items = PyMem_Calloc(n ? (size_t)n : 1, sizeof(BatchItem));
+    BatchKey *keys = NULL;
+    bio_range *ranges = NULL;
+    struct iovec *iov = NULL;
+    int ok = 0;
+    if (!out || !recs || !items) {
+        if (out) PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        items[k].fd = -1;
+        int got = here ? batch_plan(self, asked[k], &recs[k], &items[k]) : 0;
+        if (got < 0) goto done;
+        if (got) {
+            planned++;
+            niov += 2 * recs[k].nm + 1;
+        }
+    }
+    if (planned) {
+        keys = PyMem_Malloc((size_t)planned * sizeof(BatchKey));
+        ranges = PyMem_Malloc((size_t)planned * sizeof(bio_range));
+        iov = PyMem_Malloc((size_t)niov * sizeof(struct iovec));
+        if (!keys || !ranges || !iov) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        Py_ssize_t m = 0, used = 0;
+        for (Py_ssize_t k = 0; k < n; k++)
+            if (items[k].fd >= 0) keys[m++] = (BatchKey){.shard = recs[k].shard, .offset = recs[k].offset, .item = k};
+        qsort(keys, (size_t)planned, sizeof(BatchKey), batch_key_cmp);
+        for (m = 0; m < planned; m++) {
+            Py_ssize_t k = keys[m].item;
+            int got = batch_buffers(&recs[k], &items[k], iov + used);
+            if (got < 0) goto done;
+            items[k].range = m;
+            ranges[m] = (bio_range){.fd = items[k].fd, .mode = &self->modes[recs[k].shard], .offset = recs[k].offset,
+                                    .size = recs[k].size, .iov = iov + used, .niov = got};
+            used += got;
+        }
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = bio_read(ranges, (size_t)planned, in_flight > BIO_THREADS_MAX ? BIO_THREADS_MAX : (int)in_flight, gap);
+        Py_END_ALLOW_THREADS
+        if (rc < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *s = items[k].fd >= 0 ? batch_sample(self, &recs[k], &items[k], &ranges[items[k].range]) : Reader_read(self, asked[k]);
+        if (!s) goto done;
+        PyList_SET_ITEM(out, k, s);
+    }
+    ok = 1;
+done:
+    if (items) batch_release(self, recs, items, n);
+    PyMem_Free(keys);
+    PyMem_Free(ranges);
+    PyMem_Free(iov);
+    PyMem_Free(items);
+    PyMem_Free(recs);
+    Py_DECREF(seq);
+    if (self->busy[self->n_shards]) { /* handles wait for their reads to end: maybe these (an error kept) */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *reaped = PyObject_CallNoArgs(self->reap);
+        if (!reaped) ok = 0;
+        Py_XDECREF(reaped);
+        if (type) {
+            PyErr_Clear();
+            PyErr_Restore(type, value, tb);
+        }
+    }
+    if (!ok) Py_CLEAR(out);
+    return out;
+}
+
 static PyMethodDef Reader_methods[] = {
     {"read", (PyCFunction)Reader_read, METH_O, "read(i) -> sample dict of bytes"},
+    {"read_batch", (PyCFunction)(void (*)(void))Reader_read_batch, METH_FASTCALL,
+     "read_batch(indices, max_in_flight, coalesce_gap) -> [sample dict], the ranges read together"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,10 +1,10 @@
-"""Types of the optional C extension (tarindex/_speedups.c, _tarscan.c, _zstdread.c, _resample.c).
+"""Types of the optional C extension (tarindex/_speedups.c, _batchio.c, _tarscan.c, _zstdread.c, _resample.c).
 
 Checked against the compiled module by tests/test_native.py (every name, and the number of arguments of
 every function and method); tarindex._native states what Python needs from each type as a Protocol.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 def init(*, index_format_error: type[Exception]) -> None:
@@ -41,6 +41,7 @@ class Reader:
         /,
     ) -> None: ...
     def read(self, i: int, /) -> dict[str, Any]: ...
+    def read_batch(self, indices: Sequence[int], max_in_flight: int, coalesce_gap: int, /) -> list[dict[str, Any]]: ...
 
 class Packer:
     """Tables mode: ``Packer(sample_key, duplicate)``; sample-dict mode: ``Packer(sample_key, duplicate, url, index)``."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from . import _args
+from ._localbatch import read_ranges
 from ._native import SPEEDUPS
 from ._process import FORK
 from ._readcheck import check_sample
@@ -120,7 +121,8 @@ class TarDataset:
             and mtime, within 64 KiB of either end).
         options: how URL shards (``http(s)://``, ``s3://``, ``gs://``, ``az://``,
             fsspec) are read: retries, timeout, requests in flight per batch,
-            coalescing gap (:class:`~tarindex.options.SourceOptions`; docs/remote.md).
+            coalescing gap (:class:`~tarindex.options.SourceOptions`; docs/remote.md);
+            the last two also for a batch of local shards (``__getitems__``; docs/dataset.md).
         storage_options: object-store or fsspec client options (endpoint,
             credentials); overrides ``options.storage_options``. Never stored in the index.
         headers: extra HTTP(S) request headers (e.g. ``Authorization``);
@@ -229,6 +231,7 @@ class TarDataset:
         self._opener = ShardOpener(len(self.urls), self._open_handle, self.max_open_files)
         self._checked = Checked(len(self.urls))
         self._global_walks: dict[int, tuple[int, list[tuple[int, dict[str, str]]]]] = {}  # see _globals_at
+        self._modes = bytearray(len(self.urls))  # per shard: how a batch reads it (_localbatch)
         self._fast: Any = None
         if _speedups is not None:
             self._fast = _speedups.Reader(
@@ -462,13 +465,19 @@ class TarDataset:
         """A batch of samples, read in index order (shard by shard, offset by offset) and returned in the order asked.
 
         ``DataLoader`` calls this for batched sampling; reading in file order keeps
-        reads local (page cache, zstd frames) whatever order the sampler chose. With a
+        reads local (page cache, zstd frames) whatever order the sampler chose. The ranges of
+        local shards are read together (:meth:`_read_batch`: many in flight on slow storage, the
+        page cache's at once), those of URL shards as concurrent requests (docs/remote.md). With a
         :class:`tarindex.decode.Image` decoder of a fixed size, the batch's images are decoded
         together (:meth:`_decode_batch`): the samples are those ``ds[i]`` gives.
         """
         batch = self.decoder is not None and self.decoder.batches
         if self._remote and self.on_error == "raise":  # with "skip", sample by sample: each failure handled
             out = self._getitems_remote(indices, raw=batch)
+        elif self.on_error == "raise":  # local shards: the batch's ranges read together (_localbatch)
+            out = self._read_batch(indices)
+            if not batch:
+                return out if self.decoder is None and self.transform is None else [self._finish(s) for s in out]
         elif batch:
             out = [None] * len(indices)
             for k in sorted(range(len(indices)), key=indices.__getitem__):
@@ -479,6 +488,40 @@ class TarDataset:
                 out[k] = self[indices[k]]
             return out
         return self._decode_batch(out)
+
+    def _read_batch(self, indices: list[int]) -> list[Any]:
+        """``[self.read(i) for i in indices]``, the ranges of local shards read together: sorted by shard and
+        offset, neighbours within ``options.coalesce_gap`` merged, what the page cache holds read at once,
+        the rest ``options.max_in_flight`` reads at a time (the C reader's ``read_batch``, or
+        :func:`tarindex._localbatch.read_ranges`)."""
+        if self._gen != FORK[0]:
+            self._attach()
+        opts = self.options
+        if self._fast is not None:
+            got: list[Any] = self._fast.read_batch(indices, opts.max_in_flight, opts.coalesce_gap)
+            return got
+        located = [self._locate(i) for i in indices]
+        opener = self._opener
+        handles: dict[int, Any] = {}
+        try:
+            for shard in sorted({loc[3] for loc in located}):
+                handles[shard] = opener.acquire(shard)  # counted until the batch is read: not closed under it
+            plain = [k for k, loc in enumerate(located) if type(handles[loc[3]]) is int]
+            requests = [(handles[located[k][3]], located[k][3], located[k][1], located[k][2]) for k in plain]
+            got = read_ranges(requests, self._modes, max_in_flight=opts.max_in_flight, coalesce_gap=opts.coalesce_gap)
+        finally:
+            for shard in handles:
+                opener.release(shard)
+        out: list[Any] = [None] * len(indices)
+        for k, buf in zip(plain, got):
+            i, offset, size, shard, members, key = located[k]
+            if isinstance(buf, OSError):
+                raise OSError(buf.errno, buf.strerror, self.urls[shard]) from buf
+            out[k] = self._sample(i, buf, offset, size, shard, members, key)
+        for k in range(len(indices)):
+            if out[k] is None:  # a shard read through its handle's read_at (zstd, gzip): sample by sample
+                out[k] = self.read(indices[k])
+        return out
 
     def _read_or_skip(self, i: int) -> Any:
         """Sample ``i``'s bytes; with ``on_error="skip"``, an unreadable sample is ``ds[i]`` (the next readable

@@ -38,9 +38,9 @@ class SourceOptions:
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     """Client options of the object store or fsspec filesystem (endpoint, region, credentials)."""
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    """Ranged requests in flight at once for one batch (``TarDataset.__getitems__``)."""
+    """Ranged requests (URL shards), or reads (local shards), in flight at once for one batch (``TarDataset.__getitems__``)."""
     coalesce_gap: int = DEFAULT_COALESCE_GAP
-    """Ranges of one shard this close are merged into one request (negative: never merged)."""
+    """Ranges of one shard this close are merged into one request or read (negative: never merged)."""
     cache_dir: str | None = None
     """A local directory for the block cache of fetched ranges, shared by the processes of a node (off: ``None``)."""
     cache_bytes: int = 16 << 30
