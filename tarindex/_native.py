@@ -1,5 +1,5 @@
 """The typed C boundary: the optional C extension (``tarindex._speedups``: _speedups.c, _tarscan.c,
-_zstdread.c) as :class:`Speedups`, or ``None``. One place decides.
+_zstdread.c, _resample.c) as :class:`Speedups`, or ``None``. One place decides.
 
 Each fast path it provides has a pure-Python reference beside it, used when the extension is not built
 or ``TARINDEX_PURE_PYTHON`` is set in the environment. The ``Protocol`` classes below say what Python
@@ -84,6 +84,9 @@ class Speedups(Protocol):
         self, buf: Any, pos: int, base: int, with_data: bool, limit: int, /
     ) -> tuple[list[tuple[str, int, int, int, bytes | None]], int, int, int]: ...
     def _libzstd(self, on: bool = ..., /) -> bool: ...
+    def resample(
+        self, src: Any, out: Any, box: tuple[float, float, float, float], filter: int, planar: bool, vertical_first: bool, /
+    ) -> None: ...
     def init(self, *, index_format_error: type[Exception]) -> None: ...
 
 

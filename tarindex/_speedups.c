@@ -39,6 +39,7 @@
 #include "_batchio.h"
 #include "_tarcore.h"
 #include "_tarscan.h"
+#include "_resample.h"
 #include "_zstdread.h"
 
 #define MAX_MEMBERS 256           /* more members than this in one sample: the Python path reads it */
@@ -1165,7 +1166,7 @@ static int module_exec(PyObject *m) {
         Py_DECREF(&ReaderType);
         return -1;
     }
-    return tarscan_add(m) < 0 || zstdread_add_types(m) < 0 ? -1 : 0;
+    return tarscan_add(m) < 0 || zstdread_add_types(m) < 0 || resample_add_functions(m) < 0 ? -1 : 0;
 }
 
 static PyModuleDef_Slot module_slots[] = {
