@@ -14,6 +14,9 @@ def scan_headers(
     buf: Any, pos: int, base: int, with_data: bool, limit: int, /
 ) -> tuple[list[tuple[str, int, int, int, bytes | None]], int, int, int]: ...
 def _libzstd(on: bool = ..., /) -> bool: ...
+def _readcheck(on: bool = ..., /) -> bool: ...
+def dali_lines(keys: list[bytes], exts: list[bytes], nmembers: Any, member_ext: Any, offsets: Any, sizes: Any, /) -> bytes:
+    """DALI index lines, one per sample (int64 counts, uint16 extension numbers, uint64 offsets and sizes)."""
 
 class Reader:
     def __init__(
