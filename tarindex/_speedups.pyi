@@ -23,6 +23,9 @@ def resample(
     vertical_first: bool,  # the pass order of the PIL compared with (tarindex._image._vertical_first)
     /,
 ) -> None: ...
+def _readcheck(on: bool = ..., /) -> bool: ...
+def dali_lines(keys: list[bytes], exts: list[bytes], nmembers: Any, member_ext: Any, offsets: Any, sizes: Any, /) -> bytes:
+    """DALI index lines, one per sample (int64 counts, uint16 extension numbers, uint64 offsets and sizes)."""
 
 class Reader:
     def __init__(
