@@ -5,8 +5,10 @@ A sample's byte range starts at its first member's first header, so each member'
 a read fetches anyway. :func:`check_sample` makes sure they still say what the index says: a valid
 header checksum, a regular file, the member's name (the sample's key and the member's extension, by
 webdataset's rules: :func:`tarindex.grouping.split_key`) and its size, for every member. A shard rewritten
-in place (two samples of one size trading places, a caption fixed to the same length) or a record edited
-with its checksum recomputed is then a :class:`~tarindex.errors.StaleIndexError`, never another sample's bytes.
+in place whose members moved, were renamed or resized (two samples of one size trading places) or a record
+edited with its checksum recomputed is then a :class:`~tarindex.errors.StaleIndexError`, never another sample's
+bytes. The member data is not checked: bytes changed in place under headers that still say the same name,
+type and size (a caption rewritten to the same length) are read as they are now.
 
 Two steps. :func:`_agrees` accepts the common shapes quickly (each member's headers right before its data,
 PAX and GNU long-name headers included); the C reader (``_speedups.c``, ``headers_agree``) makes the same

@@ -5,10 +5,13 @@ Same size and mtime: the indexed shard. Same size, another mtime (a copy made by
 compared once, and an identical copy is accepted. Anything else is a :class:`StaleIndexError` that
 names what changed.
 
-What the rule cannot see: a shard rewritten in place with the same size and the same mtime (``touch -r``)
-and its first and last 64 KiB unchanged. ``verify="fingerprint"`` (``TarDataset``) compares the
-fingerprint at every first open even when the mtime matches (changes within 64 KiB of either end);
-only ``tarindex verify --deep`` (a rescan) sees a change in the middle.
+What the rule cannot see: a shard rewritten in place with the same size and the same mtime (``touch -r``),
+or with another mtime and its first and last 64 KiB unchanged. ``verify="fingerprint"`` (``TarDataset``)
+compares the fingerprint at every first open even when the mtime matches (changes within 64 KiB of either
+end). A change in the middle is seen where it moves, renames or resizes a member: by every read of a sample
+whose headers no longer say what its record says (:mod:`tarindex._readcheck`) and by ``tarindex verify --deep``
+(a rescan compared with every record). A member's bytes changed with its header's name, type and size kept (a
+caption rewritten to the same length) is seen by none of them: the index holds no checksum of member contents.
 """
 
 from __future__ import annotations

@@ -86,6 +86,7 @@ def _totals_from_records(index: str) -> dict:
         "sample_bytes": int(samples.size.sum()),
         "shard_bytes": sum(s.size for s in ix.shards),
         "zstd_shards": sum(s.compression == "zstd" for s in ix.shards),
+        "gzip_shards": sum(s.compression == "gzip" for s in ix.shards),
         "extensions": {e: n for e, n in zip(ix.exts, counts) if n},
     }
     ix.close()
@@ -97,22 +98,30 @@ def _info(index: str) -> dict:
     assert got["code"] == 0, got
     assert not {"numpy", "torch"} & set(got["modules"]), set(got["modules"]) & {"numpy", "torch"}
     out = json.loads(got["stdout"].rstrip().rsplit("\n", 1)[0])
-    return {k: out[k] for k in ("samples", "members", "shards", "sample_bytes", "shard_bytes", "zstd_shards", "extensions")}
+    return {k: out[k] for k in ("samples", "members", "shards", "sample_bytes", "shard_bytes", "zstd_shards", "gzip_shards", "extensions")}
 
 
 def test_info_reads_only_the_meta_and_its_totals_match_the_records(shard_set) -> None:
     """``info`` shows totals the meta keeps (no record decoded, numpy not imported), equal to counting every
     record: after a build, a merge of parts, and an incremental rebuild that replaced one shard."""
+    import gzip
     import io
+    import shutil
     import tarfile
 
     import tarindex
 
     shards = shard_set(n_shards=4, per=5)
     root = shards[0].parent
+    tarindex.compress_shard(shards[2], shards[2].with_suffix(".tar.zst"))
+    with open(shards[3], "rb") as src, gzip.open(shards[3].with_suffix(".tar.gz"), "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    shards = [shards[0], shards[1], shards[2].with_suffix(".tar.zst"), shards[3].with_suffix(".tar.gz")]  # plain, zstd, gzip
     whole = tarindex.build_index([str(s) for s in shards], index=root / "whole.tarindex", workers=1).path
     assert _info(str(whole)) == _totals_from_records(str(whole))
-    assert _info(str(whole))["shards"] == 4
+    assert {k: _info(str(whole))[k] for k in ("shards", "zstd_shards", "gzip_shards")} == {"shards": 4, "zstd_shards": 1, "gzip_shards": 1}
+    text = _start("info", str(whole))["stdout"]
+    assert "zstd shards:    1\n" in text and "gzip shards:    1\n" in text, text
     parts = [tarindex.build_index([str(s) for s in shards], index=root / f"p{k}.tarindex", part=(k, 2), workers=1).path for k in (1, 2)]
     merged = tarindex.merge_indexes(parts, root / "merged.tarindex")
     assert _info(str(merged)) == _totals_from_records(str(merged)) == _totals_from_records(str(whole))
@@ -128,12 +137,14 @@ def test_info_reads_only_the_meta_and_its_totals_match_the_records(shard_set) ->
     assert got == _totals_from_records(str(whole)) and got["extensions"]["npy"] == 3 and got["samples"] == 3 * 5 + 3
 
 
-def test_info_counts_the_records_of_an_index_whose_meta_keeps_no_totals(shard_set) -> None:
-    """An index written before the meta kept the totals: ``info`` counts them from the records, the same figures."""
+@pytest.mark.parametrize("dropped", ["every total", "gzip_shards"])
+def test_info_counts_the_records_of_an_index_whose_meta_keeps_no_totals(shard_set, dropped: str) -> None:
+    """An index written before the meta kept the totals (all of them, or the later ``gzip_shards``): ``info``
+    counts them from the records, the same figures."""
     import lmdb
 
     import tarindex
-    from tarindex.index.format import CONTENT_SUMMARY, META_KEY, seal, unseal
+    from tarindex.index.format import CONTENT_SUMMARY, LATER_CONTENT, META_KEY, seal, unseal
 
     shards = shard_set(n_shards=3, per=4)
     index = tarindex.build_index([str(s) for s in shards], index=shards[0].parent / "old.tarindex", workers=1).path
@@ -141,7 +152,7 @@ def test_info_counts_the_records_of_an_index_whose_meta_keeps_no_totals(shard_se
     env = lmdb.open(str(index), subdir=False, lock=False)
     with env.begin(write=True) as txn:
         meta = json.loads(bytes(unseal(txn.get(META_KEY), META_KEY, "meta")))
-        for k in (*CONTENT_SUMMARY, "ext_members"):
+        for k in (*CONTENT_SUMMARY, "ext_members") if dropped == "every total" else LATER_CONTENT:
             del meta[k]
         txn.put(META_KEY, seal(META_KEY, json.dumps(meta).encode()))
     env.close()

@@ -205,6 +205,7 @@ def _edited(index: Path, out: Path, edit: Any) -> Path:
         ("ext_members", None, "bad ext_members"),
         ("data_bytes", -5, "bad data_bytes"),
         ("zstd_shards", "2", "bad zstd_shards"),
+        ("gzip_shards", 999, "bad gzip_shards"),  # more than the index's shards
         ("block_samples", 7, "bad n_blocks"),
         ("part", [3, 2], "bad part"),
         ("build_id", None, "bad build_id"),

@@ -35,6 +35,7 @@ def command(index: str, as_json: bool) -> None:
         "shard_bytes": content["shard_bytes"],
         "zstd_shards": content["zstd_shards"],
         "zstd_shards_without_random_access": content["zstd_shards_without_random_access"],
+        "gzip_shards": content["gzip_shards"],
         "index_bytes": path.stat().st_size,
         "duplicate_keys": meta["duplicate_keys"],
         "extensions": exts,
@@ -50,6 +51,8 @@ def command(index: str, as_json: bool) -> None:
     if summary["zstd_shards"]:
         slow = summary["zstd_shards_without_random_access"]
         click.echo(f"zstd shards:    {summary['zstd_shards']}" + (f" ({slow} too coarse for random access; see docs/zstd.md)" if slow else ""))
+    if summary["gzip_shards"]:
+        click.echo(f"gzip shards:    {summary['gzip_shards']}")
     click.echo(f"samples:        {summary['samples']} ({human(summary['sample_bytes'])})")
     click.echo(f"members:        {summary['members']}")
     dup = summary["duplicate_keys"]
@@ -58,12 +61,13 @@ def command(index: str, as_json: bool) -> None:
 
 
 def _kept(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The content totals the meta keeps (``CONTENT_SUMMARY``), or ``None`` for an index written before it kept them."""
-    from ..index.format import CONTENT_SUMMARY
+    """The content totals the meta keeps (``CONTENT_SUMMARY``, ``LATER_CONTENT``), or ``None`` for an index written
+    before it kept them all."""
+    from ..index.format import CONTENT_SUMMARY, LATER_CONTENT
 
-    if "ext_members" not in meta:
+    if "ext_members" not in meta or any(k not in meta for k in LATER_CONTENT):
         return None
-    return {**{k: meta[k] for k in CONTENT_SUMMARY}, "ext_members": dict(zip(meta["exts"], meta["ext_members"]))}
+    return {**{k: meta[k] for k in (*CONTENT_SUMMARY, *LATER_CONTENT)}, "ext_members": dict(zip(meta["exts"], meta["ext_members"]))}
 
 
 def _counted(path: Path) -> dict[str, Any]:
@@ -80,5 +84,6 @@ def _counted(path: Path) -> dict[str, Any]:
         "shard_bytes": sum(s.size for s in ix.shards),
         "zstd_shards": sum(1 for s in ix.shards if s.compression == "zstd"),
         "zstd_shards_without_random_access": sum(1 for s in ix.shards if not s.random_access),
+        "gzip_shards": sum(1 for s in ix.shards if s.compression == "gzip"),
         "ext_members": dict(zip(ix.exts, counts)),
     }

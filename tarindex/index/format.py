@@ -19,6 +19,7 @@ __all__ = [
     "BUCKET_BYTES",
     "CONTENT_SUMMARY",
     "FORMAT_VERSION",
+    "LATER_CONTENT",
     "MAGIC",
     "SHARD_BLOCK",
     "SHARD_SUMMARY",
@@ -57,6 +58,9 @@ CONTENT_SUMMARY = ("data_bytes", "shard_bytes", "zstd_shards", "zstd_shards_with
 """Totals over the records kept in the meta (with ``ext_members``, members per extension), so ``tarindex info``
 decodes no record and reads no shard record: sample bytes, shard bytes, zstd shards, and those of them
 that cannot be read at random cheaply. Indexes written before these existed lack them (optional keys)."""
+LATER_CONTENT = ("gzip_shards",)
+"""Totals kept beside ``CONTENT_SUMMARY`` since a later writer, each optional on its own (an index written
+before one lacks it, and ``tarindex info`` then counts the records): gzip shards."""
 BUCKET_BYTES = 1280
 """Bytes of entries per bucket of the key table, on average: three buckets (and their LMDB node headers,
 keys and checksums, ~24 bytes each) fill a 4 KiB page with room for buckets larger than the mean."""

@@ -16,6 +16,7 @@ from .format import (
     BLOCK_PREFIX,
     CONTENT_SUMMARY,
     FORMAT_VERSION,
+    LATER_CONTENT,
     MAGIC,
     META_KEY,
     SHARD_SUMMARY,
@@ -43,7 +44,8 @@ def _content_checks(meta: dict[str, Any]) -> list[tuple[str, bool]]:
     ok = (
         isinstance(counts, list) and len(counts) == len(meta["exts"]) and all(type(c) is int and c >= 0 for c in counts)
     )
-    return [*checks, ("ext_members", ok and sum(counts) == meta["n_members"])]
+    later = [(k, k not in meta or (type(meta[k]) is int and 0 <= meta[k] <= meta["n_shards"])) for k in LATER_CONTENT]
+    return [*checks, *later, ("ext_members", ok and sum(counts) == meta["n_members"])]
 
 
 def check_meta(path: Path, raw: Any) -> dict[str, Any]:

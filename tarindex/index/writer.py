@@ -37,6 +37,7 @@ from .format import (
     FRAMES_PREFIX,
     GZIP_PREFIX,
     KEYS_PREFIX,
+    LATER_CONTENT,
     MAGIC,
     META_KEY,
     SHARD_BLOCK,
@@ -171,7 +172,7 @@ class IndexWriter:
         self._exts: dict[str, int] = {}
         self._n_members = 0
         self._summary = dict.fromkeys(SHARD_SUMMARY, 0)  # what a reader needs at open without the shard records
-        self._content = dict.fromkeys(CONTENT_SUMMARY, 0)  # what `tarindex info` shows without decoding records
+        self._content = dict.fromkeys((*CONTENT_SUMMARY, *LATER_CONTENT), 0)  # what `tarindex info` shows without decoding records
         self._ext_members: list[int] = []  # members per extension number
         self._pending: list[Columns] = []
         self._pending_n = 0
@@ -459,10 +460,11 @@ class IndexWriter:
             raise IndexFormatError(f"{self.path}: the new index fails its check ({exc}); the previous index is unchanged") from exc
 
     def _count(self, info: ShardInfo, cols: Columns, member_ext: np.ndarray) -> None:
-        """Add one shard to the content totals (``CONTENT_SUMMARY``, members per extension)."""
+        """Add one shard to the content totals (``CONTENT_SUMMARY``, ``LATER_CONTENT``, members per extension)."""
         self._content["data_bytes"] += int(cols.size.sum(dtype=np.uint64))
         self._content["shard_bytes"] += info.size
         self._content["zstd_shards"] += info.compression == "zstd"
+        self._content["gzip_shards"] += info.compression == "gzip"
         self._content["zstd_shards_without_random_access"] += not info.random_access
         counts = np.bincount(member_ext, minlength=len(self._exts)).tolist()
         self._ext_members += [0] * (len(counts) - len(self._ext_members))
