@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ._localreads import block_chunks, slow_storage
 from ._source import Source
 from .compression import HEAD_BYTES, ArchiveEnd, codec_of, detect
 from .errors import (
@@ -209,6 +210,9 @@ def scan_shard(
             table, partial = _scan_zstd(fd, path, max_member_size, allow_missing_end)
         elif codec == "gzip":
             table = _scan_gzip(fd, path, max_member_size, allow_missing_end)
+        elif slow_storage(fd):  # NFS, FUSE, ...: blocks read ahead, the walk over them in memory (_localreads)
+            chunks = block_chunks(fd, st.st_size, block=(options or SourceOptions()).block_size)
+            table = table_from_chunks(chunks, path, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
         else:
             table = table_from_file(fd, path, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
         info = shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table, gzip=codec == "gzip")

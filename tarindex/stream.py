@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from . import _args
 from ._iterable import IterableDataset
+from ._localreads import block_chunks, slow_storage
 from ._process import FORK
 from ._split import (
     AFTER,
@@ -488,9 +489,11 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
                     check_shard(url, source.fileno(), self._infos[shard])
                 else:
                     check_source(url, self._infos[shard], source.size, source.mtime_ns)
-            fd = source.fileno() if isinstance(source, FileSource) and source.size is not None and fused() else -1
-            if fd >= 0 and codec_of(os.pread(fd, 6, 0), url) == "tar":  # a local tar: the C walk reads it, one copy, no thread
-                yield from iter_samples(fd, url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end)
+            fd = source.fileno() if isinstance(source, FileSource) and source.size is not None else -1
+            slow = fd >= 0 and slow_storage(fd)  # NFS, FUSE, ...: blocks read ahead (_localreads)
+            if (fused() or slow) and fd >= 0 and codec_of(os.pread(fd, 6, 0), url) == "tar":  # a local tar: the C walk reads it, one copy, no thread
+                walked = block_chunks(fd, source.size or 0, block=source.block_size) if slow else fd
+                yield from iter_samples(walked, url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end)
                 return
             first = b""
             if source.walks_direct and fused():  # HTTP, pipes: the C walk reads the socket or pipe itself
