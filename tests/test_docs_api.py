@@ -261,18 +261,23 @@ def _called_name(func: ast.expr, imported: dict[str, str]) -> str | None:
     return None
 
 
+def _nodes(block: Block) -> list[ast.AST]:
+    """Every node of a Python block's syntax tree (none when it does not parse: text that only looks like code)."""
+    try:
+        return list(ast.walk(ast.parse(block.code)))
+    except SyntaxError:
+        return []
+
+
 def code_calls(block: Block) -> Iterator[tuple[str, str, list[str]]]:
     """``(where, public name, keywords)`` of each call of a public name in a Python block."""
-    try:
-        tree = ast.parse(block.code)
-    except SyntaxError:
-        return
+    nodes = _nodes(block)
     imported: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tarindex"):
             for alias in node.names:
                 imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Call) and (name := _called_name(node.func, imported)):
             keywords = [k.arg for k in node.keywords if k.arg is not None]
             yield f"{block.path}:{block.line + node.lineno - 1}", name, keywords
@@ -318,14 +323,58 @@ def test_every_keyword_the_docs_pass_exists() -> None:
     assert unknown_keywords() == []
 
 
-def test_the_keyword_check_reads_code_and_inline_calls() -> None:
-    page = ROOT / "docs" / "dataset.md"
-    in_code = {(name, k) for b in blocks(page) if b.lang == "python" for _, name, kw in code_calls(b) for k in kw}
-    inline = {(name, k) for _, name, kw in inline_calls(ROOT / "docs" / "building.md") for k in kw}
-    assert ("TarDataset", "decode") in in_code and ("TarDataset", "verify") in inline, (in_code, inline)
-    block = Block("x.md", 1, "python", "import tarindex\nfrom tarindex.decode import Image\ntarindex.TarDataset('d', decod='pil')\nImage(224, cropp='center')\n", None, None)
-    assert [(n, k) for _, n, k in code_calls(block)] == [("TarDataset", ["decod"]), ("decode.Image", ["cropp"])]
-    assert "decod" not in _parameters(PUBLIC["TarDataset"]) and "cropp" not in _parameters(PUBLIC["decode.Image"])
+def _methods() -> dict[str, list[Callable[..., Any]]]:
+    """The public methods of the public classes, by name (``state_dict``: the samplers', the stream's, ``Mix``'s)."""
+    found: dict[str, list[Callable[..., Any]]] = {}
+    classes = {obj for obj in PUBLIC.values() if inspect.isclass(obj)} | {tarindex.Mix}
+    for cls in classes:
+        for name, member in inspect.getmembers(cls, inspect.isfunction):
+            if not name.startswith("_"):
+                found.setdefault(name, []).append(member)
+    return found
+
+
+def method_calls(block: Block) -> Iterator[tuple[str, str, list[str]]]:
+    """``(where, method name, keywords)`` of each ``x.name(..., kw=...)`` call with keywords in a Python block."""
+    for node in _nodes(block):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.keywords:
+            keywords = [k.arg for k in node.keywords if k.arg is not None]
+            yield f"{block.path}:{block.line + node.lineno - 1}", node.func.attr, keywords
+
+
+def inline_method_calls(doc: Path) -> Iterator[tuple[str, str, list[str]]]:
+    """``(where, method name, keywords)`` of each method call with keywords in an inline code span that parses as
+    Python (``sampler.state_dict(consumed=...)``; a span starting with ``.`` is read as a method of ``x``)."""
+    rel = str(doc.relative_to(ROOT))
+    for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        for m in re.finditer(r"`([^`]*\w\([^`]*\))`", line):
+            code = m.group(1).replace("...", "x")
+            block = Block(rel, number, "python", "x" + code if code.startswith(".") else code, None, None)
+            yield from method_calls(block)
+
+
+def method_keyword_problems(calls: list[tuple[str, str, list[str]]]) -> tuple[int, list[str]]:
+    """How many calls name a method of a public class, and their keywords that no such method takes."""
+    methods = _methods()
+    checked, found = 0, []
+    for where, name, keywords in calls:
+        if name not in methods or any(_takes_any_keyword(m) for m in methods[name]):
+            continue  # another library's method (DataLoader, torch), or one taking any keyword
+        checked += 1
+        known = {p for m in methods[name] for p in _parameters(m)}
+        found += [f"{where}: .{name}({k}=...): no such parameter" for k in keywords if k not in known]
+    return checked, found
+
+
+def test_every_keyword_the_docs_pass_to_a_method_exists() -> None:
+    """A keyword passed to a method that a public class has (``sampler.state_dict(consumed=...)``,
+    ``stream.batched(64, partial=False)``) is a parameter of that method in one of the classes that have it."""
+    calls = [c for doc in DOCS for block in blocks(doc) if block.lang == "python" for c in method_calls(block)]
+    calls += [c for doc in DOCS for c in inline_method_calls(doc)]
+    checked, found = method_keyword_problems(calls)
+    assert checked >= 3 and found == []
+    block = Block("x.md", 1, "python", "s.state_dict(consumd=3)\nloader.to(device='cpu')\n", None, None)
+    assert method_keyword_problems(list(method_calls(block))) == (1, ["x.md:1: .state_dict(consumd=...): no such parameter"])
 
 
 # --- the CLI table --------------------------------------------------------------------------------------
