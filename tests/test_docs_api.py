@@ -1,11 +1,14 @@
-"""The documentation against the code: signatures, keywords, CLI options, extras, install commands, the site's nav.
+"""The documentation against the code: signatures, keywords, CLI options, option tables, extras, installs, links.
 
 ``tests/test_docs.py`` runs the examples; this file checks what examples do not run: the signatures the
 pages write out (a fenced block marked ``<!-- docs-test: skip (signatures...) -->``) against
-:func:`inspect.signature`, every keyword that a page passes to a public name (in code blocks and in inline
-code) against that name's parameters, ``docs/cli.md``'s command table against the click commands, the
-``SourceOptions`` table of ``docs/remote.md`` against the dataclass, the extras pages name against
-``pyproject.toml``, every ``pip install`` against ``constraints.txt``, and every page against ``mkdocs.yml``.
+:func:`inspect.signature`, every keyword that a page passes to a public name or to a method of a public class
+(in code blocks and in inline code) against its parameters, ``docs/cli.md``'s command table against the click
+commands, every table that gives a default of ``SourceOptions`` or ``compression.Limits`` against the
+dataclass, the C files ``docs/dataset.md`` names, the extras pages name against ``pyproject.toml``, every
+``pip install`` against ``constraints.txt``, every page against ``mkdocs.yml``, references to a section of
+another page against its headings, machine paths, and ``docs/performance.md``'s shape (a table, a date and a
+command per workload; ratios the chart can draw).
 """
 
 from __future__ import annotations
