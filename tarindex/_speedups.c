@@ -37,8 +37,10 @@
 #include <unistd.h>
 
 #include "_batchio.h"
+#include "_exportfmt.h"
 #include "_tarcore.h"
 #include "_tarscan.h"
+#include "_resample.h"
 #include "_zstdread.h"
 
 #define MAX_MEMBERS 256           /* more members than this in one sample: the Python path reads it */
@@ -615,6 +617,8 @@ static int plain_header_agrees(const unsigned char *h, const char *key, size_t k
     return memcmp(h + 148, want, 8) == 0;
 }
 
+static int readcheck_on = 1; /* _readcheck(False): tools/bench_readcheck.py measures the check's cost against reads without it */
+
 /* Every read checks the headers it holds: whether each member's headers in the sample's bytes say what
  * record r says (a regular file whose data starts where the record says, of the record's size and name, every
  * checksum valid): a plain header directly after the previous member's data field by field
@@ -625,6 +629,7 @@ static int plain_header_agrees(const unsigned char *h, const char *key, size_t k
  * after the other in `gaps`. 1: they agree; 0: not shown here (the read goes to the Python path, whose
  * check judges and names any difference: tarindex._readcheck). */
 static int headers_agree(Reader *self, const Record *r, const unsigned char *base, const unsigned char *gaps) {
+    if (!readcheck_on) return 1;
     uint64_t pos = 0, acc = 0;
     tar_member m;
     char key[256];
@@ -1140,7 +1145,23 @@ static PyObject *module_init(PyObject *m, PyObject *args, PyObject *kw) {
     Py_RETURN_NONE;
 }
 
+static PyObject *module_readcheck(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    (void)m;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "_readcheck([on]) takes at most one argument");
+        return NULL;
+    }
+    if (nargs == 1) {
+        int on = PyObject_IsTrue(args[0]);
+        if (on < 0) return NULL;
+        readcheck_on = on;
+    }
+    return PyBool_FromLong(readcheck_on);
+}
+
 static PyMethodDef module_methods[] = {
+    {"_readcheck", (PyCFunction)(void (*)(void))module_readcheck, METH_FASTCALL,
+     "_readcheck([on]) -> whether the C reader checks each sample's headers (tools/bench_readcheck.py switches it off to measure it)"},
     {"init", (PyCFunction)(void (*)(void))module_init, METH_VARARGS | METH_KEYWORDS,
      "init(*, index_format_error) -> None: the error classes the extension raises (tarindex._native calls it once)"},
     {NULL, NULL, 0, NULL},
@@ -1165,7 +1186,7 @@ static int module_exec(PyObject *m) {
         Py_DECREF(&ReaderType);
         return -1;
     }
-    return tarscan_add(m) < 0 || zstdread_add_types(m) < 0 ? -1 : 0;
+    return tarscan_add(m) < 0 || zstdread_add_types(m) < 0 || resample_add_functions(m) < 0 || exportfmt_add(m) < 0 ? -1 : 0;
 }
 
 static PyModuleDef_Slot module_slots[] = {

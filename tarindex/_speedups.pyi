@@ -1,4 +1,4 @@
-"""Types of the optional C extension (tarindex/_speedups.c, _batchio.c, _tarscan.c, _zstdread.c).
+"""Types of the optional C extension (tarindex/_speedups.c, _batchio.c, _tarscan.c, _zstdread.c, _resample.c).
 
 Checked against the compiled module by tests/test_native.py (every name, and the number of arguments of
 every function and method); tarindex._native states what Python needs from each type as a Protocol.
@@ -14,6 +14,18 @@ def scan_headers(
     buf: Any, pos: int, base: int, with_data: bool, limit: int, /
 ) -> tuple[list[tuple[str, int, int, int, bytes | None]], int, int, int]: ...
 def _libzstd(on: bool = ..., /) -> bool: ...
+def resample(
+    src: Any,  # uint8, C-contiguous, (H, W, C) or (H, W), 1 to 4 bands
+    out: Any,  # uint8, C-contiguous, writable: (OH, OW, C), or (C, OH, OW) with planar
+    box: tuple[float, float, float, float],  # (left, top, right, bottom) in src, as PIL's resize box
+    filter: int,  # PIL.Image.Resampling: 1 lanczos, 2 bilinear, 3 bicubic, 4 box, 5 hamming
+    planar: bool,
+    vertical_first: bool,  # the pass order of the PIL compared with (tarindex._image._vertical_first)
+    /,
+) -> None: ...
+def _readcheck(on: bool = ..., /) -> bool: ...
+def dali_lines(keys: list[bytes], exts: list[bytes], nmembers: Any, member_ext: Any, offsets: Any, sizes: Any, /) -> bytes:
+    """DALI index lines, one per sample (int64 counts, uint16 extension numbers, uint64 offsets and sizes)."""
 
 class Reader:
     def __init__(

@@ -423,3 +423,53 @@ def test_the_c_sources_are_named() -> None:
     section = section[: section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
     named = set(re.findall(r"`(?:tarindex/)?(_\w+\.c)`", section))
     assert named == {p.name for p in (ROOT / "tarindex").glob("*.c")}
+
+
+def test_no_machine_paths_in_the_docs() -> None:
+    """No page names a path of one machine (a home, a scratch directory, a checkout): commands use relative paths."""
+    found = [
+        f"{doc.relative_to(ROOT)}:{n}: {m.group(0)}"
+        for doc in DOCS
+        for n, line in enumerate(doc.read_text().splitlines(), 1)
+        for m in re.finditer(r"(?<![\w.~])/(?:work|tmp|home|root|Users)/[\w./-]*", line)
+    ]
+    assert found == []
+
+
+def _performance_sections() -> dict[str, str]:
+    text = (ROOT / "docs" / "performance.md").read_text()
+    parts = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_every_performance_workload_has_a_table_a_date_and_a_command() -> None:
+    """docs/performance.md: each workload section holds its table, when it was measured, and how to measure it again."""
+    sections = _performance_sections()
+    assert len(sections) >= 8, list(sections)
+    missing = {
+        name: [what for what, ok in (
+            ("a table", re.search(r"^\|.+\|\s*$", body, re.MULTILINE) is not None),
+            ("a date", re.search(r"\b20\d\d-\d\d-\d\d\b", body) is not None),
+            ("a command", re.search(r"python\s+tools/\w+\.py", body) is not None),
+        ) if not ok]
+        for name, body in sections.items()
+    }  # fmt: skip
+    assert {name: what for name, what in missing.items() if what} == {}
+
+
+def test_the_performance_chart_reads_the_page() -> None:
+    """Every ratio row of the page's workload tables says what it is beside (the limit or a peer), so the chart
+    (``tools/bench.py --chart``) draws it; the page shows the chart, and the README too."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from bench_chart import bars
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    found = bars(ROOT / "docs" / "performance.md")
+    assert len(found) >= 30 and {b.versus for b in found} == {"limit", "peer"}
+    assert len({b.section for b in found}) >= 8
+    assert (ROOT / "docs" / "performance.png").stat().st_size > 10_000
+    assert "(performance.png)" in (ROOT / "docs" / "performance.md").read_text()
+    assert "(docs/performance.png)" in (ROOT / "README.md").read_text()

@@ -14,13 +14,18 @@ read one after the other, alternated and mixed, and over nginx; ``--only gzip``:
 shards, or ``--zstd-shards N``, tools/bench_gzip.py, not by default; ``--only latency --sets small``: the small set's
 first 4 shards through a FUSE mount with 1 ms per read, each path beside the physical limit, and random
 samples from a cold local disk, tools/bench_latency.py, not by default; ``--only pack``: making shards,
-tools/bench_pack.py, not by default). ``--only stream,quick``: the streaming benchmark over
+tools/bench_pack.py, not by default; ``--only export --sets ''``: ``tarindex export --dali``/``--wids`` of a
+1M-sample index beside ``cp`` of its output, tools/bench_export.py, not by default; ``--only readcheck --sets
+small,small-wds,small-posix,jpeg``: the cost of each read's header check, on / off alternated in one process per
+lane, tools/bench_readcheck.py, not by default). ``--only stream,quick``: the streaming benchmark over
 4 shards per set; ``--zstd-shards N``: the zstd benchmarks (zstd, sampler_zstd) on the first N shards;
 ``--sets sampler``: a quick set. ``--only scale --sets ''``: indexes of ``--sizes`` samples written in
 ``--parts`` parts and merged, an index of ``--many-shards`` shards opened (tools/bench_index.py), the
 sampler at 5e9 samples.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
-Results go to stdout as a markdown table; record them in docs/performance.md.
+Results go to stdout as a markdown table; record them in docs/performance.md (one current table per workload),
+then ``--chart docs/performance.png`` redraws the page's chart from its tables (tools/bench_chart.py).
+Needs the ``bench`` extra (webdataset, wids, mfusepy, matplotlib): ``pip install -c constraints.txt -e '.[bench]'``.
 """
 
 from __future__ import annotations
@@ -786,6 +791,10 @@ def run_set(name: str, paths: list[str], only: set[str], work: Path) -> Iterator
         yield from bench_resume(paths, name, work)
     if "mix" in only:
         yield from bench_mix(paths, name)
+    if "readcheck" in only:  # not by default: each read's header check on and off, alternated in one process per lane
+        from bench_readcheck import bench_readcheck
+
+        yield from bench_readcheck({name: index})
     if "batches" in only:  # not by default: a sweep of the walk's batch size (tarindex.tar._DIRECT_BATCH_BYTES)
         yield from bench_batch_bytes(paths, name, work)
     if "zstd" in only:
@@ -961,7 +970,13 @@ def main() -> None:
     ap.add_argument("--many-shards", type=int, default=500_000, help="scale: shards of the index whose open is timed (0: none)")
     ap.add_argument("--trees", default="", help="walk: two source trees A,B (each built in place), compared in alternated processes (tools/bench_walk.py)")
     ap.add_argument("--rounds", type=int, default=10, help="walk --trees: passes per walk and tree, asked in turn (best of); pack: rounds of each contender (3 is plenty)")
+    ap.add_argument("--chart", type=Path, default=None, metavar="PNG", help="draw docs/performance.md's ratios into PNG (tools/bench_chart.py; matplotlib) and run nothing else")
     args = ap.parse_args()
+    if args.chart is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_chart import main as chart
+
+        sys.exit(chart(args.chart))
     ZSTD_SHARDS[0] = args.zstd_shards
     only = set(args.only.split(","))
     work = args.dir / "work"
@@ -1014,6 +1029,16 @@ def main() -> None:
         ds = tarindex.TarDataset(work / "jpeg.tarindex")
         scaled = _scaled_index(ds, work / "jpeg-scaled1k-placed-1000000.tarindex", 1_000_000)
         for label, value, ratio in bench_pack(jpeg, small, work / "jpeg.tarindex", scaled, work, args.rounds):
+            print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
+    if "export" in only:  # not by default: tarindex export --dali / --wids of a 1M-sample index, beside cp (tools/bench_export.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_export import bench_export
+
+        small = make_set(args.dir / "small", "small", *SPECS["small"])
+        if not (work / "small.tarindex").exists():
+            tarindex.build_index(small, index=work / "small.tarindex")
+        scaled = _scaled_index(tarindex.TarDataset(work / "small.tarindex"), work / "small-scaled1k-placed-1000000.tarindex", 1_000_000)
+        for label, value, ratio in bench_export(scaled, work):
             print(f"| {label} | {value:,.2f} | {ratio} |", flush=True)
     if "member" in only:  # not by default: it writes two 1 GiB-member shards once and starts 8 processes
         from bench_limits import bench_member

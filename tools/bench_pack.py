@@ -12,7 +12,7 @@
 - the JPEG set's 20 shards resharded into 7 seekable zstd shards, beside ``tarindex compress`` of the same 20
   shards, both in one process and with a process per core;
 - the 1 KB set (200,000 samples) shuffled into shards with 64 MB of memory: peak resident memory of the process;
-- ``export --dali`` of a 1M-sample index.
+- ``export --dali`` of a 1M-sample index (tools/bench_export.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -29,6 +28,8 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from bench_export import bench_export
 
 import tarindex
 
@@ -200,22 +201,6 @@ def bench_shuffle(shards: list[str], work: Path, memory: int = 64 << 20) -> list
         (f"external shuffle of {got['samples']:,} samples ({got['bytes'] / 1e6:,.0f} MB), memory={memory >> 20} MiB: peak RSS (MiB)", peak,
          f"{peak / (memory >> 20):.2f}x the bound (the interpreter and imports alone: {got['base'] / 2**20:.0f} MiB); target <= 2x; {got['seconds']:.1f} s"),
     ]  # fmt: skip
-
-
-def bench_export(index: Path, work: Path) -> list[Row]:
-    out = work / "dali"
-    shutil.rmtree(out, ignore_errors=True)
-    n = len(tarindex.IndexReader(index))
-    best = cpu = math.inf
-    for _ in range(3):
-        before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        tarindex.export_dali(index, out)
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        best = min(best, time.perf_counter() - t0)
-        cpu = min(cpu, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    size = sum(p.stat().st_size for p in out.iterdir())
-    shutil.rmtree(out, ignore_errors=True)
-    return [(f"export --dali of a {n:,}-sample index (s)", best, f"target < 2 s; {cpu:.2f} s of CPU (a shared machine: wall > CPU under load); {size / 1e6:,.0f} MB of DALI index files")]
 
 
 def bench_pack(jpeg: list[str], small: list[str], jpeg_index: Path, scaled_index: Path, work: Path, rounds: int = 3) -> Iterator[Row]:
