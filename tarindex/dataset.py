@@ -43,6 +43,7 @@ log = logging.getLogger("tarindex")
 
 OnError = Literal["raise", "skip"]
 
+_BATCH_PART = 1024  # samples per Reader.read_batch call (a decoded record is 4.6 KB there)
 _ATTACH = threading.Lock()  # attaching (the first read of a dataset in a process), across threads
 
 
@@ -468,9 +469,13 @@ class TarDataset:
         if self._gen != FORK[0]:
             self._attach()
         opts = self.options
-        if self._fast is not None:
-            got: list[Any] = self._fast.read_batch(indices, opts.max_in_flight, opts.coalesce_gap)
-            return got
+        if self._fast is not None:  # at most _BATCH_PART samples a call: the C reader holds a record of each
+            fast = self._fast.read_batch
+            if len(indices) <= _BATCH_PART:
+                got: list[Any] = fast(indices, opts.max_in_flight, opts.coalesce_gap)
+                return got
+            asked = list(indices)
+            return [s for k in range(0, len(asked), _BATCH_PART) for s in fast(asked[k : k + _BATCH_PART], opts.max_in_flight, opts.coalesce_gap)]
         located = [self._locate(i) for i in indices]
         opener = self._opener
         fds: dict[int, int | None] = {}

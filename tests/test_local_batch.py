@@ -84,6 +84,14 @@ def test_local_batch_is_tarfile(impl: str, tmp_path: Path, cold: bool) -> None:
     assert ds.__getitems__([]) == []
 
 
+def test_a_batch_larger_than_a_read_batch_call_is_whole_and_in_order(impl: str, tmp_path: Path) -> None:
+    paths = _shards(tmp_path / "d", n_shards=2, per=10)
+    oracle = _oracle(paths)
+    ds = tarindex.TarDataset(tarindex.build_index(paths).path)
+    asked = _asked(len(ds), 2600, seed=4)  # the C reader takes 1,024 a call
+    _check(ds.__getitems__(asked), asked, len(ds), oracle)
+
+
 @pytest.mark.parametrize("direct_io", [False, True], ids=["page-cache", "direct-io"])
 def test_batch_through_the_mount_is_tarfile(impl: str, tmp_path: Path, latency_mount: Mount, direct_io: bool) -> None:
     local = _shards(tmp_path / "src")
