@@ -189,16 +189,8 @@ def signature_mismatches(written: Written) -> list[str]:
 
 # Pages known to be behind the code, each with what is wrong: their signatures, their references to sections of
 # other pages. Strict: once a page is fixed, its entry must go (its case then passes unexpectedly, which fails).
-BEHIND_SIGNATURES: dict[str, str] = {
-    "docs/design.md": "its Public API block leaves out build_index's and TarDataset's options/storage_options/headers, "
-    "TarStream's headers, stream_states' kind, SourceOptions' cache_dir/cache_bytes, open_source's options/headers, "
-    "iter_decompressed's frames; collate.batched and compression.set_limits name parameters the code does not have "
-    "(docs/api.md has them right)",
-}
-BEHIND_REFERENCES: dict[str, str] = {
-    "docs/design.md": "it points to performance.md's section \"Warm reads at 100M\", whose figures are now in "
-    "\"Indexes at scale\"",
-}
+BEHIND_SIGNATURES: dict[str, str] = {}
+BEHIND_REFERENCES: dict[str, str] = {}
 
 
 def _marked(pages: list[str], behind: dict[str, str]) -> list[Any]:
