@@ -137,6 +137,15 @@ class CachedReader:
             self.store(offset, size, data)
         return data
 
+    @property
+    def size(self) -> int:
+        """The inner reader's size."""
+        return int(self.inner.size)
+
+    def fileno(self) -> None:
+        """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
+        return None
+
     def close(self) -> None:
         """Close the inner reader."""
         with contextlib.suppress(Exception):

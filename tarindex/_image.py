@@ -1,13 +1,14 @@
 """Images decoded at the size a model needs (:class:`tarindex.decode.Image`), one at a time or a batch
 into one array in a thread pool.
 
-A JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8: libjpeg's scaled decode through PIL's
-``draft``) at which the crop still covers the output size, then cropped and resized once
-(``PIL.Image.resize`` with a box: no intermediate copy). Other formats (PNG, WebP, ...) are decoded
-at full scale and take the same crop and resize. Random crops come from a counter-based generator
-keyed by the seed, the epoch and the sample, so they are the same in every run, in every
-``DataLoader`` worker layout and after a resume. PIL releases the GIL while it decodes and resizes,
-so a batch decodes in parallel threads inside one process.
+A JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8: libjpeg-turbo's scaled decode, through
+simplejpeg when it is installed, else PIL's ``draft``) at which the crop still covers the output size,
+then cropped and resized once (``PIL.Image.resize`` with a box, or after simplejpeg the C extension's
+``resample``, which gives the same bytes, straight into a batch's row). Other formats (PNG, WebP, ...)
+are decoded at full scale and take the same crop and resize. Random crops come from a counter-based
+generator keyed by the seed, the epoch and the sample, so they are the same in every run, in every
+``DataLoader`` worker layout and after a resume. simplejpeg, PIL and ``resample`` release the GIL
+while they decode and resize, so a batch decodes in parallel threads inside one process.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from . import _native
 from ._state import SharedEpoch
 
 if TYPE_CHECKING:
@@ -284,10 +286,12 @@ class Image:
             im = im.convert(mode)
         return cast("PILImage", im)
 
-    def decode_array(self, data: bytes, ident: int = 0, epoch: int | None = None) -> Any:
+    def decode_array(self, data: bytes, ident: int = 0, epoch: int | None = None, out: Any = None) -> Any:
         """``data`` decoded, cropped and resized as :meth:`decode_pil` does, as a ``uint8`` HWC numpy
         array (read-only when it is a view of a PIL image): through simplejpeg when it can
-        (:func:`jpeg_backend`), else through PIL.
+        (:func:`jpeg_backend`), else through PIL. With ``out`` (a batch's row: ``uint8``, CHW for a
+        ``"tensor"`` output, else HWC), the pixels may be written into it instead: then ``out`` is
+        returned.
 
         Raises:
             PIL.UnidentifiedImageError: not an image PIL reads.
@@ -295,7 +299,7 @@ class Image:
         """
         import numpy as np
 
-        arr = _simplejpeg_decode(self, data, ident, epoch) if self._jpeg == "simplejpeg" else None
+        arr = _simplejpeg_decode(self, data, ident, epoch, out) if self._jpeg == "simplejpeg" else None
         if arr is None:
             arr = np.asarray(self.decode_pil(data, ident, epoch))
         return arr[:, :, None] if arr.ndim == 2 else arr
@@ -311,11 +315,20 @@ class Image:
         ident = (sample_ident(sample) if sample is not None else zlib.crc32(data)) if self.random else 0
         if self.output == "pil":
             return self.decode_pil(data, ident)
-        arr = self.decode_array(data, ident)
         if self.output == "numpy":
+            arr = self.decode_array(data, ident)
             return arr if arr.flags.writeable and arr.flags.c_contiguous else arr.copy()  # writable, as a batch's rows are
         import torch
 
+        if self.batchable:  # the output's shape is known: decoded straight into the tensor where it can be
+            oh, ow = self.size or (0, 0)
+            out = torch.empty((self.channels, oh, ow), dtype=torch.uint8)
+            row = out.numpy()
+            arr = self.decode_array(data, ident, None, row)
+            if arr is not row:
+                row[...] = arr.transpose(2, 0, 1)
+            return out
+        arr = self.decode_array(data, ident)
         out = torch.empty((arr.shape[2], arr.shape[0], arr.shape[1]), dtype=torch.uint8)
         out.numpy()[...] = arr.transpose(2, 0, 1)
         return out
@@ -332,8 +345,10 @@ class Image:
 
         def one(k: int) -> BaseException | None:
             try:
-                arr = self.decode_array(datas[k], idents[k], epoch)
-                out[k] = arr.transpose(2, 0, 1) if chw else arr
+                row = out[k]
+                arr = self.decode_array(datas[k], idents[k], epoch, row)
+                if arr is not row:
+                    row[...] = arr.transpose(2, 0, 1) if chw else arr
             except Exception as exc:
                 return exc
             return None
@@ -353,7 +368,7 @@ class Image:
 _SJ_SPACES = ("YCbCr", "RGB", "Gray")  # what simplejpeg decodes here; CMYK and YCCK go through PIL
 
 
-def _simplejpeg_decode(image: Image, data: bytes, ident: int, epoch: int | None) -> Any:
+def _simplejpeg_decode(image: Image, data: bytes, ident: int, epoch: int | None, out: Any = None) -> Any:
     """``data`` as :meth:`Image.decode_array` returns it, through simplejpeg: the same region and
     output as PIL's path, decoded at the same DCT scale; ``None`` where PIL must decode it (not a
     JPEG, CMYK or YCCK, an EXIF turn asked for, a color JPEG to gray, or data simplejpeg refuses:
@@ -382,14 +397,18 @@ def _simplejpeg_decode(image: Image, data: bytes, ident: int, epoch: int | None)
             arr = simplejpeg.decode_jpeg(data, "GRAY" if gray else "RGB")
     except Exception:  # damaged data, or a warning libjpeg recovers from: PIL decides
         return None
-    if image.size is not None:
-        h2, w2 = arr.shape[:2]
-        fx, fy = w2 / width, h2 / height
-        box = (min(left * fx, w2), min(top * fy, h2), min(right * fx, w2), min(bottom * fy, h2))
-        oh, ow = image.size
-        if box != (0, 0, w2, h2) or (w2, h2) != (ow, oh):
-            arr = resize(arr, (oh, ow), box, image.resample)
-    return _to_mode(arr, mode)
+    if image.size is None:
+        return _to_mode(arr, mode)
+    h2, w2 = arr.shape[:2]
+    fx, fy = w2 / width, h2 / height
+    box = (min(left * fx, w2), min(top * fy, h2), min(right * fx, w2), min(bottom * fy, h2))
+    oh, ow = image.size
+    if box == (0, 0, w2, h2) and (w2, h2) == (ow, oh):
+        return _to_mode(arr, mode)
+    planar = image.output == "tensor"
+    if out is not None and _native.SPEEDUPS is not None and arr.shape[2] == image.channels and image.resample != "nearest":
+        return resize(arr, (oh, ow), box, image.resample, out, planar)  # straight into the batch's row
+    return _to_mode(resize(arr, (oh, ow), box, image.resample), mode)
 
 
 def _to_mode(arr: Any, mode: str) -> Any:
@@ -410,14 +429,47 @@ def _to_mode(arr: Any, mode: str) -> Any:
     return out
 
 
-def resize(arr: Any, size: tuple[int, int], box: tuple[float, float, float, float], resample: Resample) -> Any:
-    """The ``box`` region of ``arr`` (``uint8`` HW or HWC) resized to ``size`` (height, width), as
-    ``PIL.Image.resize`` resizes it."""
-    PIL = _pil()
-    im = PIL.fromarray(arr[:, :, 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr)
+def resize(
+    arr: Any, size: tuple[int, int], box: tuple[float, float, float, float], resample: Resample, out: Any = None, planar: bool = False
+) -> Any:
+    """The ``box`` region of ``arr`` (``uint8`` HWC, 1 to 4 bands, no alpha to premultiply) resized to
+    ``size`` (height, width): the pixels ``PIL.Image.resize`` gives, computed by the C extension
+    where it is built (in ``out`` when given: HWC, or CHW with ``planar``), else by PIL."""
     import numpy as np
 
-    return np.asarray(im.resize((size[1], size[0]), _RESAMPLE[resample], box=box))
+    oh, ow = size
+    c = arr.shape[2]
+    speedups = _native.SPEEDUPS  # PIL's resize, in C (reference: PIL)
+    if speedups is not None and resample != "nearest":
+        if out is None:
+            out = np.empty((c, oh, ow) if planar else (oh, ow, c), dtype=np.uint8)
+        h, w = arr.shape[:2]
+        speedups.resample(np.ascontiguousarray(arr), out, box, _RESAMPLE[resample], planar, _vertical_first(h, w, oh, ow))
+        return out
+    PIL = _pil()
+    if c == 4:  # as RGBX: PIL premultiplies an RGBA image's alpha before it resizes
+        im = PIL.frombytes("RGBX", (arr.shape[1], arr.shape[0]), np.ascontiguousarray(arr).tobytes())
+    else:
+        im = PIL.fromarray(arr[:, :, 0] if c == 1 else arr)
+    got = np.asarray(im.resize((ow, oh), _RESAMPLE[resample], box=box))
+    got = got[:, :, None] if got.ndim == 2 else got
+    if out is None:
+        return got.transpose(2, 0, 1) if planar else got
+    out[...] = got.transpose(2, 0, 1) if planar else got
+    return out
+
+
+def _vertical_first(h: int, w: int, oh: int, ow: int) -> bool:
+    """Whether PIL resizes down the columns first: Pillow 13 does when the height shrinks by more than
+    twice as many pixels as the width; earlier releases never."""
+    if not _PILLOW_13:
+        from PIL import __version__
+
+        _PILLOW_13.append(int(__version__.split(".")[0]) >= 13)
+    return _PILLOW_13[0] and h - oh > 0 and h - oh > (w - ow) * 2
+
+
+_PILLOW_13: list[bool] = []  # the installed PIL's rule, found at the first resize
 
 
 # -- geometry helpers ---------------------------------------------------------------------------

@@ -7,7 +7,8 @@ where neighbours of one file lie at most ``coalesce_gap`` bytes apart, each merg
 from the page cache without waiting (``preadv`` with ``RWF_NOWAIT``), and what the cache misses is read by
 a thread pool (``os.pread`` releases the GIL), at most ``max_in_flight`` reads at once. A file system
 without ``RWF_NOWAIT`` reads inline while each read stays fast, then hands the file's later reads to the
-pool (its mode, kept by the caller per file, as the C reader keeps it).
+pool (its mode, kept by the caller per file, as the C reader keeps it). The pool is the process's read pool
+(:func:`tarindex._localreads.executor`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import os
 import threading
 import time
 from collections.abc import MutableSequence, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
+from ._localreads import THREADS_MAX, executor
 from .objstore import coalesce
 
 __all__ = ["NOWAIT", "POOL", "SLOW_SECONDS", "TIMED", "read_ranges"]
@@ -27,29 +28,8 @@ NOWAIT, TIMED, POOL = 0, 1, 2
 """A file's mode (as ``_batchio.h``): the page cache tried first; no ``RWF_NOWAIT``, inline while fast; by the pool."""
 SLOW_SECONDS = 200e-6
 """An inline read this slow came from the storage, not the page cache."""
-THREADS_MAX = 256
-"""Threads of the process's pool (started as batches need them)."""
-
 _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 _UNSUPPORTED = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
-_pool: list[ThreadPoolExecutor] = []
-_pool_lock = threading.Lock()
-
-
-def _forked() -> None:  # the parent's threads do not exist in a child
-    _pool.clear()
-    global _pool_lock
-    _pool_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forked)
-
-
-def _executor() -> ThreadPoolExecutor:
-    with _pool_lock:
-        if not _pool:
-            _pool.append(ThreadPoolExecutor(THREADS_MAX, thread_name_prefix="tarindex-read"))
-        return _pool[0]
 
 
 class _Group:
@@ -168,7 +148,7 @@ def _read_pooled(groups: list[_Group], in_flight: int) -> None:
             g.read()
 
     helpers = min(in_flight, len(groups)) - 1
-    futures = [_executor().submit(task) for _ in range(helpers)]
+    futures = [executor().submit(task) for _ in range(helpers)]
     task()
     for f in futures:
         f.result()

@@ -1,5 +1,5 @@
 """The typed C boundary: the optional C extension (``tarindex._speedups``: _speedups.c, _tarscan.c,
-_zstdread.c) as :class:`Speedups`, or ``None``. One place decides.
+_zstdread.c, _resample.c) as :class:`Speedups`, or ``None``. One place decides.
 
 Each fast path it provides has a pure-Python reference beside it, used when the extension is not built
 or ``TARINDEX_PURE_PYTHON`` is set in the environment. The ``Protocol`` classes below say what Python
@@ -12,11 +12,40 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .errors import IndexFormatError
 
-__all__ = ["SPEEDUPS", "FrameCacheC", "PackerC", "ReaderC", "Speedups", "ZstdReaderC"]
+__all__ = ["SPEEDUPS", "FrameCacheC", "PackerC", "ReaderC", "ReaderConfig", "Speedups", "ZstdReaderC"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderConfig:
+    """What the C ``Reader`` is made from (``Reader(config)``; it reads each field once, at construction)."""
+
+    blocks: Any
+    """The index's record blocks: ``blocks(b)`` is block ``b``'s payload (index/records.py)."""
+    block_samples: int
+    """Samples per record block."""
+    n_samples: int
+    """Samples of the index."""
+    exts: tuple[str, ...]
+    """The index's extensions, by number."""
+    names: list[str | None]
+    """Shard names, ``None`` until resolved (a read of such a shard goes to ``fallback``, which resolves it)."""
+    handles: Any
+    """The :class:`tarindex.access.handles.HandleTable`: tables ``fds``, ``handles``, ``busy``; ``open``, ``reap``."""
+    fallback: Callable[[int], dict[str, Any]]
+    """The Python read of one sample: every read the C reader does not accept goes there."""
+    error: type[BaseException]
+    """The error of a short read (``CorruptArchiveError``)."""
+    fork: list[int]
+    """:data:`tarindex._process.FORK`: a reader made in another generation hands its reads to ``fallback``."""
+    runs: tuple[bytes, bytes] | None = None
+    """A view's runs (``view.View.runs()``); ``None``: every sample of the index."""
+    guard: Any = None
+    """The index's ``BlockSource``: ``check()``, ``check_seconds``, ``check_every``, per-shard ``bounds``."""
 
 
 class ReaderC(Protocol):
@@ -64,6 +93,9 @@ class ZstdReaderC(Protocol):
     def fd(self) -> int: ...
     @property
     def path(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    def fileno(self) -> None: ...
     def read_at(self, offset: int, size: int, /) -> bytes: ...
     def close(self) -> None: ...
 
@@ -84,6 +116,9 @@ class Speedups(Protocol):
         self, buf: Any, pos: int, base: int, with_data: bool, limit: int, /
     ) -> tuple[list[tuple[str, int, int, int, bytes | None]], int, int, int]: ...
     def _libzstd(self, on: bool = ..., /) -> bool: ...
+    def resample(
+        self, src: Any, out: Any, box: tuple[float, float, float, float], filter: int, planar: bool, vertical_first: bool, /
+    ) -> None: ...
     def _readcheck(self, on: bool = ..., /) -> bool: ...
     def dali_lines(self, keys: list[bytes], exts: list[bytes], nmembers: Any, member_ext: Any, offsets: Any, sizes: Any, /) -> bytes: ...
     def init(self, *, index_format_error: type[Exception]) -> None: ...

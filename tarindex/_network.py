@@ -813,6 +813,10 @@ class RangeReader:
                 out[k] = future.result()
         return [data if data is not None else b"" for data in out]
 
+    def fileno(self) -> None:
+        """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
+        return None
+
     def close(self) -> None:
         """Nothing to close: connections belong to the process's pool of the server."""
 

@@ -10,7 +10,7 @@
  * headers in the bytes read are checked against the record (headers_agree); a read this file does not accept
  * goes to the Python path, whose check (tarindex._readcheck) judges it and names what differs.
  *
- * Handles belong to the dataset's tarindex.opener.ShardOpener: the reader
+ * Handles belong to the dataset's tarindex.access.handles.HandleTable: the reader
  * reads its tables (fds: int32 per shard, -1 when no plain descriptor is open;
  * handles: a list, the read_at object or None) without a call, counts each read
  * in its busy table (uint32 per shard) from before it looks at the tables until
@@ -40,9 +40,11 @@
 #include "_exportfmt.h"
 #include "_tarcore.h"
 #include "_tarscan.h"
+#include "_resample.h"
+#include "_tarwalk.h"
 #include "_zstdread.h"
 
-#define MAX_MEMBERS 256           /* more members than this in one sample: the Python path reads it */
+#define READER_MAX_MEMBERS 256    /* more members than this in one sample: the Python path reads it */
 #define DIRECT_READ (64 << 10)    /* samples larger than this are read straight into their members' bytes */
 #define STACK_READ (16 << 10)     /* a buffer this small lives on the C stack */
 #define BLOCK_HEAD 22             /* u32 n, u32 M, u32 n_patterns, u8 key_mode, u8 key_digits, u32 prefix_len, u32 heap_len */
@@ -100,9 +102,9 @@ typedef struct Block {
 typedef struct {
     uint64_t offset, size;
     uint32_t shard;
-    Py_ssize_t nm;      /* members; above MAX_MEMBERS the Python path reads the sample */
-    uint64_t mo[MAX_MEMBERS], ms[MAX_MEMBERS]; /* data offset relative to offset, data size */
-    uint16_t ext[MAX_MEMBERS];
+    Py_ssize_t nm;      /* members; above READER_MAX_MEMBERS the Python path reads the sample */
+    uint64_t mo[READER_MAX_MEMBERS], ms[READER_MAX_MEMBERS]; /* data offset relative to offset, data size */
+    uint16_t ext[READER_MAX_MEMBERS];
     const char *prefix, *suffix; /* key: prefix + suffix (key_mode 0) or prefix + number in digits decimals */
     Py_ssize_t plen, slen;
     int digits;
@@ -292,7 +294,41 @@ static int adopt_guard(Reader *self, PyObject *guard) {
     return 0;
 }
 
+/* The fields of a tarindex._native.ReaderConfig, in the order reader_setup takes them. */
+static const char *const config_fields[] = {"blocks", "block_samples", "n_samples", "exts", "names", "handles",
+                                            "fallback", "error", "fork", "runs", "guard"};
+#define N_CONFIG_FIELDS 11
+
+static int reader_setup(Reader *self, PyObject *fields);
+
+/* Reader(config): one tarindex._native.ReaderConfig, its fields read once here. */
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
+    PyObject *config;
+    if (!IndexFormatError) {
+        PyErr_SetString(PyExc_RuntimeError, "tarindex._speedups.init() was not called (tarindex._native calls it)");
+        return -1;
+    }
+    if (kw && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "Reader(config) takes no keywords");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "O:Reader", &config)) return -1;
+    PyObject *fields = PyTuple_New(N_CONFIG_FIELDS);
+    if (!fields) return -1;
+    for (Py_ssize_t k = 0; k < N_CONFIG_FIELDS; k++) {
+        PyObject *v = PyObject_GetAttrString(config, config_fields[k]);
+        if (!v) {
+            Py_DECREF(fields);
+            return -1;
+        }
+        PyTuple_SET_ITEM(fields, k, v);
+    }
+    int r = reader_setup(self, fields);
+    Py_DECREF(fields);
+    return r;
+}
+
+static int reader_setup(Reader *self, PyObject *fields) {
     PyObject *blocks, *exts, *urls, *opener, *fallback, *error, *fork, *view = Py_None, *guard = Py_None;
     Py_ssize_t per, n;
     if (self->exts) {
@@ -303,8 +339,8 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "tarindex._speedups.init() was not called (tarindex._native calls it)");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OnnO!O!OOOO!|OO", &blocks, &per, &n, &PyTuple_Type, &exts, &PyList_Type, &urls, &opener,
-                          &fallback, &error, &PyList_Type, &fork, &view, &guard))
+    if (!PyArg_ParseTuple(fields, "OnnO!O!OOOO!|OO:ReaderConfig", &blocks, &per, &n, &PyTuple_Type, &exts, &PyList_Type, &urls,
+                          &opener, &fallback, &error, &PyList_Type, &fork, &view, &guard))
         return -1;
     if (PyList_GET_SIZE(fork) != 1 || !PyLong_Check(PyList_GET_ITEM(fork, 0))) {
         PyErr_SetString(PyExc_ValueError, "fork must be a list of one int");
@@ -459,7 +495,7 @@ static int load(Reader *self, Py_ssize_t i, Record *r) {
     uint16_t count = ld16(pat);
     r->nm = count;
     uint64_t pos = 0;
-    if (count <= MAX_MEMBERS) {
+    if (count <= READER_MAX_MEMBERS) {
         for (Py_ssize_t k = 0; k < count; k++) {
             uint64_t predicted = k ? round512(pos) + 512 : 512;
             uint64_t mo = predicted + bases[5 + 2 * k] + ldw(p, w[5 + 2 * k]);
@@ -474,8 +510,8 @@ static int load(Reader *self, Py_ssize_t i, Record *r) {
             if (pos < mo) goto bad;
         }
     }
-    r->size = f[2] + (count && count <= MAX_MEMBERS ? round512(pos) : 0);
-    if (count > MAX_MEMBERS) return 0; /* the Python path reads (and checks) it */
+    r->size = f[2] + (count && count <= READER_MAX_MEMBERS ? round512(pos) : 0);
+    if (count > READER_MAX_MEMBERS) return 0; /* the Python path reads (and checks) it */
     if (r->size > PY_SSIZE_T_MAX) goto bad;
     for (Py_ssize_t k = 0; k < count; k++)
         if (r->mo[k] > r->size || r->ms[k] > r->size - r->mo[k]) goto bad;
@@ -699,7 +735,7 @@ static PyObject *read_handle(Reader *self, PyObject *handle, const Record *r, Py
         Py_DECREF(buf); /* a short read, or headers the Python check must judge: the Python path reads it */
         return PyObject_CallOneArg(self->fallback, index);
     }
-    PyObject *vals[MAX_MEMBERS];
+    PyObject *vals[READER_MAX_MEMBERS];
     int rc = slice_members(r, base, vals); /* at once: a view in the frame cache lasts until the next zstd read */
     Py_DECREF(buf);
     return rc < 0 ? NULL : new_sample(self, r, index, vals);
@@ -723,8 +759,8 @@ static ssize_t read_range(int fd, struct iovec *iov, int niov, uint64_t off, int
  * (headers and padding into this call's buffer). Nothing is shared between calls: reads run with the
  * GIL released, so several threads may be in here at once. */
 static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index) {
-    PyObject *vals[MAX_MEMBERS];
-    struct iovec iov[2 * MAX_MEMBERS + 1];
+    PyObject *vals[READER_MAX_MEMBERS];
+    struct iovec iov[2 * READER_MAX_MEMBERS + 1];
     char stack[STACK_READ];
     int niov = 0, direct = r->size > DIRECT_READ;
     uint64_t pos = 0, area = r->size; /* bytes of the buffer: the sample, or its headers and padding */
@@ -810,6 +846,11 @@ static int shard_handle(Reader *self, uint32_t shard, PyObject **handle) {
     PyObject *got = PyObject_CallFunction(self->open, "I", shard);
     if (!got) return -2;
     if (!PyLong_CheckExact(got)) {
+        fd = self->fds[shard]; /* a reader with a descriptor: the table holds it now, read with pread */
+        if (fd >= 0) {
+            Py_DECREF(got);
+            return fd;
+        }
         *handle = got;
         return -1;
     }
@@ -867,7 +908,7 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
     /* From here to the end of the read, the opener closes no handle of this shard (other threads may evict
      * it meanwhile: it is closed once the count is back to zero). */
     self->busy[r.shard]++;
-    int fd = r.nm > MAX_MEMBERS ? -3 : shard_handle(self, r.shard, &handle);
+    int fd = r.nm > READER_MAX_MEMBERS ? -3 : shard_handle(self, r.shard, &handle);
     PyObject *index = fd == -2 ? NULL : given ? Py_NewRef(arg) : PyLong_FromSsize_t(i);
     if (index) {
         if (fd == -3)
@@ -925,7 +966,7 @@ static int batch_plan(Reader *self, PyObject *arg, Record *r, BatchItem *it) {
     }
     int loaded = load(self, self->rview ? to_index(self, i) : i, r);
     if (loaded == -1) return -1;
-    if (loaded == -2 || r->nm > MAX_MEMBERS || (Py_ssize_t)r->shard >= PyList_GET_SIZE(self->urls) ||
+    if (loaded == -2 || r->nm > READER_MAX_MEMBERS || (Py_ssize_t)r->shard >= PyList_GET_SIZE(self->urls) ||
         PyList_GET_ITEM(self->urls, r->shard) == Py_None)
         return 0;
     PyObject *handle = NULL;
@@ -988,7 +1029,7 @@ static PyObject *batch_sample(Reader *self, const Record *r, BatchItem *it, cons
     int direct = it->vals != NULL;
     if (got->got < r->size || !headers_agree(self, r, (const unsigned char *)it->heap, direct ? (const unsigned char *)it->heap : NULL))
         return PyObject_CallOneArg(self->fallback, it->index);
-    PyObject *vals[MAX_MEMBERS];
+    PyObject *vals[READER_MAX_MEMBERS];
     if (direct) {
         memcpy(vals, it->vals, (size_t)r->nm * sizeof(PyObject *));
         memset(it->vals, 0, (size_t)r->nm * sizeof(PyObject *)); /* new_sample takes them */
@@ -1178,6 +1219,18 @@ static int module_exec(PyObject *m) {
     return -1;
 #endif
     if (PyType_Ready(&ReaderType) < 0) return -1;
+    /* Constants Python shares with this module: tests/test_native.py checks each against the Python side. */
+    if (PyModule_AddIntConstant(m, "BLOCK_HEAD", BLOCK_HEAD) < 0 ||
+        PyModule_AddIntConstant(m, "READER_MAX_MEMBERS", READER_MAX_MEMBERS) < 0 ||
+        PyModule_AddIntConstant(m, "TAR_BLOCK", TAR_BLOCK) < 0 ||
+        PyModule_AddIntConstant(m, "TAR_WINDOW_LARGE", TAR_WINDOW_LARGE) < 0 ||
+        PyModule_AddIntConstant(m, "TAR_WINDOW_SMALL", TAR_WINDOW_SMALL) < 0)
+        return -1;
+    PyObject *max_size = PyLong_FromUnsignedLongLong(TAR_MAX_SIZE);
+    if (!max_size || PyModule_AddObject(m, "TAR_MAX_SIZE", max_size) < 0) {
+        Py_XDECREF(max_size);
+        return -1;
+    }
     k_key = PyUnicode_InternFromString("__key__");
     k_url = PyUnicode_InternFromString("__url__");
     k_index = PyUnicode_InternFromString("__index__");
@@ -1188,7 +1241,7 @@ static int module_exec(PyObject *m) {
         Py_DECREF(&ReaderType);
         return -1;
     }
-    return tarscan_add(m) < 0 || zstdread_add_types(m) < 0 || exportfmt_add(m) < 0 ? -1 : 0;
+    return tarscan_add(m) < 0 || zstdread_add_types(m) < 0 || resample_add_functions(m) < 0 || exportfmt_add(m) < 0 ? -1 : 0;
 }
 
 static PyModuleDef_Slot module_slots[] = {

@@ -1,4 +1,4 @@
-"""Types of the optional C extension (tarindex/_speedups.c, _batchio.c, _tarscan.c, _zstdread.c).
+"""Types of the optional C extension (tarindex/_speedups.c, _batchio.c, _tarscan.c, _zstdread.c, _resample.c).
 
 Checked against the compiled module by tests/test_native.py (every name, and the number of arguments of
 every function and method); tarindex._native states what Python needs from each type as a Protocol.
@@ -14,26 +14,28 @@ def scan_headers(
     buf: Any, pos: int, base: int, with_data: bool, limit: int, /
 ) -> tuple[list[tuple[str, int, int, int, bytes | None]], int, int, int]: ...
 def _libzstd(on: bool = ..., /) -> bool: ...
+def resample(
+    src: Any,  # uint8, C-contiguous, (H, W, C) or (H, W), 1 to 4 bands
+    out: Any,  # uint8, C-contiguous, writable: (OH, OW, C), or (C, OH, OW) with planar
+    box: tuple[float, float, float, float],  # (left, top, right, bottom) in src, as PIL's resize box
+    filter: int,  # PIL.Image.Resampling: 1 lanczos, 2 bilinear, 3 bicubic, 4 box, 5 hamming
+    planar: bool,
+    vertical_first: bool,  # the pass order of the PIL compared with (tarindex._image._vertical_first)
+    /,
+) -> None: ...
 def _readcheck(on: bool = ..., /) -> bool: ...
 def dali_lines(keys: list[bytes], exts: list[bytes], nmembers: Any, member_ext: Any, offsets: Any, sizes: Any, /) -> bytes:
     """DALI index lines, one per sample (int64 counts, uint16 extension numbers, uint64 offsets and sizes)."""
 
+BLOCK_HEAD: int  # a record block's header (index/records.py HEADER.size)
+READER_MAX_MEMBERS: int  # members of a sample the C reader reads; a sample with more goes to the Python path
+TAR_BLOCK: int  # tarindex.tar.BLOCK
+TAR_MAX_SIZE: int  # tarindex.tar.MAX_MEMBER_SIZE
+TAR_WINDOW_LARGE: int  # tarindex.tar._WINDOW
+TAR_WINDOW_SMALL: int  # tarindex.tar._SMALL_WINDOW
+
 class Reader:
-    def __init__(
-        self,
-        blocks: Any,  # the index's record blocks (index/records.py: one LMDB value per block of samples)
-        per: int,  # samples per block
-        n: int,
-        exts: tuple[str, ...],
-        urls: list[str | None],  # shard names, None until resolved (the read goes to fallback, which resolves it)
-        opener: Any,  # tarindex.opener.ShardOpener: tables fds, handles, busy; open(shard), reap()
-        fallback: Callable[[int], dict[str, Any]],
-        error: Callable[[str, int, str], BaseException],
-        fork: list[int],  # tarindex._process.FORK: a reader made in another generation hands reads to fallback
-        view: tuple[bytes, bytes] | None = ...,  # tarindex.view.View.runs(): run_view, run_index (uint64); None: every sample
-        guard: Any = ...,  # index/reader.py BlockSource: check(), check_seconds, check_every, bounds (u64 per shard), bound(shard)
-        /,
-    ) -> None: ...
+    def __init__(self, config: Any, /) -> None: ...  # a tarindex._native.ReaderConfig
     def read(self, i: int, /) -> dict[str, Any]: ...
     def read_batch(self, indices: Sequence[int], max_in_flight: int, coalesce_gap: int, /) -> list[dict[str, Any]]: ...
 
@@ -88,5 +90,8 @@ class ZstdReader:
     def fd(self) -> int: ...
     @property
     def path(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    def fileno(self) -> None: ...
     def read_at(self, offset: int, size: int, /) -> bytes: ...
     def close(self) -> None: ...

@@ -714,7 +714,18 @@ static PyObject *ZstdReader_get_path(ZstdReader *self, void *closure) {
     return Py_NewRef(self->path ? self->path : Py_None);
 }
 
+/* The decompressed size: the end of the last frame (the frame table's last row). */
+static PyObject *ZstdReader_get_size(ZstdReader *self, void *closure) {
+    if (!self->has_table || self->n == 0) return PyLong_FromLong(0);
+    const uint64_t *last = self->t + 4 * (self->n - 1);
+    return PyLong_FromUnsignedLongLong(last[2] + last[3]);
+}
+
+/* No descriptor whose positional reads give the tar bytes (they are compressed): None. */
+static PyObject *ZstdReader_fileno(ZstdReader *self, PyObject *unused) { Py_RETURN_NONE; }
+
 static PyMethodDef ZstdReader_methods[] = {
+    {"fileno", (PyCFunction)ZstdReader_fileno, METH_NOARGS, "None: no descriptor reads the decompressed bytes."},
     {"read_at", (PyCFunction)(void (*)(void))ZstdReader_read_at, METH_FASTCALL, "read_at(offset, size) -> bytes (fewer only at the end of the shard)"},
     {"close", (PyCFunction)ZstdReader_close, METH_NOARGS, "Close the shard file."},
     {NULL, NULL, 0, NULL},
@@ -723,6 +734,7 @@ static PyMethodDef ZstdReader_methods[] = {
 static PyGetSetDef ZstdReader_getset[] = {
     {"fd", (getter)ZstdReader_get_fd, NULL, "The shard's descriptor (-1 once closed).", NULL},
     {"path", (getter)ZstdReader_get_path, NULL, "The shard (used in errors).", NULL},
+    {"size", (getter)ZstdReader_get_size, NULL, "The decompressed size in bytes (the frame table's end).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

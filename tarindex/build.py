@@ -36,8 +36,8 @@ from .identity import current_info
 from .index.merge import merge, placed, relative_path
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
+from .naming import shard_name
 from .objstore import is_object_url
-from .opener import shard_name
 from .options import SourceOptions
 from .scan import scan_shard
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, shard_kind

@@ -9,34 +9,33 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from . import _args
+from . import _args, _native
 from ._localbatch import read_ranges
-from ._native import SPEEDUPS
 from ._process import FORK
 from ._readcheck import check_sample
+from .access.codecs import Indexed, ZstdCache
+from .access.handles import HandleTable
+from .access.open import OpenOptions, open_random
+from .access.reader import RandomReader
 from .decode import DecodeMode, Decoder, Image, failure
 from .errors import (
     CorruptArchiveError,
     DecodeError,
     IndexFormatError,
     IndexNotFoundError,
-    RandomAccessError,
     SampleNotFoundError,
-    ShardNotFoundError,
     StaleIndexError,
     TarIndexError,
     counted,
     shown,
 )
-from .identity import Check, Checked, check_shard, open_shard
+from .identity import Check, Checked
 from .index.reader import IndexReader
+from .naming import ShardNames
 from .objstore import is_remote_reader, read_many
-from .opener import ShardNames, ShardOpener, open_gzip_shard, open_url, open_zstd_shard
 from .options import SourceOptions
 from .tar import global_records
 from .view import View, find_index, view_of
-
-_speedups = SPEEDUPS  # the C read path, or None; the Python path below is the reference
 
 __all__ = ["TarDataset"]
 
@@ -44,7 +43,7 @@ log = logging.getLogger("tarindex")
 
 OnError = Literal["raise", "skip"]
 
-_pread = os.pread
+_BATCH_PART = 1024  # samples per Reader.read_batch call (a decoded record is 4.6 KB there)
 _ATTACH = threading.Lock()  # attaching (the first read of a dataset in a process), across threads
 
 
@@ -228,24 +227,28 @@ class TarDataset:
         ix = self.index
         self._blocks = ix.blocks()  # keeps the index's map open while this process reads from it
         self._exts = ix.exts
-        self._opener = ShardOpener(len(self.urls), self._open_handle, self.max_open_files)
+        self._opener = HandleTable(len(self.urls), self._open_handle, self.max_open_files)
         self._checked = Checked(len(self.urls))
+        self._open_options = OpenOptions(self.options, self.verify, ZstdCache(self.zstd_cache_dir, self.zstd_cache_bytes))
         self._global_walks: dict[int, tuple[int, list[tuple[int, dict[str, str]]]]] = {}  # see _globals_at
         self._modes = bytearray(len(self.urls))  # per shard: how a batch reads it (_localbatch)
         self._fast: Any = None
-        if _speedups is not None:
-            self._fast = _speedups.Reader(
-                self._blocks.payload,
-                self._blocks.block_samples,
-                ix.n_samples,
-                tuple(self._exts),
-                self.urls.names,  # None until a shard is first read (the C reader hands such a read to _read_py)
-                self._opener,
-                self._read_py,
-                CorruptArchiveError,
-                FORK,
-                self._map.runs() if self._map is not None else None,
-                self._blocks,  # the guard: the index file checked again as blocks are held, records against their shard
+        speedups = _native.SPEEDUPS  # the C read path, or None; the Python path (_read_py) is the reference
+        if speedups is not None:
+            self._fast = speedups.Reader(
+                _native.ReaderConfig(
+                    blocks=self._blocks.payload,
+                    block_samples=self._blocks.block_samples,
+                    n_samples=ix.n_samples,
+                    exts=tuple(self._exts),
+                    names=self.urls.names,  # None until a shard is first read (the C reader hands such a read to _read_py)
+                    handles=self._opener,
+                    fallback=self._read_py,
+                    error=CorruptArchiveError,
+                    fork=FORK,
+                    runs=self._map.runs() if self._map is not None else None,
+                    guard=self._blocks,  # the index file checked again as blocks are held, records against their shard
+                )
             )
         self._gen = FORK[0]
         # The hot path: this instance's `read` is the reader's own method, not the class's wrapper. Both
@@ -253,38 +256,8 @@ class TarDataset:
         self.read = self._fast.read if self._fast is not None else self._read_py  # type: ignore[method-assign]
         self._choose_item()
 
-    def _open_handle(self, shard: int) -> Any:
-        path = self.urls[shard]
-        fd = self._checked.reopen(path, shard)  # a plain local shard checked before, unchanged since
-        if fd is not None:
-            return fd
-        info = self.index.shards[shard]
-        if info.kind == "command":  # never run from here: a command's output has no random access
-            raise RandomAccessError(
-                path, "a command's output cannot be read at random; stream the index with TarStream(..., allow_commands=True)"
-            )
-        if info.kind == "url":  # an index built from URLs: ranged requests (tarindex.objstore)
-            points = self.index.gzip_points(shard) if info.compression == "gzip" else None
-            return open_url(path, info, self.index.frame_table(shard), self.options, points=points, index=self.index_path)
-        try:
-            fd, st = open_shard(path)
-        except FileNotFoundError as exc:
-            raise ShardNotFoundError(f"{path}: shard named by {self.index_path} is missing") from exc
-        try:
-            mtime_ns = check_shard(path, fd, info, check=self.verify, st=st)
-        except BaseException:
-            os.close(fd)
-            raise
-        if info.compression is None:
-            self._checked.remember(shard, info.size, mtime_ns)
-        handle: Any = fd
-        if info.compression == "gzip":
-            return open_gzip_shard(path, fd, self.index.gzip_points(shard), size=info.size, index=self.index_path)
-        if info.compression == "zstd":
-            handle = open_zstd_shard(
-                path, fd, info, self.index.frame_table(shard), cache_dir=self.zstd_cache_dir, cache_bytes=self.zstd_cache_bytes
-            )
-        return handle
+    def _open_handle(self, shard: int) -> RandomReader:
+        return open_random(self.urls[shard], Indexed(self.index, shard), self._open_options, checked=self._checked)
 
     def close(self) -> None:
         """Close this process's shard files (they reopen on demand); a file being read closes when its read ends."""
@@ -340,7 +313,7 @@ class TarDataset:
         opener = self._opener
         handle = opener.acquire(shard)  # counted: no other thread closes it under this read
         try:
-            buf = _pread(handle, size, offset) if type(handle) is int else handle.read_at(offset, size)
+            buf = handle.read_at(offset, size)
         finally:
             opener.release(shard)
         return self._sample(i, buf, offset, size, shard, members, key)
@@ -398,8 +371,7 @@ class TarDataset:
             handle = self._opener.acquire(shard)
             try:
                 step = 1 << 20
-                read = (lambda at, n: _pread(handle, n, at)) if type(handle) is int else handle.read_at
-                chunks = (read(at, min(step, offset - at)) for at in range(0, offset, step))
+                chunks = (handle.read_at(at, min(step, offset - at)) for at in range(0, offset, step))
                 found = global_records(chunks, self.urls[shard])
             finally:
                 self._opener.release(shard)
@@ -497,20 +469,29 @@ class TarDataset:
         if self._gen != FORK[0]:
             self._attach()
         opts = self.options
-        if self._fast is not None:
-            got: list[Any] = self._fast.read_batch(indices, opts.max_in_flight, opts.coalesce_gap)
-            return got
+        if self._fast is not None:  # at most _BATCH_PART samples a call: the C reader holds a record of each
+            fast = self._fast.read_batch
+            if len(indices) <= _BATCH_PART:
+                got: list[Any] = fast(indices, opts.max_in_flight, opts.coalesce_gap)
+                return got
+            asked = list(indices)
+            return [s for k in range(0, len(asked), _BATCH_PART) for s in fast(asked[k : k + _BATCH_PART], opts.max_in_flight, opts.coalesce_gap)]
         located = [self._locate(i) for i in indices]
         opener = self._opener
-        handles: dict[int, Any] = {}
+        fds: dict[int, int | None] = {}
         try:
             for shard in sorted({loc[3] for loc in located}):
-                handles[shard] = opener.acquire(shard)  # counted until the batch is read: not closed under it
-            plain = [k for k, loc in enumerate(located) if type(handles[loc[3]]) is int]
-            requests = [(handles[located[k][3]], located[k][3], located[k][1], located[k][2]) for k in plain]
+                fds[shard] = opener.acquire(shard).fileno()  # counted until the batch is read: not closed under it
+            plain: list[int] = []  # samples of shards whose descriptor reads their tar bytes
+            requests: list[tuple[int, int, int, int]] = []
+            for k, (_, offset, size, shard, _, _) in enumerate(located):
+                fd = fds[shard]
+                if fd is not None:
+                    plain.append(k)
+                    requests.append((fd, shard, offset, size))
             got = read_ranges(requests, self._modes, max_in_flight=opts.max_in_flight, coalesce_gap=opts.coalesce_gap)
         finally:
-            for shard in handles:
+            for shard in fds:
                 opener.release(shard)
         out: list[Any] = [None] * len(indices)
         for k, buf in zip(plain, got):

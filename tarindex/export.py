@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _native
 from ._atomic import atomic_write
-from ._native import SPEEDUPS
 from .errors import ExportError, shown
 from .index.merge import relative_path
 from .index.reader import IndexReader
-from .opener import shard_name
+from .naming import shard_name
 from .view import find_index
 
 __all__ = ["export_dali", "export_wids"]
@@ -106,10 +106,11 @@ def _dali_bytes(reader: IndexReader, shard: int, name: str) -> bytes:
     nmembers = cols.nmembers.astype(np.int64)
     offsets = np.repeat(cols.offset.astype(np.int64), nmembers) + cols.member_offset.astype(np.int64)
     head = b"%b %d\n" % (DALI_VERSION.encode(), n)
-    if SPEEDUPS is not None:  # the C formatter; _dali_lines is its reference
+    speedups = _native.SPEEDUPS
+    if speedups is not None:  # the C formatter; _dali_lines is its reference
         ids = np.ascontiguousarray(cols.member_ext, np.uint16)
         sizes = np.ascontiguousarray(cols.member_size, np.uint64)
-        return head + SPEEDUPS.dali_lines(keys, exts, nmembers, ids, offsets.astype(np.uint64), sizes)
+        return head + speedups.dali_lines(keys, exts, nmembers, ids, offsets.astype(np.uint64), sizes)
     return head + _dali_lines(keys, exts, nmembers, cols.member_ext.astype(np.int64), offsets, cols.member_size.astype(np.int64))
 
 

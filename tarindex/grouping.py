@@ -16,15 +16,13 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple, Protocol
 
-from . import tar
-from ._native import SPEEDUPS
+from . import _native, tar
 from .errors import DuplicateMemberError, shown
 from .tar import BLOCK, Buffer, Entry
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
 # the packer in C (names in the common case split on bytes, the rest by sample_key); TablePacker is the reference
-_CPacker = SPEEDUPS.Packer if SPEEDUPS is not None else None
 
 _META = re.compile(r"__[^/]*__($|/)")
 
@@ -187,16 +185,17 @@ def new_packer(path: str) -> Packer:
     Both give the same tables and raise the same :class:`DuplicateMemberError`
     from ``finish()`` (a walk error anywhere in the shard comes first).
     """
-    if _CPacker is None:
+    speedups = _native.SPEEDUPS
+    if speedups is None:
         return TablePacker(path)
-    packer: Packer = _CPacker(sample_key, lambda offset, ext, key, name: _duplicate(path, offset, ext, key, name))
+    packer: Packer = speedups.Packer(sample_key, lambda offset, ext, key, name: _duplicate(path, offset, ext, key, name))
     return packer
 
 
 def fused() -> bool:
     """Whether :func:`iter_samples` runs the fused C walk (then a local file is best given as its
     descriptor: large members are read straight into their bytes; the Python walker is faster over blocks)."""
-    return _CPacker is not None
+    return _native.SPEEDUPS is not None
 
 
 def iter_samples(
@@ -224,8 +223,9 @@ def iter_samples(
         CorruptArchiveError: see :func:`tarindex.tar.iter_tar`.
         DuplicateMemberError: two members of one sample have the same extension.
     """
-    if fused() and _CPacker is not None:
-        packer = _CPacker(sample_key, lambda offset, ext, key, name: _duplicate(url, offset, ext, key, name), url, index)
+    speedups = _native.SPEEDUPS
+    if speedups is not None:
+        packer = speedups.Packer(sample_key, lambda offset, ext, key, name: _duplicate(url, offset, ext, key, name), url, index)
         yield from tar.group_tar(source, url, packer, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
         return
     if isinstance(source, tar.DirectArchive):

@@ -27,10 +27,6 @@ GZIP_MAGIC = b"\x1f\x8b\x08"
 _OUT_PIECE = 1 << 20  # decompressed bytes per step
 
 
-def is_gzip(head: bytes) -> bool:
-    """Whether ``head`` starts a gzip member."""
-    return head[:3] == GZIP_MAGIC
-
 
 def random_access_refused(path: str) -> RandomAccessError:
     """The error a read of a sample from an indexed gzip shard raises, with the conversion command."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 import bisect
 import ctypes
 import ctypes.util
-import os
 import struct
 import threading
 import zlib
@@ -358,7 +357,8 @@ class GzipShardReader:
 
     Args:
         path: the shard (used in errors).
-        handle: the compressed shard: an int descriptor (``pread``) or an object with ``read_at``.
+        handle: the compressed shard, read with its ``read_at`` (a :class:`tarindex.access.reader.RandomReader`);
+            the reader owns it.
         points: its seek points (from the index).
     """
 
@@ -367,10 +367,9 @@ class GzipShardReader:
         self.handle = handle
         self.points = points
         self._checked: set[int] = set()
+        self.size = -1  # the decompressed length is not recorded: reads end where the data does
 
     def _read(self, offset: int, size: int) -> bytes:
-        if type(self.handle) is int:
-            return os.pread(self.handle, size, offset)
         return bytes(self.handle.read_at(offset, size))
 
     def read_at(self, offset: int, size: int) -> bytes:
@@ -452,7 +451,8 @@ class GzipShardReader:
             inf.close()
 
     def close(self) -> None:
-        if type(self.handle) is int:
-            os.close(self.handle)
-        else:
-            self.handle.close()
+        self.handle.close()
+
+    def fileno(self) -> None:
+        """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
+        return None

@@ -123,9 +123,9 @@ class Checked:
         self._size: array[int] | None = None  # -1: not checked in this process
         self._mtime: array[int] | None = None
 
-    def reopen(self, path: str, shard: int) -> int | None:
-        """A descriptor of ``path`` when ``shard`` was checked and its size and mtime are unchanged, else ``None``
-        (the caller then checks it in full, which names what changed)."""
+    def reopen(self, path: str, shard: int) -> tuple[int, int] | None:
+        """A descriptor of ``path`` and its size when ``shard`` was checked and its size and mtime are unchanged,
+        else ``None`` (the caller then checks it in full, which names what changed)."""
         if self._size is None or self._mtime is None or self._size[shard] < 0:
             return None
         try:
@@ -133,7 +133,7 @@ class Checked:
         except OSError:
             return None
         if st.st_size == self._size[shard] and st.st_mtime_ns == self._mtime[shard]:
-            return fd
+            return fd, st.st_size
         os.close(fd)
         return None
 

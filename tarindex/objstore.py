@@ -61,11 +61,6 @@ def is_object_url(url: str) -> bool:
     return "://" in url and url.partition("://")[0].lower() in OBJECT_SCHEMES
 
 
-def obstore_started() -> bool:
-    """Whether this process (or its parent before ``fork``) has used obstore: then a process forked
-    from it cannot use obstore (start workers with ``forkserver`` or ``spawn``)."""
-    return bool(_OBSTORE_PID)
-
 
 def _obstore_usable() -> bool:
     """Whether obstore works in this process (it does unless a parent process used it before ``fork``)."""
@@ -261,13 +256,17 @@ class ObjectReader:
             ShardNotFoundError: the object is gone.
             SourceError: no credentials, access denied, or failures after the retries.
         """
-        if size <= 0:
+        if size <= 0 or offset >= self.size:  # nothing there: no request (a store answers 416)
             return b""
         return self.policy.call(lambda: self._get_once(offset, size), self.url, offset, size)
 
     async def read_at_async(self, offset: int, size: int) -> bytes:
         """:meth:`read_at` in an event loop."""
         return await self.policy.call_async(lambda: self._get_async(offset, size), self.url, offset, size)
+
+    def fileno(self) -> None:
+        """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
+        return None
 
     def close(self) -> None:
         """Nothing to close: stores are shared per process."""
@@ -325,9 +324,13 @@ class FsspecReader:
             ShardNotFoundError: the object is gone.
             SourceError: failures after the retries.
         """
-        if size <= 0:
+        if size <= 0 or offset >= self.size:  # nothing there: no request
             return b""
         return self.policy.call(lambda: self._cat(offset, size), self.url, offset, size)
+
+    def fileno(self) -> None:
+        """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
+        return None
 
     def close(self) -> None:
         """Nothing to close: fsspec caches its filesystems per process."""

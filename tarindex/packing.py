@@ -43,8 +43,8 @@ from .identity import check_shard, current_info
 from .index.merge import placed, relative_path
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
+from .naming import shard_name
 from .objstore import is_object_url
-from .opener import shard_name
 from .options import SourceOptions
 from .sampler import _mix
 from .scan import iter_archive, scan_shard

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ._localreads import block_chunks, slow_storage
 from ._source import Source
 from .compression import HEAD_BYTES, ArchiveEnd, codec_of, detect
 from .errors import (
@@ -23,7 +24,7 @@ from .errors import (
     IndexFormatError,
     ShardNotFoundError,
 )
-from .grouping import Packer, SampleRecord, new_packer, pack_samples
+from .grouping import Packer, new_packer
 from .gzip import decompress_gzip
 from .gzip_random import decompress_indexed
 from .options import SourceOptions
@@ -106,10 +107,6 @@ def table_from_entries(entries: Iterable[Entry], path: str) -> ShardTable:
     for name, header_offset, offset, size, _ in entries:
         packer.add(name, header_offset, offset, size)
     return ShardTable.from_columns(packer.finish())
-
-def table_from_samples(samples: Iterable[SampleRecord]) -> ShardTable:
-    """Pack sample records into arrays."""
-    return ShardTable.from_columns(pack_samples(samples))
 
 
 # -- archives: raw chunks -> tar chunks --------------------------------------------
@@ -209,6 +206,9 @@ def scan_shard(
             table, partial = _scan_zstd(fd, path, max_member_size, allow_missing_end)
         elif codec == "gzip":
             table = _scan_gzip(fd, path, max_member_size, allow_missing_end)
+        elif slow_storage(fd):  # NFS, FUSE, ...: blocks read ahead, the walk over them in memory (_localreads)
+            chunks = block_chunks(fd, st.st_size, block=(options or SourceOptions()).block_size)
+            table = table_from_chunks(chunks, path, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
         else:
             table = table_from_file(fd, path, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
         info = shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table, gzip=codec == "gzip")

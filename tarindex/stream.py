@@ -10,7 +10,6 @@ it works without it.
 
 from __future__ import annotations
 
-import bisect
 import copy
 import operator
 import os
@@ -21,6 +20,7 @@ from typing import Any, Literal
 
 from . import _args
 from ._iterable import IterableDataset
+from ._localreads import block_chunks, slow_storage
 from ._process import FORK
 from ._split import (
     AFTER,
@@ -38,8 +38,11 @@ from ._split import (
     worker_slot,
 )
 from ._state import EPOCHS, SharedEpoch, check_header, header, integer, slot_of, stream_states
+from .access.codecs import Indexed
+from .access.open import OpenOptions, open_random
+from .access.reader import RandomReader
 from .collate import batched, collate
-from .compression import ArchiveEnd, codec_of, detect, looks_like_shard, sniff_file
+from .compression import ArchiveEnd, codec_of, looks_like_shard, sniff_file
 from .decode import DecodeMode, Decoder, Image, failure
 from .errors import (
     CorruptArchiveError,
@@ -55,15 +58,13 @@ from .errors import (
 from .grouping import fused, iter_samples
 from .identity import check_shard, check_source
 from .index.reader import IndexReader
-from .opener import check_commands, shard_name
+from .naming import check_commands, shard_name
 from .options import SourceOptions
 from .scan import archive
 from .shards import INDEX_SUFFIX, expand_shards, shard_kind
-from .sources import DEFAULT_BLOCK_SIZE, FileSource, RangeReader, is_url, open_source
+from .sources import FileSource, is_url, open_source
 from .tables import ShardInfo
 from .tar import DirectArchive
-from .zstd import iter_decompressed, random_access, seek_table_frames
-from .zstd_random import zstd_reader
 
 __all__ = ["DEFAULT_SHUFFLE", "Handler", "TarStream"]  # public (tarindex.TarStream); the rest serves the package
 
@@ -125,71 +126,47 @@ def read_ahead_for(url: str, read_ahead: int | None) -> int | None:
     return read_ahead
 
 
-class _FileReader:
-    """``read_at(offset, size)`` over a local file (``os.pread``)."""
+def _chunks_at(reader: RandomReader, offset: int, block_size: int) -> Iterator[bytes]:
+    """The bytes of ``reader`` from ``offset`` to its end (its size, or an empty read when it does not know it),
+    in reads growing from 256 KiB to ``block_size`` (one sample read again costs one small read).
 
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY)
-        self.size = os.fstat(self.fd).st_size
-
-    def read_at(self, offset: int, size: int) -> bytes:
-        return os.pread(self.fd, size, offset)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-class _Decompressed:
-    """A zstd shard's tar bytes through its frame table: ``read_at(offset, size)`` decompresses the
-    frames that hold the range (one sample), :meth:`chunks` streams from the frame that holds an
-    offset (the rest of the shard); ``size``, ``close()``. Takes ``raw`` (the compressed shard's reader).
+    A read that fails on damaged data (a corrupt zstd frame or deflate block) is asked again in halves, down to
+    one tar block, and every byte before the damage is handed out as one last chunk before the error (which
+    names where the damage is), as a stream from the start would hand them out.
     """
-
-    def __init__(self, url: str, raw: Any, frames: Any) -> None:
-        self.url, self.raw = url, raw
-        self.reader = zstd_reader(url, raw, frames)  # owns raw
-        self.read_at = self.reader.read_at
-        self.size = int(frames[-1, 2] + frames[-1, 3])
-        self._c_off, self._d_off = frames[:, 0].tolist(), frames[:, 2].tolist()
-
-    def chunks(self, offset: int, block_size: int) -> Iterator[bytes]:
-        """The tar bytes from ``offset`` to the end: the compressed shard read from the start of the
-        frame that holds ``offset`` and decompressed as a stream.
-
-        Raises:
-            CorruptFrameError: a damaged frame, named by its offset in the shard.
-        """
-        k = max(0, bisect.bisect_right(self._d_off, offset) - 1)
-        start, skip = self._c_off[k], offset - self._d_off[k]
-        try:
-            for data in iter_decompressed(_chunks_at(self.raw, start, block_size), self.url):
-                if skip >= len(data):
-                    skip -= len(data)
-                    continue
-                yield data[skip:] if skip else data
-                skip = 0
-        except CorruptArchiveError as exc:  # offsets from the stream's start: the shard's are ``start`` more
-            if exc.offset < 0:
-                raise
-            raise type(exc)(self.url, start + exc.offset, exc.what) from exc
-
-    def close(self) -> None:
-        self.reader.close()
-
-
-def _chunks_at(reader: Any, offset: int, block_size: int) -> Iterator[bytes]:
-    """The bytes of ``reader`` from ``offset`` to its end, in reads growing from 256 KiB to ``block_size``
-    (one sample read again costs one small read)."""
     n = 256 << 10
-    while offset < reader.size:
-        data = reader.read_at(offset, min(n, reader.size - offset))
+    size = reader.size
+    while size < 0 or offset < size:
+        want = n if size < 0 else min(n, size - offset)
+        try:
+            data = reader.read_at(offset, want)
+        except CorruptArchiveError:
+            good = _before_damage(reader, offset, want)
+            if good:
+                yield good
+            raise
         if not data:
             return
         offset += len(data)
         n = min(2 * n, max(block_size, 256 << 10))
         yield data
+
+
+def _before_damage(reader: RandomReader, offset: int, size: int) -> bytes:
+    """The bytes from ``offset`` that read without error, of the ``size`` whose read failed: found by halves."""
+    good: list[bytes] = []
+    while size > _TAR_BLOCK:
+        size //= 2
+        try:
+            data = reader.read_at(offset, size)
+        except CorruptArchiveError:
+            continue
+        good.append(data)
+        offset += len(data)
+    return b"".join(good)
+
+
+_TAR_BLOCK = 512
 
 
 class _Raw:
@@ -281,12 +258,14 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
             good sample between them, in one worker) raise the last one; ``None``: no limit.
         rank: overrides ``torch.distributed`` / ``RANK``.
         world_size: overrides ``torch.distributed`` / ``WORLD_SIZE``.
-        block_size: bytes per read.
-        retries: network retries without progress.
-        backoff: first backoff in seconds (doubled each time).
-        timeout: socket timeout in seconds.
-        storage_options: client options of object stores and fsspec filesystems (docs/remote.md).
-        headers: extra HTTP(S) request headers (e.g. ``{"Authorization": "Bearer ..."}``).
+        options: how shards are read (:class:`~tarindex.options.SourceOptions`: block size, retries,
+            timeouts, headers, storage options), as ``TarDataset`` and ``build_index`` take them.
+        block_size: overrides ``options.block_size`` (bytes per read).
+        retries: overrides ``options.retries`` (network retries without progress).
+        backoff: overrides ``options.backoff`` (first backoff in seconds, doubled each time).
+        timeout: overrides ``options.timeout`` (socket timeout in seconds).
+        storage_options: overrides ``options.storage_options`` (object stores, fsspec; docs/remote.md).
+        headers: overrides ``options.headers`` (extra HTTP(S) request headers, e.g. ``{"Authorization": "Bearer ..."}``).
         read_ahead: blocks a reader thread keeps ready ahead of the parser (0: read in the
             parser's thread), for sources read in blocks. Default: 8 for network sources; for
             local zstd files 8 in the main process and 0 in DataLoader workers, where the workers
@@ -333,10 +312,11 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         handler: Handler = "raise",
         rank: int | None = None,
         world_size: int | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        retries: int = 5,
-        backoff: float = 0.5,
-        timeout: float = 60.0,
+        options: SourceOptions | None = None,
+        block_size: int | None = None,
+        retries: int | None = None,
+        backoff: float | None = None,
+        timeout: float | None = None,
         storage_options: Mapping[str, Any] | None = None,
         read_ahead: int | None = None,
         allow_commands: bool = False,
@@ -373,21 +353,17 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         self._errors = 0  # errors handled in a row, in this process
         self.rank = rank
         self.world_size = world_size
-        self._source_options: dict[str, Any] = {
-            "block_size": block_size,
-            "retries": retries,
-            "backoff": backoff,
-            "timeout": timeout,
-            "storage_options": dict(storage_options or {}),
-            "headers": dict(headers or {}),
-        }
+        self.options = SourceOptions.given(options, storage_options=storage_options, headers=headers).with_(
+            block_size=block_size, retries=retries, backoff=backoff, timeout=timeout
+        )
         self.read_ahead = read_ahead
         self.batching: tuple[int, Callable[[list[Any]], Any] | None, bool] | None = None
         self._pending: list[dict[str, Any]] | None = None  # loaded states, used by the next iteration of their epoch
         self._run: EpochRun | None = None  # the current iteration's run (its state is state_dict())
         self._run_slot: Slot | None = None
         self._run_epoch = 0
-        self._readers: dict[int, Any] = {}  # per process: random readers of shards read from a position
+        self._readers: dict[int, RandomReader | None] = {}  # per process: random readers of shards read from a position
+        self._index_reader: IndexReader | None = None  # per process: the index streamed, for its frame tables and seek points
         self._readers_fork = 0
         self._defer = False  # this iteration decodes in batches (_decoded_batches), not sample by sample
 
@@ -481,16 +457,18 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         """``(sample offset, raw sample)`` for one shard, in archive order."""
         url = self.urls[shard]
         index = self._starts[shard] if self._starts is not None else None
-        source = open_source(url, **self._source_options, read_ahead=read_ahead_for(url, self.read_ahead))
+        source = open_source(url, options=self.options, read_ahead=read_ahead_for(url, self.read_ahead))
         try:
             if self._infos is not None:  # from an index: its sample numbers hold only for the indexed shard
                 if isinstance(source, FileSource):
                     check_shard(url, source.fileno(), self._infos[shard])
                 else:
                     check_source(url, self._infos[shard], source.size, source.mtime_ns)
-            fd = source.fileno() if isinstance(source, FileSource) and source.size is not None and fused() else -1
-            if fd >= 0 and codec_of(os.pread(fd, 6, 0), url) == "tar":  # a local tar: the C walk reads it, one copy, no thread
-                yield from iter_samples(fd, url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end)
+            fd = source.fileno() if isinstance(source, FileSource) and source.size is not None else -1
+            slow = fd >= 0 and slow_storage(fd)  # NFS, FUSE, ...: blocks read ahead (_localreads)
+            if (fused() or slow) and fd >= 0 and codec_of(os.pread(fd, 6, 0), url) == "tar":  # a local tar: the C walk reads it, one copy, no thread
+                walked = block_chunks(fd, source.size or 0, block=source.block_size) if slow else fd
+                yield from iter_samples(walked, url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end)
                 return
             first = b""
             if source.walks_direct and fused():  # HTTP, pipes: the C walk reads the socket or pipe itself
@@ -605,34 +583,19 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
                 yield collation_fn(out) if collation_fn is not None else out
 
     # -- positions: reading from a sample on, reading one sample again ------------------------
-    def _random(self, shard: int) -> Any:
-        """A reader with ``read_at`` and ``size`` of a shard's tar bytes, for a shard that has one (a
-        local file, an HTTP server answering ``Range``; plain, or zstd with a frame table: the index's,
-        or the shard's own seek table), else ``None`` (pipes, standard input, fsspec, gzip, zstd
-        without frames: read from the start). Kept per process while the epoch runs."""
+    def _random(self, shard: int) -> RandomReader | None:
+        """A random reader of a shard's tar bytes (:func:`tarindex.access.open.open_random`: with an index, checked
+        against its entry, wherever ``TarDataset`` reads at random; without one, a local file or an ``http(s)://``
+        URL, plain or zstd with a seek table), else ``None`` (pipes, standard input, a codec or source without
+        random access: read from the start). Kept per process while the epoch runs."""
         if self._readers_fork != FORK[0]:
-            self._readers, self._readers_fork = {}, FORK[0]
+            self._readers, self._readers_fork, self._index_reader = {}, FORK[0], None
         if shard in self._readers:
             return self._readers[shard]
-        url = self.urls[shard]
-        reader: Any = None
+        reader: RandomReader | None
         try:
-            if is_url(url) and url.split("://", 1)[0].lower() in ("http", "https"):
-                opts = self._source_options
-                reader = RangeReader(
-                    url, SourceOptions(retries=opts["retries"], backoff=opts["backoff"], timeout=opts["timeout"], headers=opts["headers"])
-                )
-            elif not is_url(url) and url != "-" and not url.startswith("pipe:") and os.path.isfile(url):
-                reader = _FileReader(url)
-            codec = detect(reader.read_at(0, 6)) if reader is not None and reader.size >= 0 else None
-            if codec == "zstd":
-                reader = self._frames(shard, reader)
-            elif reader is not None and codec != "tar":
-                reader.close()
-                reader = None
-        except (TarIndexError, OSError):  # no Range support, unreachable: read from the start (errors come there)
-            if reader is not None:
-                reader.close()
+            reader = open_random(self.urls[shard], self._indexed(shard), self._open_options())
+        except (TarIndexError, OSError):  # no random access, no Range support, unreachable: read from the start (errors come there)
             reader = None
         if len(self._readers) >= 8:
             old = self._readers.pop(next(iter(self._readers)))
@@ -641,43 +604,26 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         self._readers[shard] = reader
         return reader
 
-    def _frames(self, shard: int, raw: Any) -> Any:
-        """A reader of the tar bytes of the zstd shard ``raw`` reads (which it takes), through the
-        shard's frame table: the index's (the shard checked against its entry), else the shard's seek
-        table; ``None`` without one of several frames small enough to decompress for one sample.
-
-        Raises:
-            StaleIndexError: the shard differs from its index entry.
-        """
-        url = self.urls[shard]
-        info = self._infos[shard] if self._infos is not None else None
-        try:
-            if info is not None and info.compression == "zstd":
-                if isinstance(raw, _FileReader):
-                    check_shard(url, raw.fd, info)
-                else:
-                    check_source(url, info, raw.size, raw.mtime_ns)
-                index = IndexReader(str(self._index))  # infos come with the index's path
-                try:
-                    frames = index.frame_table(shard)
-                finally:
-                    index.close()
-            else:
-                frames = seek_table_frames(raw.read_at, raw.size, url)
-        except BaseException:
-            raw.close()
-            raise
-        if frames is None or len(frames) < 2 or not random_access(frames):
-            raw.close()
+    def _indexed(self, shard: int) -> Indexed | None:
+        """Shard ``shard`` of the index streamed (opened once per process), or ``None`` without one."""
+        if self._index is None:
             return None
-        return _Decompressed(url, raw, frames)
+        if self._index_reader is None:
+            self._index_reader = IndexReader(self._index)
+        return Indexed(self._index_reader, shard)
+
+    def _open_options(self) -> OpenOptions:
+        return OpenOptions(self.options)
 
     def _close_readers(self) -> None:
         readers, self._readers = self._readers, {}
+        index, self._index_reader = self._index_reader, None
         if self._readers_fork == FORK[0]:
             for reader in readers.values():
                 if reader is not None:
                     reader.close()
+            if index is not None:
+                index.close()
 
     def _raw_at(self, shard: int, offset: int, ordinal: int, mode: int) -> Iterator[tuple[int, Sample]]:
         """Raw ``(offset, sample)`` pairs from the sample at ``offset`` (the shard's ``ordinal``-th) on:
@@ -693,8 +639,8 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         numbered: Iterator[tuple[int, tuple[int, Sample]]]
         if reader is not None:
             index = None if first_index is None else first_index + ordinal
-            block = self._source_options["block_size"]
-            chunks = reader.chunks(offset, block) if isinstance(reader, _Decompressed) else _chunks_at(reader, offset, block)
+            block = self.options.block_size
+            chunks = _chunks_at(reader, offset, block)
             walk = iter_samples(chunks, url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end)
             numbered = enumerate(((offset + off, sample) for off, sample in walk), ordinal)
         else:

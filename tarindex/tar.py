@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ._native import SPEEDUPS
+from . import _native
 from .errors import CorruptArchiveError, shown
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
@@ -81,7 +81,6 @@ _DIGITS = re.compile(r"[0-9]+")
 log = logging.getLogger(__name__)
 
 # the common case of the walk in C; _walk below is the reference and handles everything else
-_scan_headers = SPEEDUPS.scan_headers if SPEEDUPS is not None else None
 
 Entry = tuple[str, int, int, int, "bytes | None"]
 """``(name, header_offset, data_offset, size, data)`` of one regular member."""
@@ -744,7 +743,8 @@ def _walk(
     ext = _Extended()
     taking = with_data and sink is not None  # a sample sink: it completes samples, which this yields
     sink_scan = getattr(sink, "scan", None)
-    scan = _scan_headers if sink_scan is None else None
+    speedups = _native.SPEEDUPS
+    scan = speedups.scan_headers if sink_scan is None and speedups is not None else None
     walk_direct = getattr(cur, "walk_direct", None) if taking and hasattr(sink, "scan_file") else None  # file, socket, pipe
     add = getattr(sink, "add", None)
     on_global = getattr(sink, "on_global", None)  # told each global PAX header's offset and the records in effect after it
@@ -883,16 +883,6 @@ def _walk(
     if taking:
         sink.finish()
         yield from _taken(sink)
-
-
-def scan_tar(buf: Buffer, path: str) -> Iterator[tuple[str, int, int, int]]:
-    """Yield ``(name, header_offset, data_offset, size)`` for each regular member of a whole buffer.
-
-    Raises:
-        CorruptArchiveError: see :func:`iter_tar`.
-    """
-    for name, header_offset, offset, size, _ in iter_tar((buf,), path):
-        yield name, header_offset, offset, size
 
 
 def iter_members(buf: Buffer, path: str) -> Iterator[Member]:

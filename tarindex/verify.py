@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from ._readcheck import shown_pair
-from .errors import ShardNotFoundError, StaleIndexError, counted, shown
-from .identity import check_shard
+from .access import open as opening
+from .access.codecs import Indexed
+from .errors import StaleIndexError, counted, shown
 from .index.reader import IndexReader
-from .opener import check_commands, shard_name
+from .naming import check_commands, shard_name
 from .scan import scan_shard
-from .sources import open_regular
 from .tables import ShardInfo, ShardTable
 
 __all__ = ["VerifyReport", "verify_index"]
@@ -50,7 +50,7 @@ def verify_index(
     and compares every record of the index with what the rescan found: each sample's offset, size and key,
     each member's extension, offset and size (the first difference is named), the sample count and the
     zstd frame table. The shards are named as :class:`~tarindex.TarDataset`
-    names them (:func:`tarindex.opener.shard_name`) and checked by the same rule
+    names them (:func:`tarindex.naming.shard_name`) and checked by the same rule
     (:mod:`tarindex.identity`), with the fingerprint compared always.
 
     Args:
@@ -82,7 +82,7 @@ def verify_index(
         if info.kind != "file":
             table = _check_url(shard, info)
         else:
-            _check_file(shard, info, index.path)
+            opening.open_checked(shard, Indexed(index, i), _FINGERPRINT).close()  # size and fingerprint
             table = scan_shard(shard, allow_missing_end=True)[1] if deep else None  # size and fingerprint matched: see _check_url
         if deep and table is not None:
             differs = _first_difference(table, index.shard_table(i), int(index.shard_starts()[i]))
@@ -94,6 +94,9 @@ def verify_index(
     return VerifyReport(index.path, tuple(checked), deep)
 
 
+_FINGERPRINT = opening.OpenOptions(check="fingerprint")
+
+
 def _check_url(url: str, info: ShardInfo) -> ShardTable:
     """Size and fingerprint of a shard indexed from a URL or command: one sequential read, which also gives its tables."""
     new, table = scan_shard(url, allow_missing_end=True)  # a shard built with allow_missing_end; a cut one changes size
@@ -102,18 +105,6 @@ def _check_url(url: str, info: ShardInfo) -> ShardTable:
     if new.fingerprint != info.fingerprint:
         raise StaleIndexError(url, "content fingerprint differs")
     return table
-
-
-def _check_file(path: str, info: ShardInfo, index: Path) -> None:
-    """Size and fingerprint of a local shard."""
-    try:
-        fd, st = open_regular(path)  # a FIFO in a shard's place is refused, not waited on
-    except FileNotFoundError:
-        raise ShardNotFoundError(f"{path}: shard named by {index} is missing") from None
-    try:
-        check_shard(path, fd, info, check="fingerprint", st=st)
-    finally:
-        os.close(fd)
 
 
 def _first_difference(new: ShardTable, old: ShardTable, first: int) -> str | None:

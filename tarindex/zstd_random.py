@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import zstandard
 
-from ._native import SPEEDUPS as _speedups
+from . import _native
 from ._process import FORK
 from .errors import CorruptFrameError
 from .zstd import decompress_frame
@@ -104,7 +104,7 @@ class FrameCache:
 
 
 _CACHE: Any = None
-_CACHE_GEN = -1
+_CACHE_OF: tuple[int, Any] = (-1, None)  # the fork generation and the backend the cache was made in
 DEFAULT_CACHE_BYTES = 64 << 20
 
 
@@ -117,9 +117,11 @@ def frame_cache() -> Any:
     bound in force, growing from :data:`SEED_BYTES` as hits pay for it),
     ``bytes``, ``decompressed``, ``clear()`` and ``len()``.
     """
-    global _CACHE, _CACHE_GEN
-    if _CACHE is None or FORK[0] != _CACHE_GEN:  # a forked child starts with an empty cache
-        _CACHE, _CACHE_GEN = (_speedups.FrameCache if _speedups is not None else FrameCache)(DEFAULT_CACHE_BYTES), FORK[0]
+    global _CACHE, _CACHE_OF
+    speedups = _native.SPEEDUPS
+    if _CACHE is None or (FORK[0], speedups) != _CACHE_OF:  # a forked child starts with an empty cache
+        _CACHE = (speedups.FrameCache if speedups is not None else FrameCache)(DEFAULT_CACHE_BYTES)
+        _CACHE_OF = (FORK[0], speedups)
     return _CACHE
 
 
@@ -154,6 +156,8 @@ class ZstdShardReader:
         self._c_size = frames[:, 1].tolist()
         self._d_off = frames[:, 2].tolist()
         self._d_size = frames[:, 3].tolist()
+        self.size = int(frames[-1, 2] + frames[-1, 3]) if len(frames) else 0
+        """The decompressed size in bytes (the frame table's end)."""
         self._source: ReadAt | None = None
         self._key: tuple[Any, ...]
         if isinstance(source, int):
@@ -196,7 +200,7 @@ class ZstdShardReader:
         """
         if k == self._last_k:
             return self._last
-        cache: FrameCache = _CACHE if FORK[0] == _CACHE_GEN and _CACHE is not None else frame_cache()
+        cache: FrameCache = _CACHE if (FORK[0], _native.SPEEDUPS) == _CACHE_OF and _CACHE is not None else frame_cache()
         key = (self._key, k)
         data = cache.get(key)
         if data is not None:
@@ -241,6 +245,10 @@ class ZstdShardReader:
             need -= len(parts[-1])
         return b"".join(parts)
 
+    def fileno(self) -> None:
+        """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
+        return None
+
     def close(self) -> None:
         """Close the shard file or handle."""
         self._last_k, self._last = -1, b""
@@ -259,11 +267,12 @@ def zstd_reader(path: str, source: int | ReadAt, frames: np.ndarray) -> Any:
     C extension's ``ZstdReader`` (same behaviour, errors included) when it is built, else
     :class:`ZstdShardReader`; both use :func:`frame_cache`.
     """
-    if _speedups is None:
+    speedups = _native.SPEEDUPS
+    if speedups is None:
         return ZstdShardReader(path, source, frames)
     try:
         table = np.ascontiguousarray(frames, np.uint64)
-        return _speedups.ZstdReader(
+        return speedups.ZstdReader(
             str(path), source, table, zstandard.ZstdDecompressor, CorruptFrameError, zstandard.ZstdError, frame_cache()
         )
     except BaseException:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import io
 import os
-import pkgutil
 import subprocess
 import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -143,34 +140,13 @@ def shard_set(tmp_path: Path) -> Callable[..., list[Path]]:
     return make
 
 
-def _c_references() -> list[tuple[ModuleType, str]]:
-    """Every (module, global) of tarindex that holds the C extension, or a function, type or object of it."""
-    package = importlib.import_module("tarindex")
-    for info in pkgutil.walk_packages(package.__path__, "tarindex."):
-        if info.name != "tarindex._speedups":
-            importlib.import_module(info.name)
-    found = []
-    for name, module in list(sys.modules.items()):
-        if not name.startswith("tarindex.") or name == "tarindex._speedups":
-            continue
-        found += [(module, attr) for attr, value in vars(module).items() if _of_c_extension(value)]
-    return found
-
-
-def _of_c_extension(value: object) -> bool:
-    if isinstance(value, ModuleType):
-        return value.__name__ == "tarindex._speedups"
-    return "tarindex._speedups" in (getattr(value, "__module__", None), type(value).__module__)
-
-
 @pytest.fixture(params=["c", "python"])
 def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The backend a test runs on: ``"c"`` (the compiled extension, which must be built) or ``"python"`` (every
     pure-Python reference path).
 
-    ``"python"`` flips every switch at once: each reference a tarindex module took to the extension at
-    import (the module, its functions and types, objects it made) becomes ``None``, as
-    ``TARINDEX_PURE_PYTHON=1`` makes them at import, and that variable is set for processes the test starts.
+    ``"python"`` flips the one switch (``tarindex._native.SPEEDUPS`` becomes ``None``, as
+    ``TARINDEX_PURE_PYTHON=1`` makes it at import), and that variable is set for processes the test starts.
     """
     if request.param == "c":
         require_c_extension()
@@ -180,18 +156,13 @@ def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
 
 
 def use_pure_python(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Turn the C extension off for one test (see :func:`impl`); the modules' globals are restored after it, so
-    nothing made on the Python backend (a frame cache) stays for the next test."""
-    references = _c_references()
-    for name, module in list(sys.modules.items()):
-        if name.startswith("tarindex.") and name != "tarindex._speedups":
-            for attr, value in list(vars(module).items()):
-                if not attr.startswith("__"):
-                    monkeypatch.setattr(module, attr, value)
-    for module, attr in references:
-        monkeypatch.setattr(module, attr, None)
+    """Turn the C extension off for one test (see :func:`impl`): the one switch, ``tarindex._native.SPEEDUPS``,
+    which every module reads when it chooses a path (tests/test_native.py checks that no other module keeps a
+    reference to the extension), restored after the test."""
+    from tarindex import _native
+
+    monkeypatch.setattr(_native, "SPEEDUPS", None)
     monkeypatch.setenv("TARINDEX_PURE_PYTHON", "1")
-    assert not _c_references()
 
 
 def require_c_extension() -> None:

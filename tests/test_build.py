@@ -477,3 +477,34 @@ def test_report_repr_shows_lists_and_progress_counts_bytes(shards: list[Path], t
     calls.clear()
     tarindex.merge_indexes([p.path for p in parts], tmp_path / "m.tarindex", progress=lambda n, b: calls.append((n, b)))
     assert calls == [(1, 0), (1, 0), (0, parts[0].path.stat().st_size), (1, 0), (1, 0), (0, parts[1].path.stat().st_size)]
+
+
+def test_an_index_whose_meta_checksum_starts_with_a_brace_is_rebuilt(tmp_path: Path) -> None:
+    """The meta is its CRC-32 (little-endian) then JSON: in one index of 256 the checksum's first byte is ``{``.
+    Such an index is still an index to replace, not "an LMDB database without a tarindex meta"."""
+    import json
+    import zlib
+
+    import lmdb
+
+    from tarindex.index.format import META_KEY, seal, unseal
+
+    shards = make_shard_set(tmp_path / "d", n_shards=2, per=3)
+    index = build_index([str(s) for s in shards], workers=1).path
+    env = lmdb.open(str(index), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        meta = json.loads(bytes(unseal(txn.get(META_KEY), META_KEY, "meta")))
+        for n in range(100_000):  # another build id until the checksum's low byte is "{" (1 in 256)
+            meta["build_id"] = f"{n:032x}"
+            payload = json.dumps(meta, separators=(",", ":")).encode()
+            if zlib.crc32(payload, zlib.crc32(META_KEY)) & 0xFF == ord("{"):
+                break
+        sealed = seal(META_KEY, payload)
+        assert sealed[:1] == b"{"
+        txn.put(META_KEY, sealed)
+    env.close()
+    assert IndexReader(index).n_samples == 6  # a valid index
+    for s in shards:
+        os.utime(s)  # changed mtimes: the build rescans and writes over it
+    assert build_index([str(s) for s in shards], workers=1).path == index
+    assert IndexReader(index).n_samples == 6

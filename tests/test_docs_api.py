@@ -1,11 +1,14 @@
-"""The documentation against the code: signatures, keywords, CLI options, extras, install commands, the site's nav.
+"""The documentation against the code: signatures, keywords, CLI options, option tables, extras, installs, links.
 
 ``tests/test_docs.py`` runs the examples; this file checks what examples do not run: the signatures the
 pages write out (a fenced block marked ``<!-- docs-test: skip (signatures...) -->``) against
-:func:`inspect.signature`, every keyword that a page passes to a public name (in code blocks and in inline
-code) against that name's parameters, ``docs/cli.md``'s command table against the click commands, the
-``SourceOptions`` table of ``docs/remote.md`` against the dataclass, the extras pages name against
-``pyproject.toml``, every ``pip install`` against ``constraints.txt``, and every page against ``mkdocs.yml``.
+:func:`inspect.signature`, every keyword that a page passes to a public name or to a method of a public class
+(in code blocks and in inline code) against its parameters, ``docs/cli.md``'s command table against the click
+commands, every table that gives a default of ``SourceOptions`` or ``compression.Limits`` against the
+dataclass, the C files ``docs/dataset.md`` names, the extras pages name against ``pyproject.toml``, every
+``pip install`` against ``constraints.txt``, every page against ``mkdocs.yml``, references to a section of
+another page against its headings, machine paths, and ``docs/performance.md``'s shape (a table, a date and a
+command per workload; ratios the chart can draw).
 """
 
 from __future__ import annotations
@@ -184,19 +187,26 @@ def signature_mismatches(written: Written) -> list[str]:
     return problems
 
 
-# Pages whose signature block is known to be behind the code, each with what it lacks; strict: once a page is
-# fixed, its entry must go (the test then passes unexpectedly, which fails).
-BEHIND: dict[str, str] = {
+# Pages known to be behind the code, each with what is wrong: their signatures, their references to sections of
+# other pages. Strict: once a page is fixed, its entry must go (its case then passes unexpectedly, which fails).
+BEHIND_SIGNATURES: dict[str, str] = {
     "docs/design.md": "its Public API block leaves out build_index's and TarDataset's options/storage_options/headers, "
     "TarStream's headers, stream_states' kind, SourceOptions' cache_dir/cache_bytes, open_source's options/headers, "
     "iter_decompressed's frames; collate.batched and compression.set_limits name parameters the code does not have "
     "(docs/api.md has them right)",
 }
+BEHIND_REFERENCES: dict[str, str] = {
+    "docs/design.md": "it points to performance.md's section \"Warm reads at 100M\", whose figures are now in "
+    "\"Indexes at scale\"",
+}
+
+
+def _marked(pages: list[str], behind: dict[str, str]) -> list[Any]:
+    return [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=behind[p])) if p in behind else p for p in pages]
 
 
 def _pages_with_signatures() -> list[Any]:
-    pages = sorted({b.path for b in signature_blocks()})
-    return [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=BEHIND[p])) if p in BEHIND else p for p in pages]
+    return _marked(sorted({b.path for b in signature_blocks()}), BEHIND_SIGNATURES)
 
 
 def test_the_api_page_writes_out_every_public_callable() -> None:
@@ -254,18 +264,23 @@ def _called_name(func: ast.expr, imported: dict[str, str]) -> str | None:
     return None
 
 
+def _nodes(block: Block) -> list[ast.AST]:
+    """Every node of a Python block's syntax tree (none when it does not parse: text that only looks like code)."""
+    try:
+        return list(ast.walk(ast.parse(block.code)))
+    except SyntaxError:
+        return []
+
+
 def code_calls(block: Block) -> Iterator[tuple[str, str, list[str]]]:
     """``(where, public name, keywords)`` of each call of a public name in a Python block."""
-    try:
-        tree = ast.parse(block.code)
-    except SyntaxError:
-        return
+    nodes = _nodes(block)
     imported: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tarindex"):
             for alias in node.names:
                 imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Call) and (name := _called_name(node.func, imported)):
             keywords = [k.arg for k in node.keywords if k.arg is not None]
             yield f"{block.path}:{block.line + node.lineno - 1}", name, keywords
@@ -311,14 +326,58 @@ def test_every_keyword_the_docs_pass_exists() -> None:
     assert unknown_keywords() == []
 
 
-def test_the_keyword_check_reads_code_and_inline_calls() -> None:
-    page = ROOT / "docs" / "dataset.md"
-    in_code = {(name, k) for b in blocks(page) if b.lang == "python" for _, name, kw in code_calls(b) for k in kw}
-    inline = {(name, k) for _, name, kw in inline_calls(ROOT / "docs" / "building.md") for k in kw}
-    assert ("TarDataset", "decode") in in_code and ("TarDataset", "verify") in inline, (in_code, inline)
-    block = Block("x.md", 1, "python", "import tarindex\nfrom tarindex.decode import Image\ntarindex.TarDataset('d', decod='pil')\nImage(224, cropp='center')\n", None, None)
-    assert [(n, k) for _, n, k in code_calls(block)] == [("TarDataset", ["decod"]), ("decode.Image", ["cropp"])]
-    assert "decod" not in _parameters(PUBLIC["TarDataset"]) and "cropp" not in _parameters(PUBLIC["decode.Image"])
+def _methods() -> dict[str, list[Callable[..., Any]]]:
+    """The public methods of the public classes, by name (``state_dict``: the samplers', the stream's, ``Mix``'s)."""
+    found: dict[str, list[Callable[..., Any]]] = {}
+    classes = {obj for obj in PUBLIC.values() if inspect.isclass(obj)} | {tarindex.Mix}
+    for cls in classes:
+        for name, member in inspect.getmembers(cls, inspect.isfunction):
+            if not name.startswith("_"):
+                found.setdefault(name, []).append(member)
+    return found
+
+
+def method_calls(block: Block) -> Iterator[tuple[str, str, list[str]]]:
+    """``(where, method name, keywords)`` of each ``x.name(..., kw=...)`` call with keywords in a Python block."""
+    for node in _nodes(block):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.keywords:
+            keywords = [k.arg for k in node.keywords if k.arg is not None]
+            yield f"{block.path}:{block.line + node.lineno - 1}", node.func.attr, keywords
+
+
+def inline_method_calls(doc: Path) -> Iterator[tuple[str, str, list[str]]]:
+    """``(where, method name, keywords)`` of each method call with keywords in an inline code span that parses as
+    Python (``sampler.state_dict(consumed=...)``; a span starting with ``.`` is read as a method of ``x``)."""
+    rel = str(doc.relative_to(ROOT))
+    for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        for m in re.finditer(r"`([^`]*\w\([^`]*\))`", line):
+            code = m.group(1).replace("...", "x")
+            block = Block(rel, number, "python", "x" + code if code.startswith(".") else code, None, None)
+            yield from method_calls(block)
+
+
+def method_keyword_problems(calls: list[tuple[str, str, list[str]]]) -> tuple[int, list[str]]:
+    """How many calls name a method of a public class, and their keywords that no such method takes."""
+    methods = _methods()
+    checked, found = 0, []
+    for where, name, keywords in calls:
+        if name not in methods or any(_takes_any_keyword(m) for m in methods[name]):
+            continue  # another library's method (DataLoader, torch), or one taking any keyword
+        checked += 1
+        known = {p for m in methods[name] for p in _parameters(m)}
+        found += [f"{where}: .{name}({k}=...): no such parameter" for k in keywords if k not in known]
+    return checked, found
+
+
+def test_every_keyword_the_docs_pass_to_a_method_exists() -> None:
+    """A keyword passed to a method that a public class has (``sampler.state_dict(consumed=...)``,
+    ``stream.batched(64, partial=False)``) is a parameter of that method in one of the classes that have it."""
+    calls = [c for doc in DOCS for block in blocks(doc) if block.lang == "python" for c in method_calls(block)]
+    calls += [c for doc in DOCS for c in inline_method_calls(doc)]
+    checked, found = method_keyword_problems(calls)
+    assert checked >= 3 and found == []
+    block = Block("x.md", 1, "python", "s.state_dict(consumd=3)\nloader.to(device='cpu')\n", None, None)
+    assert method_keyword_problems(list(method_calls(block))) == (1, ["x.md:1: .state_dict(consumd=...): no such parameter"])
 
 
 # --- the CLI table --------------------------------------------------------------------------------------
@@ -344,9 +403,8 @@ def _options_of(cmd: click.Command) -> tuple[set[str], list[set[str]]]:
     return set().union(*each), each
 
 
-def test_cli_table_lists_every_command_and_option() -> None:
-    rows = _cli_rows()
-    assert sorted(rows) == sorted(COMMANDS)
+def cli_table_problems(rows: dict[str, str]) -> list[str]:
+    """What a command table (command -> usage cell) gets wrong against the click commands."""
     problems = []
     for name, usage in rows.items():
         cmd = _command(name)
@@ -356,29 +414,60 @@ def test_cli_table_lists_every_command_and_option() -> None:
         problems += [f"{name}: option {sorted(opt)} not in the table" for opt in each if not opt & written]
         arguments = [(p.metavar or p.name.upper()).split()[0].rstrip(".") for p in cmd.params if isinstance(p, click.Argument)]
         problems += [f"{name}: argument {a} not in the table" for a in arguments if not re.search(rf"\b{a}\b", usage)]
-    assert problems == []
+    return problems
 
 
-def test_cli_table_check_sees_a_missing_option() -> None:
-    spellings, each = _options_of(_command("build"))
-    assert {"-o", "--index", "--storage-option", "-H"} <= spellings
-    assert any(opt == {"-H", "--header"} or "-H" in opt for opt in each)
+def test_cli_table_lists_every_command_and_option() -> None:
+    rows = _cli_rows()
+    assert sorted(rows) == sorted(COMMANDS)
+    assert cli_table_problems(rows) == []
+
+
+def test_cli_table_check_sees_a_missing_or_unknown_option() -> None:
+    rows = _cli_rows()
+    build = rows["build"].replace(" [-H 'NAME: VALUE']", "").replace("[-q]", "[-q] [--quiet-please]")
+    assert build != rows["build"]
+    problems = cli_table_problems({"build": build, "info": "INDEX"})
+    assert "build: --quiet-please written, no such option" in problems
+    assert any(p.startswith("build: option ['--header', '-H']") for p in problems), problems
+    assert "info: option ['--json'] not in the table" in problems
 
 
 # --- the SourceOptions table ------------------------------------------------------------------------------
 
 
+def _option_default(field: dataclasses.Field[Any]) -> Any:
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+
+
+_SPELLED = {"None": None, "{}": {}, "16 GiB": 16 << 30, "64 MiB": 64 << 20, "1 MiB": 1 << 20}
+
+
 def test_remote_options_table_is_the_dataclass() -> None:
+    """docs/remote.md's table lists every ``SourceOptions`` field with its default."""
     text = (ROOT / "docs" / "remote.md").read_text()
     rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", text, re.MULTILINE))
     fields = {f.name: f for f in dataclasses.fields(SourceOptions)}
     assert set(rows) >= set(fields), set(fields) - set(rows)
-    spelled = {"None": None, "{}": {}, "16 GiB": 16 << 30, "1 MiB": 1 << 20}
-    for name, field in fields.items():
-        cell = rows[name].strip().strip("`")
-        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-        value = spelled[cell] if cell in spelled else type(default)(cell)
-        assert value == default, (name, cell, default)
+
+
+def test_every_option_default_in_a_table_matches_the_code() -> None:
+    """Wherever a page's table gives a field of ``SourceOptions`` or ``compression.Limits`` a default (remote.md,
+    dataset.md's knobs, compression.md's limits), it is the dataclass's."""
+    from tarindex.compression import Limits
+
+    fields = {f.name: f for f in (*dataclasses.fields(SourceOptions), *dataclasses.fields(Limits))}
+    found = []
+    for doc in DOCS:
+        for name, cell in re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", doc.read_text(), re.MULTILINE):
+            if name in fields:
+                cell = cell.strip().strip("`")
+                default = _option_default(fields[name])
+                value = _SPELLED[cell] if cell in _SPELLED else type(default)(cell)
+                found.append((doc.name, name))
+                assert value == default, (doc.name, name, cell, default)
+    assert {n for d, n in found if d == "remote.md"} == {f.name for f in dataclasses.fields(SourceOptions)}
+    assert ("dataset.md", "coalesce_gap") in found and {n for d, n in found if d == "compression.md"} == {f.name for f in dataclasses.fields(Limits)}
 
 
 # --- extras, install commands, the nav -------------------------------------------------------------------
@@ -423,3 +512,87 @@ def test_the_c_sources_are_named() -> None:
     section = section[: section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
     named = set(re.findall(r"`(?:tarindex/)?(_\w+\.c)`", section))
     assert named == {p.name for p in (ROOT / "tarindex").glob("*.c")}
+
+
+def test_no_machine_paths_in_the_docs() -> None:
+    """No page names a path of one machine (a home, a scratch directory, a checkout): commands use relative paths."""
+    found = [
+        f"{doc.relative_to(ROOT)}:{n}: {m.group(0)}"
+        for doc in DOCS
+        for n, line in enumerate(doc.read_text().splitlines(), 1)
+        for m in re.finditer(r"(?<![\w.~])/(?:work|tmp|home|root|Users)/[\w./-]*", line)
+    ]
+    assert found == []
+
+
+def _performance_sections() -> dict[str, str]:
+    text = (ROOT / "docs" / "performance.md").read_text()
+    parts = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_every_performance_workload_has_a_table_a_date_and_a_command() -> None:
+    """docs/performance.md: each workload section holds its table, when it was measured, and how to measure it again."""
+    sections = _performance_sections()
+    assert len(sections) >= 8, list(sections)
+    missing = {
+        name: [what for what, ok in (
+            ("a table", re.search(r"^\|.+\|\s*$", body, re.MULTILINE) is not None),
+            ("a date", re.search(r"\b20\d\d-\d\d-\d\d\b", body) is not None),
+            ("a command", re.search(r"python\s+tools/\w+\.py", body) is not None),
+        ) if not ok]
+        for name, body in sections.items()
+    }  # fmt: skip
+    assert {name: what for name, what in missing.items() if what} == {}
+
+
+def test_the_performance_chart_reads_the_page() -> None:
+    """Every ratio row of the page's workload tables says what it is beside (the limit or a peer), so the chart
+    (``tools/bench.py --chart``) draws it; the page shows the chart, and the README too."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from bench_chart import bars
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    found = bars(ROOT / "docs" / "performance.md")
+    assert len(found) >= 30 and {b.versus for b in found} == {"limit", "peer"}
+    assert len({b.section for b in found}) >= 8
+    assert (ROOT / "docs" / "performance.png").stat().st_size > 10_000
+    assert "(performance.png)" in (ROOT / "docs" / "performance.md").read_text()
+    assert "(docs/performance.png)" in (ROOT / "README.md").read_text()
+
+
+def section_references() -> list[tuple[str, str, str]]:
+    """``(where, page, heading)`` of every reference to a section of another page: ``docs/x.md, "Heading"`` or
+    ``docs/x.md ("Heading")``, with or without code marks around the page."""
+    pattern = re.compile(r"`?docs/([\w-]+\.md)`?(?:,\s*|\s*\()\"([^\"]+)\"")
+    found = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in pattern.finditer(text):
+            found.append((f"{doc.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 1}", m.group(1), m.group(2)))
+    return found
+
+
+def _referring_pages() -> list[Any]:
+    return _marked(sorted({where.split(":")[0] for where, _, _ in section_references()}), BEHIND_REFERENCES)
+
+
+@pytest.mark.parametrize("referring", _referring_pages())
+def test_every_section_a_page_points_to_exists(referring: str) -> None:
+    """A reference names the start of a heading of the page it points to (``"Shards on storage with latency"``
+    for ``## Shards on storage with latency (NFS, ...)``)."""
+    headings = {
+        p.name: [re.sub(r"[`*]", "", h).strip() for h in re.findall(r"^#+ (.+)$", p.read_text(), re.MULTILINE)]
+        for p in (ROOT / "docs").glob("*.md")
+    }
+    refs = [r for r in section_references() if r[0].startswith(referring + ":")]
+    assert refs
+    missing = [
+        f"{where}: {page} has no section {heading!r}"
+        for where, page, heading in refs
+        if not any(h.startswith(re.sub(r"[`*]", "", heading)) for h in headings.get(page, []))
+    ]
+    assert missing == []

@@ -152,10 +152,24 @@ with pread, 700-byte chunks so headers straddle them), the C packer fed by the P
 alone, the C packer fed entries, and the pure-Python reference."""
 
 
+class _AddOnlyPackers:
+    """The C extension with its ``Packer`` wrapped in :class:`AddOnly` (no C walk): set as the one switch."""
+
+    def __init__(self, speedups: Any) -> None:
+        self._speedups = speedups
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._speedups, name)
+
+    def Packer(self, *args: Any) -> Any:  # the C type's name
+        return AddOnly(self._speedups.Packer(*args))
+
+
 def _table(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> dict:
     import dataclasses
     import os
 
+    import tarindex._native
     import tarindex.grouping
     import tarindex.tar
     from tarindex.scan import table_from_chunks, table_from_entries, table_from_file
@@ -163,8 +177,7 @@ def _table(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> dict:
     buf = path.read_bytes()
     with monkeypatch.context() as m:
         if way == "c-add":  # the C packer without its walks: every member through add()
-            c_packer = tarindex.grouping._CPacker
-            m.setattr(tarindex.grouping, "_CPacker", lambda *args: AddOnly(c_packer(*args)))
+            m.setattr(tarindex._native, "SPEEDUPS", _AddOnlyPackers(tarindex._native.SPEEDUPS))
         if way == "python":
             use_pure_python(m)
         if way == "c-file":
@@ -363,6 +376,7 @@ def _samples_outcome(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> t
     """The samples (offset, dict) yielded, and the error after them (type and message) or None."""
     import os
 
+    import tarindex._native
     import tarindex.grouping
     import tarindex.tar
     from tarindex.grouping import iter_samples
@@ -371,8 +385,7 @@ def _samples_outcome(path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> t
     got: list = []
     with monkeypatch.context() as m:
         if way == "c-add":  # the C packer without its walks: every member through add()
-            c_packer = tarindex.grouping._CPacker
-            m.setattr(tarindex.grouping, "_CPacker", lambda *args: AddOnly(c_packer(*args)))
+            m.setattr(tarindex._native, "SPEEDUPS", _AddOnlyPackers(tarindex._native.SPEEDUPS))
         if way == "python":
             use_pure_python(m)
         if way.endswith("-batches"):

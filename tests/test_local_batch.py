@@ -84,6 +84,14 @@ def test_local_batch_is_tarfile(impl: str, tmp_path: Path, cold: bool) -> None:
     assert ds.__getitems__([]) == []
 
 
+def test_a_batch_larger_than_a_read_batch_call_is_whole_and_in_order(impl: str, tmp_path: Path) -> None:
+    paths = _shards(tmp_path / "d", n_shards=2, per=10)
+    oracle = _oracle(paths)
+    ds = tarindex.TarDataset(tarindex.build_index(paths).path)
+    asked = _asked(len(ds), 2600, seed=4)  # the C reader takes 1,024 a call
+    _check(ds.__getitems__(asked), asked, len(ds), oracle)
+
+
 @pytest.mark.parametrize("direct_io", [False, True], ids=["page-cache", "direct-io"])
 def test_batch_through_the_mount_is_tarfile(impl: str, tmp_path: Path, latency_mount: Mount, direct_io: bool) -> None:
     local = _shards(tmp_path / "src")
@@ -171,3 +179,26 @@ def test_a_shard_cut_short_under_an_open_handle_names_shard_and_offset(impl: str
     os.truncate(paths[0], offset + 10)
     with pytest.raises(CorruptArchiveError, match=rf"{paths[0]}.*offset"):
         ds.__getitems__([per, per - 1, 0])
+
+
+def _identity(batch: list[dict[str, object]]) -> list[dict[str, object]]:
+    return batch
+
+
+def test_dataloader_workers_forked_after_a_batch_read_their_own(impl: str, tmp_path: Path) -> None:
+    """The parent's read pool (its threads, a batch's state) is not the children's: each forked worker reads
+    its batches with a pool of its own."""
+    import torch.utils.data as torch_data  # the test extra installs torch
+    paths = _shards(tmp_path / "d")
+    oracle = _oracle(paths)
+    ds = tarindex.TarDataset(tarindex.build_index(paths).path)
+    rng = random.Random(5)
+    batches = [[rng.randrange(len(ds)) for _ in range(40)] for _ in range(6)]
+    drop_cache(paths)
+    _check(ds.__getitems__(batches[0]), batches[0], len(ds), oracle)  # the parent's pool started
+    drop_cache(paths)
+    loader = torch_data.DataLoader(ds, batch_sampler=batches, num_workers=2, collate_fn=_identity, multiprocessing_context="fork")
+    got = list(loader)
+    assert len(got) == len(batches)
+    for batch, asked in zip(got, batches):
+        _check(batch, asked, len(ds), oracle)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 import zstandard
 
 from conftest import require_c_extension
+from tarindex._native import ReaderConfig
 from tarindex.errors import CorruptFrameError, IndexFormatError
 
 STUB = Path(__file__).resolve().parent.parent / "tarindex" / "_speedups.pyi"
@@ -29,6 +31,11 @@ def speedups() -> Any:
 
 def _stub() -> dict[str, ast.FunctionDef | ast.ClassDef]:
     return {n.name: n for n in ast.parse(STUB.read_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def _stub_constants() -> set[str]:
+    body = ast.parse(STUB.read_text()).body
+    return {n.target.id for n in body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
 
 
 def _members(cls: ast.ClassDef) -> dict[str, ast.FunctionDef | ast.AnnAssign]:
@@ -47,7 +54,7 @@ def _public(names: list[str]) -> set[str]:
 
 def test_every_name_is_declared_and_exists(speedups: Any) -> None:
     stub = _stub()
-    assert set(stub) == _public(dir(speedups)), "the .pyi and the module name different functions and types"
+    assert set(stub) | _stub_constants() == _public(dir(speedups)), "the .pyi and the module name different functions and types"
     for name, node in stub.items():
         if isinstance(node, ast.ClassDef):
             declared = _public(list(_members(node)))
@@ -123,7 +130,7 @@ def test_error_classes_are_handed_in(speedups: Any) -> None:
         "import sys\n"
         "from tarindex import _speedups\n"
         "try:\n"
-        "    _speedups.Reader(*[None] * 10)\n"
+        "    _speedups.Reader(None)\n"
         "except RuntimeError as exc:\n"
         "    print(exc)\n"
     )
@@ -140,9 +147,9 @@ def test_the_reader_checks_the_view_runs(speedups: Any, tmp_path: Path) -> None:
     build_index(paths, workers=1)
     ds = TarDataset([str(paths[2]), str(paths[0])])
     assert [ds[i]["__key__"] for i in (0, 10)] == ["s02i000", "s00i000"]
-    args = (ds._blocks.payload, ds._blocks.block_samples, 30, tuple(ds._exts), ds.urls.names, ds._opener, ds._read_py, IndexFormatError, [0])
+    config = ReaderConfig(ds._blocks.payload, ds._blocks.block_samples, 30, tuple(ds._exts), ds.urls.names, ds._opener, ds._read_py, IndexFormatError, [0])
     runs = np.array([0, 10, 20], np.uint64).tobytes(), np.array([20, 0], np.uint64).tobytes()
-    assert speedups.Reader(*args, runs) is not None
+    assert speedups.Reader(dataclasses.replace(config, runs=runs)) is not None
     for view, index in [
         ([0, 10, 20], [25, 0]),  # a run past the index's end
         ([1, 10, 20], [20, 0]),  # not from 0
@@ -150,4 +157,34 @@ def test_the_reader_checks_the_view_runs(speedups: Any, tmp_path: Path) -> None:
         ([0, 10], [20, 0]),  # one start short
     ]:
         with pytest.raises(ValueError, match="the view's runs do not fit the index"):
-            speedups.Reader(*args, (np.array(view, np.uint64).tobytes(), np.array(index, np.uint64).tobytes()))
+            speedups.Reader(dataclasses.replace(config, runs=(np.array(view, np.uint64).tobytes(), np.array(index, np.uint64).tobytes())))
+
+
+def test_constants_shared_with_python_are_equal(speedups: Any) -> None:
+    """What C and Python both hard-code is defined on each side once and checked equal here."""
+    from tarindex import tar
+    from tarindex.index import records
+
+    assert records.HEADER.size == speedups.BLOCK_HEAD
+    assert speedups.TAR_BLOCK == tar.BLOCK
+    assert speedups.TAR_MAX_SIZE == tar.MAX_MEMBER_SIZE
+    assert speedups.TAR_WINDOW_LARGE == tar._WINDOW
+    assert speedups.TAR_WINDOW_SMALL == tar._SMALL_WINDOW
+    assert 0 < speedups.READER_MAX_MEMBERS <= records.MAX_MEMBERS  # the C reader's own bound: more go to the Python path
+
+
+def test_the_backend_is_chosen_in_one_place() -> None:
+    """No module but tarindex._native keeps a reference to the extension: turning it off is one attribute."""
+    code = (
+        "import importlib, pkgutil, sys, tarindex\n"
+        "for info in pkgutil.walk_packages(tarindex.__path__, 'tarindex.'):\n"
+        "    if info.name != 'tarindex._speedups':\n"
+        "        importlib.import_module(info.name)\n"
+        "held = sorted(f'{m}.{a}' for m, mod in list(sys.modules.items()) if m.startswith('tarindex.') and m != 'tarindex._speedups'\n"
+        "              for a, v in vars(mod).items()\n"
+        "              if 'tarindex._speedups' in (getattr(v, '__name__', None), getattr(v, '__module__', None), type(v).__module__))\n"
+        "print(held)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TARINDEX_PURE_PYTHON"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True, env=env)
+    assert out.stdout.strip() == "['tarindex._native.SPEEDUPS']"

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tarindex.access.handles import HandleTable
 from tarindex.errors import IndexFormatError
 from tarindex.index.records import MAX_KEY_BYTES, MAX_MEMBERS, Columns, encode_block, parse
-from tarindex.opener import ShardOpener
 
 Sample = tuple[int, int, int, list[tuple[int, int, int]], bytes]  # shard, offset, size, (ext, offset, size)..., key
 
@@ -105,6 +105,15 @@ def test_members_outside_their_sample_are_errors(samples: list[Sample], data: st
         block.columns("test")
 
 
+def _config(blocks: Any, per: int, n: int, exts: tuple[str, ...], names: Any, handles: Any, fallback: Any) -> Any:
+    """The C reader's configuration over test blocks (a short read is a CorruptArchiveError)."""
+    from tarindex._native import ReaderConfig
+    from tarindex._process import FORK
+    from tarindex.errors import CorruptArchiveError
+
+    return ReaderConfig(blocks, per, n, exts, names, handles, fallback, CorruptArchiveError, FORK)
+
+
 class _Shard:
     """A shard of the test: ``read_at`` returns bytes computed from the position (any offset, no file), or,
     where a sample of ``samples`` starts, that sample's range as a tar holds it (:func:`_tar_range`)."""
@@ -120,6 +129,14 @@ class _Shard:
 
     def data(self, offset: int, size: int) -> bytes:
         return bytes((offset + k + 7 * self.shard) % 251 for k in range(size))
+
+    size = 1 << 40  # any offset reads
+
+    def fileno(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
 
 
 def _header(name: bytes, size: int, typ: bytes) -> bytes:
@@ -151,8 +168,6 @@ def test_c_reader_reads_what_was_encoded(samples: list[Sample]) -> None:
 
     require_c_extension()
     from tarindex._native import SPEEDUPS
-    from tarindex._process import FORK
-    from tarindex.errors import CorruptArchiveError
 
     assert SPEEDUPS is not None
     per = 16  # several blocks, the last one partial
@@ -165,8 +180,8 @@ def test_c_reader_reads_what_was_encoded(samples: list[Sample]) -> None:
         raise AssertionError(f"the C reader handed sample {i} to the Python path")
 
     table = {(s[0], s[1]): s for s in samples}
-    opener = ShardOpener(len(urls), lambda shard: _Shard(shard, table, exts), len(urls))
-    reader = SPEEDUPS.Reader(lambda b: blocks[b].view, per, len(samples), exts, list(urls), opener, fallback, CorruptArchiveError, FORK)
+    opener = HandleTable(len(urls), lambda shard: _Shard(shard, table, exts), len(urls))
+    reader = SPEEDUPS.Reader(_config(lambda b: blocks[b].view, per, len(samples), exts, list(urls), opener, fallback))
     for i, (shard, offset, size, members, key) in enumerate(samples):
         got = reader.read(i)  # the members' headers agree with the record: no read goes to the Python path
         data = _Shard(shard, table, exts).read_at(offset, size)
@@ -182,7 +197,7 @@ def test_c_reader_reads_what_was_encoded(samples: list[Sample]) -> None:
         names[samples[i][0]] = urls[samples[i][0]]
         return {"resolved": i}
 
-    reader = SPEEDUPS.Reader(lambda b: blocks[b].view, per, len(samples), exts, names, opener, resolve, CorruptArchiveError, FORK)
+    reader = SPEEDUPS.Reader(_config(lambda b: blocks[b].view, per, len(samples), exts, names, opener, resolve))
     first = {}
     for i, sample in enumerate(samples):
         got = reader.read(i)
@@ -199,8 +214,6 @@ def test_a_damaged_record_in_the_c_reader_is_the_python_error() -> None:
 
     require_c_extension()
     from tarindex._native import SPEEDUPS
-    from tarindex._process import FORK
-    from tarindex.errors import CorruptArchiveError
 
     assert SPEEDUPS is not None
     first: Sample = (0, 0, 1024, [(0, 512, 10)], b"a")
@@ -212,12 +225,12 @@ def test_a_damaged_record_in_the_c_reader_is_the_python_error() -> None:
     def opened(shard: int) -> _Shard:
         return _Shard(shard, {(0, 0): first}, ("jpg",))
 
-    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ["s.tar"], ShardOpener(1, opened, 1), python_path, CorruptArchiveError, FORK)
+    reader = SPEEDUPS.Reader(_config(lambda b: block.view, 2, 2, ("jpg",), ["s.tar"], HandleTable(1, opened, 1), python_path))
     assert reader.read(0)["jpg"] == _Shard(0).read_at(512, 10)
     with pytest.raises(IndexError):
         reader.read(2)
     # sample 1 names shard 9 of 1: the C reader defers to the Python path, which must raise too
-    reader = SPEEDUPS.Reader(lambda b: block.view, 2, 2, ("jpg",), ["s.tar"], ShardOpener(1, _Shard, 1), lambda i: {}, CorruptArchiveError, FORK)
+    reader = SPEEDUPS.Reader(_config(lambda b: block.view, 2, 2, ("jpg",), ["s.tar"], HandleTable(1, _Shard, 1), lambda i: {}))
     with pytest.raises(IndexFormatError, match="record of sample 1 is damaged"):
         reader.read(1)
 

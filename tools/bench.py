@@ -23,7 +23,9 @@ lane, tools/bench_readcheck.py, not by default). ``--only stream,quick``: the st
 ``--parts`` parts and merged, an index of ``--many-shards`` shards opened (tools/bench_index.py), the
 sampler at 5e9 samples.
 Data is generated on first use (real JPEGs of 20-120 KB with .cls and .json; 1 KB samples).
-Results go to stdout as a markdown table; record them in docs/performance.md.
+Results go to stdout as a markdown table; record them in docs/performance.md (one current table per workload),
+then ``--chart docs/performance.png`` redraws the page's chart from its tables (tools/bench_chart.py).
+Needs the ``bench`` extra (webdataset, wids, mfusepy, matplotlib): ``pip install -c constraints.txt -e '.[bench]'``.
 """
 
 from __future__ import annotations
@@ -968,7 +970,13 @@ def main() -> None:
     ap.add_argument("--many-shards", type=int, default=500_000, help="scale: shards of the index whose open is timed (0: none)")
     ap.add_argument("--trees", default="", help="walk: two source trees A,B (each built in place), compared in alternated processes (tools/bench_walk.py)")
     ap.add_argument("--rounds", type=int, default=10, help="walk --trees: passes per walk and tree, asked in turn (best of); pack: rounds of each contender (3 is plenty)")
+    ap.add_argument("--chart", type=Path, default=None, metavar="PNG", help="draw docs/performance.md's ratios into PNG (tools/bench_chart.py; matplotlib) and run nothing else")
     args = ap.parse_args()
+    if args.chart is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_chart import main as chart
+
+        sys.exit(chart(args.chart))
     ZSTD_SHARDS[0] = args.zstd_shards
     only = set(args.only.split(","))
     work = args.dir / "work"

@@ -14,6 +14,9 @@ same process, and reports its best pass of each:
   page cache dropped before each pass, against 64 threads' ``pread`` of the same ranges (samples/s).
 - ``warm``: 20,000 random samples on a warm cache: a ``ds[i]`` loop, 256-sample ``__getitems__`` and a bare
   one-thread ``os.pread`` loop over the same ranges (ns per sample).
+- ``seq``: ``TarStream`` of one shard through the mount and ``build_index(workers=1)`` of it, against 8
+  threads reading it in 1 MiB blocks, the mount's page cache dropped before each pass (MB/s).
+- ``warmseq``: the same on the local disk with a warm cache (MB/s).
 
 The table gives per tree the median over rounds, and B/A as the median of the per-round quotients.
 """
@@ -90,6 +93,22 @@ if case == "mount" or case == "cold":
         import torch.utils.data  # imported before anything is timed
     t = best({"batch": getitems if case == "mount" else loader, "threads": threads}, 2, urls)
     res = {k: 256 * nb / v for k, v in t.items()}
+elif case in ("seq", "warmseq"):
+    shard = urls[0]
+    size = os.path.getsize(shard)
+    out = os.path.join(spec["work"], "batch-seq.tarindex")
+    def stream():
+        for _ in tarindex.TarStream([shard]):
+            pass
+    def build():
+        if os.path.exists(out):
+            os.unlink(out)
+        tarindex.build_index([shard], index=out, workers=1)
+    def blocks():
+        offs = list(range(0, size, 1 << 20))
+        list(pool.map(lambda part: [os.pread(fds[0], 1 << 20, o) for o in part], [offs[k::8] for k in range(8)]))
+    t = best({"stream": stream, "build": build, "blocks": blocks}, 3 if case == "seq" else 5, [shard] if case == "seq" else None)
+    res = {k: size / v / 1e6 for k, v in t.items()}
 else:
     order = [rng.randrange(n) for _ in range(20000)]
     rs = ranges(ds, order, fds)
@@ -130,7 +149,7 @@ def main() -> None:
     ap.add_argument("--dir", default="bench-data", type=Path)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--delay", type=float, default=0.001)
-    ap.add_argument("--cases", default="mount,cold,warm")
+    ap.add_argument("--cases", default="mount,cold,warm,seq,warmseq")
     args = ap.parse_args()
     sys.path.insert(0, str(TOOLS))
     sys.path.insert(0, str(TESTS))
@@ -150,14 +169,14 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f}; A {args.a}; B {args.b}", flush=True)
     with mount(Path(paths[0]).resolve().parent, mnt_dir, delay=args.delay) as mnt:
         remote = str(tarindex.build_index(mnt.paths(paths), index=work / "batch-mnt.tarindex").path)
-        specs = {"mount": remote, "cold": local, "warm": local}
+        specs = {"mount": remote, "cold": local, "warm": local, "seq": remote, "warmseq": local}
         for r in range(args.rounds):
             for case in args.cases.split(","):
                 for tree in (args.a, args.b) if r % 2 == 0 else (args.b, args.a):
-                    got = _child(tree, {"case": case, "index": specs[case], "tests": str(TESTS)})
+                    got = _child(tree, {"case": case, "index": specs[case], "tests": str(TESTS), "work": str(work)})
                     results.setdefault((case, tree), []).append(got)
     print("| case | A | B | B/A | B vs limit |\n|---|---|---|---|---|")
-    limit = {"mount": "threads", "cold": "threads", "warm": "pread"}
+    limit = {"mount": "threads", "cold": "threads", "warm": "pread", "seq": "blocks", "warmseq": "blocks"}
     for case in args.cases.split(","):
         a, b = results[(case, args.a)], results[(case, args.b)]
         for key in a[0]:
@@ -166,7 +185,7 @@ def main() -> None:
             med_a, med_b = statistics.median(x[key] for x in a), statistics.median(x[key] for x in b)
             quot = statistics.median(y[key] / x[key] for x, y in zip(a, b))
             vs = statistics.median(y[key] / y[limit[case]] for y in b)
-            unit = "samples/s" if case != "warm" else "ns/sample"
+            unit = {"warm": "ns/sample", "seq": "MB/s", "warmseq": "MB/s"}.get(case, "samples/s")
             print(f"| {case}: {key} ({unit}) | {med_a:,.1f} | {med_b:,.1f} | {quot:.3f} | {vs:.3f}x {limit[case]} |", flush=True)
 
 

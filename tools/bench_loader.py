@@ -285,30 +285,37 @@ def _first_jpegs(paths: list[str], n: int) -> list[bytes]:
     return out
 
 
+def _pillow_image(*args: Any, **kw: Any) -> Image:
+    """An Image that decodes JPEGs through PIL (TARINDEX_JPEG=pillow while it is made)."""
+    before = os.environ.get("TARINDEX_JPEG")
+    os.environ["TARINDEX_JPEG"] = "pillow"
+    try:
+        return Image(*args, **kw)
+    finally:
+        if before is None:
+            del os.environ["TARINDEX_JPEG"]
+        else:
+            os.environ["TARINDEX_JPEG"] = before
+
+
 def _one_process(name: str, datas: list[bytes]) -> list[Row]:
     """Per-image cost in one process, one thread (no DataLoader, no scheduling between processes), alternated,
-    best of five: each pipeline against its PIL reference; simplejpeg's scaled decode when it is installed."""
-    from PIL import Image as PIL
-
+    best of five: each pipeline against its PIL reference, Image with its default JPEG decoder (simplejpeg where
+    installed) and with PIL's (TARINDEX_JPEG=pillow)."""
     if name == "jpeg256":
-        fns: dict[str, Callable[[bytes], Any]] = {"PIL full decode + resize to 128": resize128, "Image(128)": Image(128, threads=1)}
-        try:
-            import simplejpeg
-
-            def sj(d: bytes) -> Any:
-                arr = simplejpeg.decode_jpeg(d, min_height=128, min_width=128)
-                im = PIL.fromarray(arr)
-                return _tensor(im if im.size == (128, 128) else im.resize((128, 128), PIL.Resampling.BILINEAR))
-
-            fns["simplejpeg scaled decode (+ resize)"] = sj
-        except ImportError:
-            pass
-        pairs = {name: "PIL full decode + resize to 128" for name in fns}
+        fns: dict[str, Callable[..., Any]] = {
+            "PIL full decode + resize to 128": resize128,
+            "Image(128)": Image(128, threads=1),
+            "Image(128), TARINDEX_JPEG=pillow": _pillow_image(128, threads=1),
+        }
+        pairs = {label: "PIL full decode + resize to 128" for label in fns}
     else:
-        rrc, center = Image(224, crop="random-resized", threads=1), Image(224, resize=256, threads=1)
-        fns = {"PIL + RandomResizedCrop(224) reference": random_resized_crop224, "Image(224, crop='random-resized')": rrc,
-               "PIL + Resize(256) + CenterCrop(224) reference": center224, "Image(224, resize=256)": center}
-        pairs = {"Image(224, crop='random-resized')": "PIL + RandomResizedCrop(224) reference", "Image(224, resize=256)": "PIL + Resize(256) + CenterCrop(224) reference"}
+        rrc, center = "PIL + RandomResizedCrop(224) reference", "PIL + Resize(256) + CenterCrop(224) reference"
+        fns = {rrc: random_resized_crop224, "Image(224, crop='random-resized')": Image(224, crop="random-resized", threads=1),
+               "Image(224, crop='random-resized'), TARINDEX_JPEG=pillow": _pillow_image(224, crop="random-resized", threads=1),
+               center: center224, "Image(224, resize=256)": Image(224, resize=256, threads=1),
+               "Image(224, resize=256), TARINDEX_JPEG=pillow": _pillow_image(224, resize=256, threads=1)}
+        pairs = {label: (rrc if "random" in label else center) for label in fns if label.startswith("Image")}
     best = dict.fromkeys(fns, math.inf)
     for _ in range(5):
         for label, fn in fns.items():
@@ -317,7 +324,7 @@ def _one_process(name: str, datas: list[bytes]) -> list[Row]:
                 fn(d, {"__index__": k}) if isinstance(fn, Image) else fn(d)
             best[label] = min(best[label], time.perf_counter() - t0)
     return [
-        (f"{name}, one process, one thread: {label} (images/s)", len(datas) / t, f"{best[pairs[label]] / t:.2f}x {pairs[label]}" if label in pairs else "")
+        (f"{name}, one process, one thread: {label} (images/s)", len(datas) / t, f"{best[pairs[label]] / t:.2f}x {pairs[label]}" if label in pairs and pairs[label] != label else "")
         for label, t in best.items()
     ]
 

@@ -318,11 +318,11 @@ def threads(root: Path) -> Iterator[tuple[str, Callable[[], bool]]]:
     paths = [str(shard(root / f"t-{k:06d}.tar", f"t{k:02d}")) for k in range(12)]
     expected = oracle(paths)
     for path in ("c", "python"):
-        import tarindex.dataset
+        import tarindex._native
 
-        saved = tarindex.dataset._speedups
+        saved = tarindex._native.SPEEDUPS
         if path == "python":
-            tarindex.dataset._speedups = None  # type: ignore[assignment]
+            tarindex._native.SPEEDUPS = None  # the one switch
         ds = tarindex.TarDataset(tarindex.build_index(paths, index=root / f"t-{path}.tarindex", workers=1).path, max_open_files=3)
         got: list[tuple[int, tuple[str, bytes, bytes]]] = []
         stop = threading.Event()
@@ -344,7 +344,7 @@ def threads(root: Path) -> Iterator[tuple[str, Callable[[], bool]]]:
         stop.set()
         for w in workers:
             w.join()
-        tarindex.dataset._speedups = saved
+        tarindex._native.SPEEDUPS = saved
         for i, sample in got:
             yield f"{path} read", lambda i=i, s=sample: s == expected[i]  # type: ignore[misc]
 

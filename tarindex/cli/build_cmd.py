@@ -157,8 +157,8 @@ def _logged_warnings() -> Iterator[None]:
 
 def _warn_slow_zstd(index: str) -> None:
     """One line per zstd shard that cannot be read at random cheaply, with the command that fixes it."""
+    from ..access.codecs import fix_command
     from ..index.reader import IndexReader
-    from ..opener import fix_command
     from ._common import shown_path
 
     ix = IndexReader(index)

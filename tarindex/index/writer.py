@@ -129,10 +129,13 @@ def _not_an_index(path: Path, st: os.stat_result) -> str | None:
     except (IndexFormatError, OSError):  # a truncated or damaged index: the write replaces it
         return None
     meta = bytes(raw) if raw is not None else b""
-    try:  # JSON behind a 4-byte checksum (format 4 on), or bare (older formats)
-        found = json.loads(meta if meta[:1] == b"{" else meta[4:])
-    except ValueError:
-        found = None
+    found = None
+    for body in (meta[4:], meta):  # JSON behind a 4-byte checksum (format 4 on: its first byte may be "{"), or bare
+        try:
+            found = json.loads(body)
+            break
+        except ValueError:
+            continue
     if not isinstance(found, dict) or found.get("magic") != MAGIC:
         return "an LMDB database without a tarindex meta"
     return None

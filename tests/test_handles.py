@@ -1,4 +1,4 @@
-"""One owner of open shards (tarindex.opener.ShardOpener), through TarDataset's public API: close() racing readers,
+"""One owner of open shards (tarindex.access.handles.HandleTable), through TarDataset's public API: close() racing readers,
 more shards than the process may open, and an index rebuilt in place under forked DataLoader workers."""
 
 from __future__ import annotations

@@ -1,0 +1,84 @@
+"""The modules a main flow crosses: ``python tools/walks.py [--dir DIR]``.
+
+Two walks, each traced with ``sys.setprofile`` after every tarindex module is imported (so import-time code
+does not count) and the object made: "open a shard for ds[i]" (the first ``ds[i]`` of a ``TarDataset`` over a
+zstd shard, which opens, checks and reads it) and "stream a shard" (iterating a ``TarStream`` over a plain tar). Prints,
+per walk, how many tarindex modules run a Python function during it, and which. The figures are recorded in
+docs/design.md; a walk that crosses fewer modules is one a newcomer follows in fewer files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import io
+import os
+import pkgutil
+import sys
+import tarfile
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import tarindex
+from tarindex import TarDataset, TarStream, build_index
+from tarindex.shard_writer import compress_shard
+
+
+def _import_all() -> None:
+    for info in pkgutil.walk_packages(tarindex.__path__, "tarindex."):
+        if info.name != "tarindex._speedups":
+            importlib.import_module(info.name)
+
+
+def _modules(run: Callable[[], Any]) -> list[str]:
+    """The tarindex modules whose Python functions run during ``run()``."""
+    seen: set[str] = set()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            name = frame.f_globals.get("__name__", "")
+            if name.startswith("tarindex"):
+                seen.add(name)
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return sorted(seen)
+
+
+def _shard(path: str, n: int = 50) -> None:
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
+        for k in range(n):
+            for ext, data in (("jpg", os.urandom(2000)), ("cls", str(k).encode())):
+                info = tarfile.TarInfo(f"s{k:05d}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dir", default="/tmp/tarindex-walks")
+    args = parser.parse_args()
+    os.makedirs(args.dir, exist_ok=True)
+    plain, zst = os.path.join(args.dir, "a.tar"), os.path.join(args.dir, "a.tar.zst")
+    _shard(plain)
+    compress_shard(plain, zst, frame_size=4096)
+    index = build_index([zst], index=os.path.join(args.dir, "z.tarindex")).path
+    _import_all()
+    walks: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {  # (made outside the trace, traced)
+        "open a shard for ds[i]": (lambda: TarDataset(index), lambda ds: ds[3]),
+        "stream a shard": (lambda: TarStream(plain), list),
+    }
+    for name, (make, walk) in walks.items():
+        walk(make())  # caches warm, lazy imports made: the second run is the walk
+        made = make()
+        found = _modules(functools.partial(walk, made))
+        print(f"{name}: {len(found)} modules: {', '.join(m.removeprefix('tarindex.') for m in found)}")
+
+
+if __name__ == "__main__":
+    main()
