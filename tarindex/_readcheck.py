@@ -11,7 +11,9 @@ bytes. The member data is not checked: bytes changed in place under headers that
 type and size (a caption rewritten to the same length) are read as they are now.
 
 Two steps. :func:`_agrees` accepts the common shapes quickly (each member's headers right before its data,
-PAX and GNU long-name headers included); the C reader (``_speedups.c``, ``headers_agree``) makes the same
+PAX and GNU long-name headers included; a plain header, alone or after a PAX header whose records cannot rename
+or resize the member (:func:`_inert`: webdataset's ``TarWriter``, GNU tar ``--format=posix``), field by field
+with one ``struct`` unpack); the C reader (``_speedups.c``, ``headers_agree``) makes the same
 check, a plain header field by field and any other shape with the C header step (``tar_step``). Whatever either does not accept goes to :func:`_judge`, the reference: the
 range is walked by the build's own walker and grouped by its own rules (:func:`tarindex.tar.iter_tar`,
 :func:`tarindex.grouping.group_members`), and must give exactly this record, or the error names the shard,
@@ -37,6 +39,8 @@ _END = bytes(2 * BLOCK)  # what ends the walk of one sample's range: an end-of-a
 _PAX, _LONGNAME = ord("x"), ord("L")
 _adler32 = zlib.adler32
 _FIELDS = struct.Struct("124x12s20xB188xB")  # a header's size field, type and the first byte of its ustar prefix
+_PLAIN = struct.Struct("100s24x12s12x8sB188xB")  # name, size and checksum fields, type, the ustar prefix's first byte
+_SUFFIXES: dict[str, tuple[bytes, bool]] = {}  # _suffix
 _REGULAR = frozenset(b"0\x007")  # a regular file's types (NUL: unless its name ends in "/")
 _EXTENSIONS = frozenset(b"xLK")  # the extension headers a member may have before its own (a global PAX one: _judge)
 
@@ -65,6 +69,20 @@ def _agrees(buf: Any, key: str, members: Sequence[tuple[int, int, int]], exts: S
     for e, mo, ms in members:
         ext = exts[e]
         at = (pos + BLOCK - 1) & ~(BLOCK - 1)
+        if plain:  # the common shapes, field by field: a plain header, alone or after a PAX header of times only
+            own = mo - BLOCK
+            if at < own:
+                at = _past_inert(buf, at, own)
+            suffix = _SUFFIXES.get(ext) or _suffix(ext)
+            if at == own and suffix[1]:
+                name, size_field, chk, typ, ustar_prefix = _PLAIN.unpack_from(buf, at)
+                if (
+                    typ in _REGULAR and not ustar_prefix and size_field == b"%011o\x00" % ms and name == (prefix + suffix[0]).ljust(100, b"\x00")
+                    and chk == b"%06o\x00 " % ((_adler32(buf[at : at + 256]) & 0xFFFF) + (_adler32(buf[at + 256 : mo]) & 0xFFFF) + 254 - sum(chk))
+                ):  # fmt: skip
+                    pos = mo + ms
+                    continue
+            at = (pos + BLOCK - 1) & ~(BLOCK - 1)
         path: str | None = None
         size: int | None = None
         while at + BLOCK < mo:  # extension headers before the member's own: the first that sets a field wins
@@ -72,7 +90,11 @@ def _agrees(buf: Any, key: str, members: Sequence[tuple[int, int, int]], exts: S
             n = _size_of(field)
             if typ not in _EXTENSIONS or n is None or not _summed(buf, at):
                 return False
-            data = buf[at + BLOCK : at + BLOCK + n]
+            start = at + BLOCK
+            if typ == _PAX and _inert(buf, start, start + n):  # nothing in it renames or resizes the member
+                at = start + _padded(n)
+                continue
+            data = buf[start : start + n]
             if typ == _PAX:
                 try:
                     records = _parse_pax(data, "", at)
@@ -105,6 +127,35 @@ def _agrees(buf: Any, key: str, members: Sequence[tuple[int, int, int]], exts: S
             return False
         pos = mo + ms
     return True
+
+
+def _past_inert(buf: bytes, at: int, own: int) -> int:
+    """``own`` if the headers from ``at`` up to ``own`` are one PAX header (checksum valid) whose records are
+    :func:`_inert`, else ``at``."""
+    field, typ, _ = _FIELDS.unpack_from(buf, at)
+    n = _size_of(field) if typ == _PAX else None
+    if n is None or at + BLOCK + _padded(n) != own or not _summed(buf, at) or not _inert(buf, at + BLOCK, at + BLOCK + n):
+        return at
+    return own
+
+
+def _suffix(ext: str) -> tuple[bytes, bool]:
+    """An extension as a member name ends with it (utf-8, surrogateescape) and whether a name field holding
+    ``key`` + that shows the member by itself (no ``/``, no leading ``__``: else :func:`_named` compares); kept in
+    ``_SUFFIXES`` (the extensions of the indexes read: a few; emptied past 4,096)."""
+    if len(_SUFFIXES) >= 4096:
+        _SUFFIXES.clear()
+    got = _SUFFIXES[ext] = (ext.encode("utf-8", "surrogateescape"), ext[:2] != "__" and "/" not in ext)
+    return got
+
+
+def _inert(buf: bytes, start: int, end: int) -> bool:
+    """Whether the PAX records in ``buf[start:end]`` hold none that the walker applies to a member's name or size
+    (``path``, ``size``, ``GNU.sparse.*``; :func:`tarindex.tar._walk`): then they need no parsing here (webdataset's
+    ``TarWriter`` and GNU tar ``--format=posix`` write only times there). A record that sets one of them holds its
+    key and ``=`` side by side, so a search of the bytes finds it; anything found goes to the parser."""
+    find = buf.find
+    return find(b"path=", start, end) < 0 and find(b"size=", start, end) < 0 and find(b"GNU.sparse", start, end) < 0
 
 
 def _size_of(field: bytes) -> int | None:

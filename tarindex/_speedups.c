@@ -656,7 +656,8 @@ static int readcheck_on = 1; /* _readcheck(False): tools/bench_readcheck.py meas
 
 /* Every read checks the headers it holds: whether each member's headers in the sample's bytes say what
  * record r says (a regular file whose data starts where the record says, of the record's size and name, every
- * checksum valid): a plain header directly after the previous member's data field by field
+ * checksum valid): a plain header directly after the previous member's data, or after one PAX header whose
+ * records cannot rename or resize it (tar_pax_inert, _tarcore.c: not parsed), field by field
  * (plain_header_agrees), any other shape with tar_step (_tarcore.c: PAX and GNU long names and PAX sizes
  * applied, a directory or link between members skipped). Member k's
  * headers lie in its gap: the bytes from the end of member k-1's data (0 for k = 0) to its own data, at
@@ -683,8 +684,10 @@ static int headers_agree(Reader *self, const Record *r, const unsigned char *bas
             PyErr_Clear(); /* an extension that is not UTF-8 (surrogates): the Python check compares it */
             return 0;
         }
-        if (len - at == TAR_BLOCK && plain_header_agrees(g + at, key, klen, ext, ext_len, r->ms[k])) {
-            pos = mo + r->ms[k];
+        size_t skip = 0;
+        if ((len - at == TAR_BLOCK || (len - at > TAR_BLOCK && tar_pax_inert(g + at, (size_t)(len - at), &skip) && len - at - skip == TAR_BLOCK)) &&
+            plain_header_agrees(g + at + skip, key, klen, ext, ext_len, r->ms[k])) {
+            pos = mo + r->ms[k]; /* a plain header, alone or after a PAX header that changes neither its name nor its size */
             continue;
         }
         for (;;) { /* the member's headers, after any non-regular member between (a directory, a link) */

@@ -91,6 +91,29 @@ static int pax_size(const unsigned char *v, size_t n, uint64_t *out) {
     return 1;
 }
 
+/* Whether the n bytes of PAX records at d may set a name or a size: a '=' after "path" or "size" (the key and
+ * its '=' side by side, wherever they are), or a 'G' followed by "NU.sparse" (GNU.sparse.*). Conservative:
+ * a value that holds such bytes counts too. */
+static int pax_touchy(const unsigned char *d, size_t n) {
+    const unsigned char *end = d + n, *p = d;
+    while (p < end && (p = memchr(p, '=', (size_t)(end - p))) != NULL) {
+        if (p - d >= 4 && (memcmp(p - 4, "path", 4) == 0 || memcmp(p - 4, "size", 4) == 0)) return 1;
+        p++;
+    }
+    for (p = d; p < end && (p = memchr(p, 'G', (size_t)(end - p))) != NULL; p++)
+        if ((size_t)(end - p) >= 10 && memcmp(p, "GNU.sparse", 10) == 0) return 1;
+    return 0;
+}
+
+int tar_pax_inert(const unsigned char *p, size_t avail, size_t *skip) {
+    uint64_t size;
+    if (avail < TAR_BLOCK || p[156] != 'x' || !verified(p, &size)) return 0;
+    uint64_t padded = (size + TAR_BLOCK - 1) & ~(uint64_t)(TAR_BLOCK - 1);
+    if (padded > avail - TAR_BLOCK || pax_touchy(p + TAR_BLOCK, (size_t)size)) return 0;
+    *skip = TAR_BLOCK + (size_t)padded;
+    return 1;
+}
+
 typedef struct {
     const unsigned char *path;
     size_t path_len;

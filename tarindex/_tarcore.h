@@ -36,6 +36,13 @@ typedef struct {
  * any window: then defer). Reads nothing past p + avail. */
 int tar_step(const unsigned char *p, size_t avail, tar_member *m, size_t *need);
 
+/* Whether p holds a PAX 'x' header (checksum valid, a plain octal size) and its records, all within `avail`
+ * bytes, whose records cannot rename or resize the member after it: none holds "path=", "size=" or
+ * "GNU.sparse" (a record that sets one holds its key and '=' side by side). Then *skip is the bytes they take
+ * (the header and its padded records) and the member's own header follows. The records are not parsed: the
+ * read check's fast path for webdataset's TarWriter and GNU tar --format=posix, which write only times there. */
+int tar_pax_inert(const unsigned char *p, size_t avail, size_t *skip);
+
 /* The header checksum's unsigned sum (the checksum field counted as spaces). */
 uint64_t tar_header_sum(const unsigned char *h);
 

@@ -308,6 +308,58 @@ def test_same_block_size_change_is_stale(impl: str, tmp_path: Path) -> None:
         verify_index(ds.index_path, deep=True)
 
 
+def _pax_shard(root: Path, records: Callable[[str, int], dict[str, str]]) -> Path:
+    """A shard of ``N`` samples written by tarfile in PAX format, each member's PAX header holding ``records(name,
+    size)`` beside its ustar header (which holds the same name and size)."""
+    root.mkdir(parents=True, exist_ok=True)
+    shard = root / "pax.tar"
+    with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in _specs(N):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1_700_000_000
+            info.pax_headers = records(name, len(data))
+            tf.addfile(info, io.BytesIO(data))
+    return shard
+
+
+def _pax_edit(shard: Path, name: str, old: bytes, new: bytes) -> Callable[[bytearray], None]:
+    """An edit of member ``name``'s PAX records only (same length; PAX data has no checksum): the ustar header keeps
+    saying what the index says."""
+    assert len(old) == len(new)
+    info = _members(shard)[name]
+
+    def edit(data: bytearray) -> None:
+        at = data.find(old, info.offset, info.offset_data)
+        assert at > info.offset + 512  # in the PAX records, after the PAX header
+        data[at : at + len(old)] = new
+
+    return edit
+
+
+@pytest.mark.parametrize("record", ["path", "size"])
+def test_a_pax_record_that_renames_or_resizes_is_read_not_skipped(record: str, impl: str, tmp_path: Path) -> None:
+    """A PAX header of times only is passed over without parsing its records (webdataset's TarWriter, GNU tar
+    --format=posix); one holding ``path=`` or ``size=`` is read: edited there, with the ustar header unchanged,
+    the member is renamed or resized as tarfile reads it, and the read is stale."""
+    shard = _pax_shard(tmp_path / "d", lambda name, size: {"mtime": "1700000000.25", record: name if record == "path" else str(size)})
+    ds = _built(shard)
+    assert check_dataset(ds, expected_samples(shard)) == N
+    offset = ds.index.record(MIDDLE)[1]
+    name = f"{MIDDLE:06d}.txt"
+    if record == "path":
+        edit, now = _pax_edit(shard, name, b"path=" + name.encode(), b"path=" + f"{MIDDLE + 900:06d}.txt".encode()), f"{MIDDLE + 900:06d}.txt"
+    else:
+        edit, now = _pax_edit(shard, name, b"size=700", b"size=699"), name
+    _in_place(shard, edit, restore_mtime=True)
+    members = _members(shard)
+    assert members[now].size == (700 if record == "path" else 699)  # what tarfile reads now
+    ds = TarDataset(ds.index_path)
+    error = _no_other_bytes(ds, MIDDLE, shard, offset)
+    moved = "member 2: the shard has '000060.txt' of 699 bytes" if record == "size" else "member 2: the shard has no member"  # 000960.txt: another key
+    assert moved in str(error)
+    assert ds[MIDDLE - 1]["txt"] == _caption(MIDDLE - 1)  # the samples beside it read as before
+
+
 def test_other_spellings_of_valid_fields_read_as_before(impl: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A checksum of seven digits and a NUL, a size with leading blanks: what GNU tar reads is the same header
     (the C reader's field compare leaves them to its header step, which takes them too)."""
