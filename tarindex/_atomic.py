@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 from .errors import WriteError
 
-__all__ = ["WRITE_ERRNOS", "AtomicFile", "atomic_write", "clean_stale", "commit", "fsync_dir", "temp_name", "write_error"]
+__all__ = ["WRITE_ERRNOS", "AtomicFile", "atomic_write", "clean_stale", "commit", "fsync_dir", "replaced", "temp_name", "write_error"]
 
 
 _NEARLY_FULL = 1 << 20  # bytes free under which an I/O error is most likely a full disk
@@ -66,10 +66,29 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+_RENAMED: dict[Path, tuple[int, int]] = {}  # target -> (device, inode) of the file this process renamed over it
+
+
 def commit(tmp: Path, target: Path) -> None:
     """Rename the complete, synced ``tmp`` over ``target`` and sync the directory."""
+    st = os.stat(tmp)
+    _RENAMED[Path(target)] = (st.st_dev, st.st_ino)  # before the rename: replaced() tells whether it happened
     os.replace(tmp, target)
     fsync_dir(target.parent)
+
+
+def replaced() -> list[Path]:
+    """The targets whose file is now one this process wrote and renamed over them: exact whenever it is asked
+    (an interrupt between the record and the rename leaves the target's inode the old one)."""
+    done = []
+    for target, ident in _RENAMED.items():
+        try:
+            st = os.stat(target)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == ident:
+            done.append(target)
+    return done
 
 
 def write_error(target: Path, exc: BaseException) -> WriteError:

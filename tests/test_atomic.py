@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 import tarindex
 from conftest import make_shard_set
-from tarindex._atomic import atomic_write, clean_stale
+from tarindex._atomic import atomic_write, clean_stale, replaced
 from tarindex.cli.main import main
 from tarindex.errors import WriteError
 
@@ -197,3 +197,18 @@ def test_kill_9_during_build_keeps_the_previous_index(tmp_path: Path) -> None:
     assert 1200 in outcomes  # at least one kill came before the new index was complete
     subprocess.run(cmd, check=True, env=env)
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == sorted([*(p.name for p in shards), "x.tarindex"])
+
+
+def test_replaced_names_exactly_the_targets_whose_file_is_the_one_written(tmp_path: Path) -> None:
+    """What an interrupted command says rests on this: a target renamed over by this process is named while its
+    file is the one written, and not once another file took its place (or before anything was written)."""
+    target = tmp_path / "x.tarindex"
+    target.write_bytes(b"old")
+    assert target not in replaced()
+    with atomic_write(target) as f:
+        f.write(b"new")
+    assert target in replaced()
+    other = tmp_path / "other"
+    other.write_bytes(b"someone else's")
+    os.replace(other, target)
+    assert target not in replaced()

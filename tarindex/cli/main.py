@@ -54,7 +54,13 @@ class _Group(click.Group):
             click.echo(f"tarindex: error: {exc}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
-            click.echo("tarindex: interrupted; any previous index is unchanged", err=True)
+            from .._atomic import replaced
+
+            written = replaced()  # Ctrl-C after the rename: the new file is whole, and the message says so
+            if written:
+                click.echo(f"tarindex: interrupted; {', '.join(map(str, written))} was already written whole", err=True)
+            else:
+                click.echo("tarindex: interrupted; any previous index is unchanged", err=True)
             sys.exit(130)
         finally:
             if before is not None and signal.getsignal(signal.SIGINT) is _interrupted:  # not interrupted: as it was
@@ -105,7 +111,8 @@ def main() -> None:
     """tarindex: tar shards as a fast random-access dataset.
 
     Exit codes: 0 ok (also when the reader of the output stops early, as head does), 1 bad or stale
-    data, 2 usage, 130 interrupted (Ctrl-C; any previous index is unchanged).
+    data, 2 usage, 130 interrupted (Ctrl-C; any previous index is unchanged, unless the new one was already written whole:
+    the message says which).
     """
 
 
