@@ -119,8 +119,8 @@ def iter_archive(
     end: ArchiveEnd | None = None,
     points: list[bytes] | None = None,
 ) -> Iterator[bytes]:
-    """The uncompressed tar stream of a source's chunks: the codec is detected by the first bytes
-    (:func:`tarindex.compression.codec_of`) and decompresses.
+    """The uncompressed tar stream of a source's chunks: the codec registry names the codec by the first
+    bytes (:func:`tarindex._codecs.of_head`) and its row's stream walk decompresses.
 
     ``frames``, when given, receives the frame table of a zstd stream (see
     :func:`tarindex.zstd.iter_decompressed`) and stays empty for a plain tar; ``points``, when given,
