@@ -14,6 +14,7 @@ from typing import Literal
 import numpy as np
 
 from ._atomic import AtomicFile
+from ._codecs import TAR, ZSTD
 from ._tarwrite import END_OF_ARCHIVE, member_header, padding
 from .errors import PackError
 from .scan import shard_info
@@ -74,7 +75,7 @@ class ShardOut:
     def __init__(self, path: str | None, *, compress: Compress = None, level: int = 3, frame_size: int = 8 << 10) -> None:
         self.path = path
         self._out = AtomicFile(path) if path is not None else None
-        self._zw = SeekableZstdWriter(self._out.file, level=level, frame_size=frame_size) if self._out is not None and compress == "zstd" else None
+        self._zw = SeekableZstdWriter(self._out.file, level=level, frame_size=frame_size) if self._out is not None and compress is not None else None
         self._fd = self._out.file.fileno() if self._out is not None else -1
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
@@ -220,7 +221,7 @@ class ShardOut:
             fp = fingerprint(fd, st.st_size)
         finally:
             os.close(fd)
-        return shard_info(self.path, st.st_size, st.st_mtime_ns, fp, table), table
+        return shard_info(self.path, st.st_size, st.st_mtime_ns, fp, table, TAR if self._zw is None else ZSTD), table
 
     def abort(self) -> None:
         """Drop the shard in progress (its temporary file is removed)."""

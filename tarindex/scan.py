@@ -13,9 +13,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ._codecs import GZIP, TAR, ZSTD, Codec, of_head, sniffed
 from ._localreads import block_chunks, slow_storage
 from ._source import Source
-from .compression import HEAD_BYTES, ArchiveEnd, codec_of, detect
+from .compression import HEAD_BYTES, ArchiveEnd
 from .errors import (
     CorruptArchiveError,
     CorruptDeflateError,
@@ -25,7 +26,6 @@ from .errors import (
     ShardNotFoundError,
 )
 from .grouping import Packer, new_packer
-from .gzip import decompress_gzip
 from .gzip_random import decompress_indexed
 from .options import SourceOptions
 from .shards import FINGERPRINT_SPAN, fingerprint, fingerprint_stream
@@ -40,7 +40,6 @@ from .zstd import (
     check_seek_table,
     decompress_frames,
     frame_array,
-    is_zstd,
     random_access,
     read_seek_table,
 )
@@ -120,8 +119,8 @@ def iter_archive(
     end: ArchiveEnd | None = None,
     points: list[bytes] | None = None,
 ) -> Iterator[bytes]:
-    """The uncompressed tar stream of a source's chunks: the codec is detected by the first bytes
-    (:func:`tarindex.compression.codec_of`) and decompresses.
+    """The uncompressed tar stream of a source's chunks: the codec registry names the codec by the first
+    bytes (:func:`tarindex._codecs.of_head`) and its row's stream walk decompresses.
 
     ``frames``, when given, receives the frame table of a zstd stream (see
     :func:`tarindex.zstd.iter_decompressed`) and stays empty for a plain tar; ``points``, when given,
@@ -142,15 +141,9 @@ def iter_archive(
         if more is None:
             break
         first = bytes(first) + bytes(more)
-    codec = codec_of(bytes(first[:HEAD_BYTES]), url)
-    if codec == "zstd":
-        yield from decompress_frames(itertools.chain((first,), chunks), url, frames, end=end)
-    elif codec == "gzip":
-        rest = itertools.chain((first,), chunks)
-        yield from decompress_gzip(rest, url, end=end) if points is None else decompress_indexed(rest, url, points, end=end)
-    else:
-        yield first
-        yield from chunks
+    codec = of_head(bytes(first[:HEAD_BYTES]), url)
+    rest = itertools.chain((first,), chunks)
+    yield from rest if codec.walk is None else codec.walk(rest, url, frames, points, end)
 
 
 def archive(
@@ -200,18 +193,9 @@ def scan_shard(
     try:
         if st.st_size == 0:
             raise CorruptArchiveError(path, 0, "empty file, not a tar archive")
-        codec = codec_of(os.pread(fd, HEAD_BYTES, 0), path)
-        partial = False
-        if codec == "zstd":
-            table, partial = _scan_zstd(fd, path, max_member_size, allow_missing_end)
-        elif codec == "gzip":
-            table = _scan_gzip(fd, path, max_member_size, allow_missing_end)
-        elif slow_storage(fd):  # NFS, FUSE, ...: blocks read ahead, the walk over them in memory (_localreads)
-            chunks = block_chunks(fd, st.st_size, block=(options or SourceOptions()).block_size)
-            table = table_from_chunks(chunks, path, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
-        else:
-            table = table_from_file(fd, path, max_member_size=max_member_size, allow_missing_end=allow_missing_end)
-        info = shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table, gzip=codec == "gzip")
+        codec = of_head(os.pread(fd, HEAD_BYTES, 0), path)
+        table, partial = LOCAL_SCANS[codec](fd, path, max_member_size, allow_missing_end, options)
+        info = shard_info(path, st.st_size, st.st_mtime_ns, fingerprint(fd, st.st_size), table, codec)
         return (dataclasses.replace(info, random_access=False) if partial else info), table
     finally:
         os.close(fd)
@@ -253,25 +237,24 @@ def scan_sequential(
         for _ in raw:  # the rest (end-of-archive padding), read but not decompressed past Limits.padding:
             pass  # the size and fingerprint cover the whole stream
         size = source.position
-    if is_zstd(bytes(head[:4])):  # the frame table, as for a local zstd shard
+    codec = sniffed(bytes(head[:HEAD_BYTES]))
+    if codec.frame_table:  # the frame table, as for a local zstd shard
         table.frames = frame_array(rows)
     table.gzip_points = points[0] if points else None
-    gzip = detect(bytes(head[:6])) == "gzip"
-    info = shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table, etag=source.etag, gzip=gzip)
+    info = shard_info(url, size, source.mtime_ns, fingerprint_stream(size, bytes(head), tail), table, codec, etag=source.etag)
     return (dataclasses.replace(info, random_access=False) if end.partial else info), table
 
 
 def shard_info(
-    path: str, size: int, mtime_ns: int, fp: str, table: ShardTable, *, etag: str | None = None, gzip: bool = False
+    path: str, size: int, mtime_ns: int, fp: str, table: ShardTable, codec: Codec = TAR, *, etag: str | None = None
 ) -> ShardInfo:
-    """A scanned shard's record; a zstd shard (one with a frame table) says so, and whether random access is
-    cheap; a gzip shard says so, and whether it has seek points (read at random through them)."""
+    """A scanned shard's record; a compressed shard names its codec and says whether random access is cheap:
+    a zstd shard by its frame table, a gzip shard by its seek points."""
     info = ShardInfo(path, size, mtime_ns, fp, table.n_samples, table.n_members, etag=etag)
-    if gzip:
-        return dataclasses.replace(info, compression="gzip", random_access=table.gzip_points is not None)
-    if table.frames is not None:
-        info = dataclasses.replace(info, compression="zstd", random_access=random_access(table.frames))
-    return info
+    if not codec.compressed:
+        return info
+    cheap = random_access(table.frames) if table.frames is not None else table.gzip_points is not None
+    return dataclasses.replace(info, compression=codec.compression, random_access=cheap)
 
 
 def scan_zstd(fd: int, path: str, *, max_member_size: int | None = None) -> ShardTable:
@@ -353,6 +336,29 @@ class _FileBytes:
         return self.window[start - self.at : stop - self.at]
 
 
+def _scan_plain(
+    fd: int, path: str, max_member_size: int | None, allow_missing_end: bool, options: SourceOptions | None
+) -> tuple[ShardTable, bool]:
+    """Index a plain local tar: headers read with ``pread``, or on slow storage (NFS, FUSE, ...) blocks read
+    ahead and the walk over them in memory (:mod:`tarindex._localreads`)."""
+    if slow_storage(fd):
+        chunks = block_chunks(fd, os.fstat(fd).st_size, block=(options or SourceOptions()).block_size)
+        return table_from_chunks(chunks, path, max_member_size=max_member_size, allow_missing_end=allow_missing_end), False
+    return table_from_file(fd, path, max_member_size=max_member_size, allow_missing_end=allow_missing_end), False
+
+
+def _scan_zstd_local(
+    fd: int, path: str, max_member_size: int | None, allow_missing_end: bool, options: SourceOptions | None
+) -> tuple[ShardTable, bool]:
+    return _scan_zstd(fd, path, max_member_size, allow_missing_end)
+
+
+def _scan_gzip_local(
+    fd: int, path: str, max_member_size: int | None, allow_missing_end: bool, options: SourceOptions | None
+) -> tuple[ShardTable, bool]:
+    return _scan_gzip(fd, path, max_member_size, allow_missing_end), False
+
+
 def _scan_gzip(fd: int, path: str, max_member_size: int | None = None, allow_missing_end: bool = False) -> ShardTable:
     """Index a gzip shard: one streaming decompression (1 MiB reads) that records seek points
     (:func:`tarindex.gzip_random.decompress_indexed`), the tar parser on its output.
@@ -391,3 +397,11 @@ def _scan_chunks(
     for _ in chunks:  # the frames after the end-of-archive marker
         pass
     return table
+
+
+LocalScan = Callable[[int, str, "int | None", bool, "SourceOptions | None"], tuple[ShardTable, bool]]
+"""``(fd, path, max_member_size, allow_missing_end, options)`` -> the shard's table, and whether the walk
+stopped inside a frame (its row then incomplete: random access refused)."""
+
+LOCAL_SCANS: dict[Codec, LocalScan] = {TAR: _scan_plain, ZSTD: _scan_zstd_local, GZIP: _scan_gzip_local}
+"""The index scan of a local file, per row of the codec registry (:mod:`tarindex._codecs`)."""

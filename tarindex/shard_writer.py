@@ -24,12 +24,12 @@ import zstandard
 
 from . import _args
 from ._atomic import AtomicFile
-from .compression import HEAD_BYTES, codec_of
+from ._codecs import ZSTD, of_head
+from .compression import HEAD_BYTES
 from .errors import CorruptArchiveError, ShardNotFoundError
 from .grouping import group_members
-from .gzip import decompress_gzip
 from .tar import BLOCK, iter_tar
-from .zstd import MAX_FRAME_BYTES, close_map, iter_decompressed, seek_table_frame
+from .zstd import MAX_FRAME_BYTES, close_map, seek_table_frame
 
 __all__ = ["ShardWriter", "compress_shard"]  # public (tarindex.ShardWriter, tarindex.compress_shard); the rest serves the package
 
@@ -179,12 +179,11 @@ def compress_shard(
     try:
         if src_size == 0:
             raise CorruptArchiveError(src, 0, "empty file, not a tar archive")
-        codec = codec_of(os.pread(fd, HEAD_BYTES, 0), src)
-        if codec != "tar":  # zstd or gzip: decompress to a temporary tar beside the output first
+        codec = of_head(os.pread(fd, HEAD_BYTES, 0), src)
+        if codec.walk is not None:  # compressed: decompress to a temporary tar beside the output first
             plain = AtomicFile(Path(dst).with_name(Path(dst).name + ".plain"))
-            decompress = iter_decompressed if codec == "zstd" else decompress_gzip
             with open(src, "rb") as f:
-                for piece in decompress(iter(lambda: f.read(_READ), b""), src):
+                for piece in codec.walk(iter(lambda: f.read(_READ), b""), src, None, None, None):
                     plain.file.write(piece)
             plain.file.close()
             os.close(fd)
@@ -260,7 +259,7 @@ class ShardWriter:
         frame_size: int = DEFAULT_FRAME_SIZE,
         start: int = 0,
     ) -> None:
-        if compress not in ("zstd", None):
+        if compress not in (ZSTD.name, None):
             raise ValueError(f"compress must be 'zstd' or None, got {compress!r}")
         self.pattern = _args.shard_pattern(pattern)
         self.maxcount = maxcount
@@ -293,7 +292,7 @@ class ShardWriter:
         self._out = AtomicFile(self.pattern % self.shard)
         self._zw = (
             SeekableZstdWriter(self._out.file, level=self.level, frame_size=self.frame_size)
-            if self.compress == "zstd"
+            if self.compress is not None  # zstd, the one codec written
             else None
         )
         self._count = self._size = 0

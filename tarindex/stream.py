@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from . import _args
+from ._codecs import of_head
 from ._iterable import IterableDataset
 from ._localreads import block_chunks, slow_storage
 from ._process import FORK
@@ -42,7 +43,7 @@ from .access.codecs import Indexed
 from .access.open import OpenOptions, open_random
 from .access.reader import RandomReader
 from .collate import batched, collate
-from .compression import ArchiveEnd, codec_of, looks_like_shard, sniff_file
+from .compression import ArchiveEnd, looks_like_shard, sniff_file
 from .decode import DecodeMode, Decoder, Image, failure
 from .errors import (
     CorruptArchiveError,
@@ -466,7 +467,7 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
                     check_source(url, self._infos[shard], source.size, source.mtime_ns)
             fd = source.fileno() if isinstance(source, FileSource) and source.size is not None else -1
             slow = fd >= 0 and slow_storage(fd)  # NFS, FUSE, ...: blocks read ahead (_localreads)
-            if (fused() or slow) and fd >= 0 and codec_of(os.pread(fd, 6, 0), url) == "tar":  # a local tar: the C walk reads it, one copy, no thread
+            if (fused() or slow) and fd >= 0 and not of_head(os.pread(fd, 6, 0), url).compressed:  # a local tar: the C walk reads it, one copy, no thread
                 walked = block_chunks(fd, source.size or 0, block=source.block_size) if slow else fd
                 yield from iter_samples(walked, url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end)
                 return
@@ -474,7 +475,7 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
             if source.walks_direct and fused():  # HTTP, pipes: the C walk reads the socket or pipe itself
                 while len(first) < 6 and (more := source.read(64 << 10)):
                     first += more
-                if codec_of(first[:6], url) == "tar":
+                if not of_head(first[:6], url).compressed:
                     yield from iter_samples(
                         DirectArchive(source, first), url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end
                     )

@@ -1,10 +1,10 @@
-"""The one codec registry: for each way a shard's tar bytes are stored (plain, zstd, gzip), how its random
-reader is made over the compressed shard's bytes.
+"""The random readers of the codec registry (:mod:`tarindex._codecs`): for each way a shard's tar bytes are
+stored (plain, zstd, gzip), how its random reader is made over the compressed shard's bytes.
 
 :data:`CODECS` is the table; :func:`codec` answers "which codec is this shard?" from its index entry
 (``ShardInfo.compression``) or, for a shard read without an index, from its first bytes. Adding a codec is
-one :class:`Codec` row here (its reader module beside :mod:`tarindex.zstd_random` and
-:mod:`tarindex.gzip_random`), and its name in :func:`tarindex.compression.detect`.
+a row in :mod:`tarindex._codecs`, its random reader here (its reader module beside
+:mod:`tarindex.zstd_random` and :mod:`tarindex.gzip_random`), and its name in :func:`tarindex.compression.detect`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import BinaryIO, Protocol
 import numpy as np
 
 from .._cache import FileCache
+from .._codecs import GZIP, TAR, ZSTD, of_entry, of_name
+from .._codecs import Codec as StreamCodec
 from ..compression import detect
 from ..errors import CorruptFrameError, IndexFormatError, RandomAccessError
 from ..gzip import random_access_refused
@@ -74,14 +76,22 @@ Wrap = Callable[[str, RandomReader, "Indexed | None", ZstdCache], RandomReader]
 
 @dataclass(frozen=True, slots=True)
 class Codec:
-    """One row of the registry."""
+    """A row of the codec registry (:mod:`tarindex._codecs`) with its random reader."""
 
-    name: str
-    """``tar``, ``zstd`` or ``gzip``: what :func:`tarindex.compression.detect` names."""
-    compression: str | None
-    """What an index entry records (``ShardInfo.compression``): ``None`` for a plain tar."""
+    stream: StreamCodec
+    """The registry's row: its name, what an index entry records, its stream walk."""
     random: Wrap
     """The random reader of the tar bytes over the compressed shard's reader, which it takes (closed on failure)."""
+
+    @property
+    def name(self) -> str:
+        """``tar``, ``zstd`` or ``gzip``: what :func:`tarindex.compression.detect` names."""
+        return self.stream.name
+
+    @property
+    def compression(self) -> str | None:
+        """What an index entry records (``ShardInfo.compression``): ``None`` for a plain tar."""
+        return self.stream.compression
 
 
 def fix_command(path: str) -> str:
@@ -149,14 +159,13 @@ def _gzip(name: str, raw: RandomReader, indexed: Indexed | None, cache: ZstdCach
 
 
 CODECS: tuple[Codec, ...] = (
-    Codec("tar", None, _plain),
-    Codec("zstd", "zstd", _zstd),
-    Codec("gzip", "gzip", _gzip),
+    Codec(TAR, _plain),
+    Codec(ZSTD, _zstd),
+    Codec(GZIP, _gzip),
 )
-"""The registry: every codec a shard may be stored in."""
+"""The random reader of every row of the codec registry (:data:`tarindex._codecs.CODECS`, in its order)."""
 
-_BY_NAME = {c.name: c for c in CODECS}
-_BY_COMPRESSION = {c.compression: c for c in CODECS}
+_BY_ROW = {c.stream: c for c in CODECS}
 
 
 def codec(indexed: Indexed | None, raw: RandomReader) -> Codec:
@@ -167,17 +176,17 @@ def codec(indexed: Indexed | None, raw: RandomReader) -> Codec:
         RandomAccessError: without an index, bytes of no codec in the registry (xz, bzip2, not a tar).
     """
     if indexed is not None:
-        found = _BY_COMPRESSION.get(indexed.info.compression)
-        if found is None:
+        row = of_entry(indexed.info.compression)
+        if row is None:
             raise IndexFormatError(
                 f"{indexed.index.path}: shard {indexed.info.path!r} records compression {indexed.info.compression!r}"
             )
-        return found
-    name = detect(raw.read_at(0, 6)) if raw.size != 0 else "tar"
-    found = _BY_NAME.get(name)
+        return _BY_ROW[row]
+    name = detect(raw.read_at(0, 6)) if raw.size != 0 else TAR.name
+    found = of_name(name)
     if found is None:
         raise RandomAccessError("shard", f"{name} data: read from the start")
-    return found
+    return _BY_ROW[found]
 
 
 ZSTD_CACHE_ENTRY = r"[0-9a-f]{32}-[0-9]+\.tar"

@@ -157,13 +157,14 @@ def _logged_warnings() -> Iterator[None]:
 
 def _warn_slow_zstd(index: str) -> None:
     """One line per zstd shard that cannot be read at random cheaply, with the command that fixes it."""
+    from .._codecs import ZSTD
     from ..access.codecs import fix_command
     from ..index.reader import IndexReader
     from ._common import shown_path
 
     ix = IndexReader(index)
     for i, info in enumerate(ix.shards):
-        if info.compression == "zstd" and not info.random_access:
+        if info.compression == ZSTD.compression and not info.random_access:
             path = shown_path(ix.shard_path(i))
             click.echo(
                 f"tarindex: warning: {path}: zstd frames too large for random access (one frame for the whole shard?); "

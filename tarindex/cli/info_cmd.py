@@ -74,6 +74,7 @@ def _counted(path: Path) -> dict[str, Any]:
     """The content totals of an older index: every record decoded."""
     import numpy as np
 
+    from .._codecs import GZIP, ZSTD
     from ..index.reader import IndexReader
 
     ix = IndexReader(path)
@@ -82,8 +83,8 @@ def _counted(path: Path) -> dict[str, Any]:
     return {
         "data_bytes": int(samples.size.sum(dtype="u8")),
         "shard_bytes": sum(s.size for s in ix.shards),
-        "zstd_shards": sum(1 for s in ix.shards if s.compression == "zstd"),
+        "zstd_shards": sum(1 for s in ix.shards if s.compression == ZSTD.compression),
         "zstd_shards_without_random_access": sum(1 for s in ix.shards if not s.random_access),
-        "gzip_shards": sum(1 for s in ix.shards if s.compression == "gzip"),
+        "gzip_shards": sum(1 for s in ix.shards if s.compression == GZIP.compression),
         "ext_members": dict(zip(ix.exts, counts)),
     }

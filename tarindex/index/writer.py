@@ -26,6 +26,7 @@ import lmdb
 import numpy as np
 
 from .._atomic import clean_stale, commit, temp_name, write_error
+from .._codecs import GZIP, ZSTD
 from ..compression import HEAD_BYTES, looks_like_index, looks_like_shard
 from ..errors import IndexFormatError, OverwriteError, TarIndexError, WriteError
 from ..tables import MAX_EXTS
@@ -282,7 +283,7 @@ class IndexWriter:
         self._n_members += len(cols.member_ext)
         self._summary["url_shards"] += info.kind == "url"
         self._summary["command_shards"] += info.kind == "command"
-        if info.compression == "zstd" and frames is not None and len(frames) and n:  # samples per frame: of shards with samples
+        if info.compression == ZSTD.compression and frames is not None and len(frames) and n:  # samples per frame: of shards with samples
             self._summary["zstd_samples"] += n
             self._summary["zstd_frames"] += len(frames)
         remap = [self._exts.setdefault(e, len(self._exts)) for e in exts] or [0]
@@ -466,8 +467,8 @@ class IndexWriter:
         """Add one shard to the content totals (``CONTENT_SUMMARY``, ``LATER_CONTENT``, members per extension)."""
         self._content["data_bytes"] += int(cols.size.sum(dtype=np.uint64))
         self._content["shard_bytes"] += info.size
-        self._content["zstd_shards"] += info.compression == "zstd"
-        self._content["gzip_shards"] += info.compression == "gzip"
+        self._content["zstd_shards"] += info.compression == ZSTD.compression
+        self._content["gzip_shards"] += info.compression == GZIP.compression
         self._content["zstd_shards_without_random_access"] += not info.random_access
         counts = np.bincount(member_ext, minlength=len(self._exts)).tolist()
         self._ext_members += [0] * (len(counts) - len(self._ext_members))

@@ -1,0 +1,54 @@
+"""The codec registry is the one place that knows codec names: every row has its stream walk, its index scan
+and its random reader, and no module outside the registry branches on a codec's name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import tarindex
+from tarindex import _codecs
+from tarindex.access import codecs as access_codecs
+from tarindex.scan import LOCAL_SCANS
+
+PACKAGE = Path(tarindex.__file__).parent
+REGISTRY = {"_codecs.py", "compression.py", "access/codecs.py"}
+"""The modules allowed to name codecs in a comparison: the registry, detection, and the random readers' rows."""
+
+BRANCH = re.compile(
+    r"""[=!]=\s*["'](?:tar|zstd|gzip)["']"""  # codec == "zstd", compression != "gzip"
+    r"""|["'](?:tar|zstd|gzip)["']\s*[=!]="""  # "tar" == codec
+    r"""|\bin\s*\(\s*["'](?:tar|zstd|gzip)["']"""  # codec in ("zstd", ...)
+    r"""|(?<!def )\b(?:is_zstd|is_gzip|codec_of)\("""  # a codec test by content outside the registry
+)
+
+
+def test_every_row_has_its_walk_its_scan_and_its_random_reader() -> None:
+    assert [c.name for c in _codecs.CODECS] == ["tar", "zstd", "gzip"]
+    assert set(LOCAL_SCANS) == set(_codecs.CODECS)
+    assert [c.stream for c in access_codecs.CODECS] == list(_codecs.CODECS)
+    assert [c.compressed for c in _codecs.CODECS] == [False, True, True]
+    assert {c.compression for c in _codecs.CODECS} == {None, "zstd", "gzip"}
+    for row in _codecs.CODECS:
+        assert _codecs.of_entry(row.compression) is row and _codecs.of_name(row.name) is row
+
+
+def test_the_branch_pattern_finds_the_branches_it_forbids() -> None:
+    for line in ('if codec == "zstd":', "elif info.compression != 'gzip':", 'if "tar" == c:', 'if c in ("tar", "zstd"):', "if is_zstd(head):"):
+        assert BRANCH.search(line), line
+    for line in ('return pattern, "zstd"', "def is_zstd(head: bytes) -> bool:", "if codec.compressed:"):
+        assert not BRANCH.search(line), line
+
+
+def test_no_module_outside_the_registry_branches_on_a_codec_name() -> None:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        if name in REGISTRY:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if BRANCH.search(code):
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert found == []
+    assert len(list(PACKAGE.rglob("*.py"))) > 50  # the package was walked
