@@ -13,39 +13,8 @@ from typing import TYPE_CHECKING
 if sys.platform == "win32":  # os.pread, fork-aware readers, fcntl locks: the package is POSIX-only
     raise ImportError("tarindex runs on POSIX systems only (Linux, macOS); on Windows use it inside WSL")
 
-from .errors import (
-    CommandNotAllowedError,
-    CorruptArchiveError,
-    CorruptDeflateError,
-    CorruptFrameError,
-    DecodeError,
-    DecompressionLimitError,
-    DescriptorLimitError,
-    DuplicateMemberError,
-    ExportError,
-    IndexChangedError,
-    IndexFormatError,
-    IndexNotFoundError,
-    ListError,
-    NotRegularFileError,
-    OptionError,
-    OptionTypeError,
-    OverwriteError,
-    PackError,
-    PatternError,
-    RandomAccessError,
-    SampleNotFoundError,
-    SamplerStateError,
-    ShardNotFoundError,
-    SourceError,
-    StaleIndexError,
-    StateError,
-    StreamWarning,
-    TarIndexError,
-    TarIndexWarning,
-    UnsupportedCompressionError,
-    WriteError,
-)
+from . import errors
+from .errors import *  # noqa: F403  # every exception and warning class: the names errors.__all__ lists
 
 if TYPE_CHECKING:
     from ._state import stream_states
@@ -65,47 +34,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BuildReport",
-    "CommandNotAllowedError",
-    "CorruptArchiveError",
-    "CorruptDeflateError",
-    "CorruptFrameError",
-    "DecodeError",
-    "DecompressionLimitError",
-    "DescriptorLimitError",
-    "DuplicateMemberError",
-    "ExportError",
-    "IndexChangedError",
-    "IndexFormatError",
-    "IndexNotFoundError",
     "IndexReader",
-    "ListError",
     "Mix",
     "MixSampler",
-    "NotRegularFileError",
-    "OptionError",
-    "OptionTypeError",
-    "OverwriteError",
-    "PackError",
     "PackReport",
-    "PatternError",
-    "RandomAccessError",
-    "SampleNotFoundError",
-    "SamplerStateError",
-    "ShardNotFoundError",
     "ShardSampler",
     "ShardWriter",
-    "SourceError",
     "SourceOptions",
-    "StaleIndexError",
-    "StateError",
-    "StreamWarning",
     "TarDataset",
-    "TarIndexError",
-    "TarIndexWarning",
     "TarStream",
-    "UnsupportedCompressionError",
     "VerifyReport",
-    "WriteError",
     "__version__",
     "build_index",
     "compress_shard",
@@ -117,6 +55,7 @@ __all__ = [
     "stream_states",
     "verify_index",
 ]
+__all__ += errors.__all__
 
 
 _LAZY = {

@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 from .errors import WriteError
 
-__all__ = ["WRITE_ERRNOS", "AtomicFile", "atomic_write", "clean_stale", "commit", "fsync_dir", "replaced", "temp_name", "write_error"]
+__all__ = ["WRITE_ERRNOS", "AtomicFile", "alive", "atomic_write", "clean_stale", "commit", "fsync_dir", "replaced", "temp_name", "write_error"]
 
 
 _NEARLY_FULL = 1 << 20  # bytes free under which an I/O error is most likely a full disk
@@ -30,7 +30,10 @@ def temp_name(target: Path) -> Path:
     return target.with_name(f".{target.name}.tmp-{os.getpid()}")
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (this process included): whose temporary files must stay."""
+    if pid == os.getpid():
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -46,7 +49,7 @@ def clean_stale(target: Path) -> list[Path]:
     for name in glob.glob(glob.escape(str(target.with_name(f".{target.name}.tmp-"))) + "*"):
         tail = name.rsplit(".tmp-", 1)[1]
         pid = int(tail.split("-", 1)[0]) if tail.split("-", 1)[0].isdigit() else -1
-        if pid < 0 or pid == os.getpid() or _alive(pid):
+        if pid < 0 or alive(pid):
             continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name)

@@ -21,13 +21,16 @@ import multiprocessing
 import multiprocessing.context
 import operator
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from .errors import StateError
+
+if TYPE_CHECKING:
+    from ._split import Slot
 
 __all__ = [
     "EPOCHS",
@@ -36,6 +39,7 @@ __all__ = [
     "STATE_FORMAT",
     "SharedEpoch",
     "Stateful",
+    "check_draws",
     "check_header",
     "decode_rows",
     "encode_rows",
@@ -44,6 +48,9 @@ __all__ = [
     "header",
     "integer",
     "integers",
+    "pending_state",
+    "reader_state",
+    "reader_states",
     "required",
     "same",
     "slot_of",
@@ -272,6 +279,78 @@ class SharedEpoch:
 
     def __repr__(self) -> str:
         return f"SharedEpoch({self.value})"
+
+
+def reader_state(kind: str, config: Mapping[str, Any], epoch: int, slot: Slot, position: Mapping[str, Any]) -> dict[str, Any]:
+    """The state of one reader of an epoch (a :class:`tarindex.TarStream`'s, a :func:`tarindex.mix`'s):
+    the header, the epoch, the reader's ``slot`` as ``[rank, world size, worker, workers]`` and its ``position``."""
+    return {**header(kind, config), "epoch": epoch, "slot": _slot_fields(slot), **position}
+
+
+def pending_state(pending: Sequence[Mapping[str, Any]] | None, epoch: int, slot: Slot) -> dict[str, Any] | None:
+    """The loaded state of reader ``slot`` in ``epoch`` that no iteration has taken yet (a copy), else ``None``."""
+    fields = _slot_fields(slot)
+    return next((dict(st) for st in pending or () if st["epoch"] == epoch and list(st["slot"]) == fields), None)
+
+
+def _slot_fields(slot: Slot) -> list[int]:
+    return [slot.rank, slot.world_size, slot.worker, slot.num_workers]
+
+
+def reader_states(
+    state_dict: Any, kind: str, config: Mapping[str, Any], check: Callable[[Mapping[str, Any], tuple[int, int, int, int]], object]
+) -> tuple[list[dict[str, Any]], int]:
+    """The reader states of ``kind`` in ``state_dict`` (:func:`stream_states`) and their one epoch, each
+    checked before anything changes: header against ``config``, slot, epoch, then ``check(state, slot)``.
+
+    Raises:
+        StateError: no such state, the first field that is missing, of the wrong type or out of range
+            (what ``check`` raises), states of several epochs.
+    """
+    states = stream_states(state_dict, kind)
+    if not states:
+        raise StateError(f"no {kind} state in the given state_dict")
+    epochs = set()
+    for st in states:
+        check_header(st, kind, config)
+        slot = slot_of(st, kind)
+        epochs.add(integer(st, "epoch", kind, *EPOCHS))
+        check(st, slot)
+    if len(epochs) != 1:
+        raise StateError(f"{kind} states of several epochs: {sorted(epochs)}")
+    return states, epochs.pop()
+
+
+def check_draws(
+    kind: str,
+    step: int,
+    yielded: int,
+    cap: tuple[str, int | None],
+    active: list[bool],
+    weights: Sequence[float],
+    *,
+    stop: str,
+    done: bool,
+    rounds: list[int] | None = None,
+) -> None:
+    """Check a mix's draw position (:func:`tarindex.mix`'s, :class:`tarindex.MixSampler`'s): no more samples
+    yielded than draws, nor than ``cap`` (its name and bound, ``None``: unbounded); members out of the draw
+    only with ``stop="all"``; ``rounds`` (members started again, where the mix counts them) only with
+    ``stop="never"``; a draw not ``done`` has an active member with a weight.
+
+    Raises:
+        StateError: naming the field that breaks the rule.
+    """
+    members = "sources" if kind == "Mix" else "datasets"
+    name, bound = cap
+    if yielded > step or (bound is not None and yielded > bound):
+        raise StateError(f"{kind} state: yielded {yielded} is over its draws ({step}) or {name} ({bound})")
+    if stop != "all" and not all(active):
+        raise StateError(f"{kind} state: active {active} has {members} out of the draw, which only stop='all' takes out")
+    if rounds is not None and stop != "never" and any(rounds):
+        raise StateError(f"{kind} state: rounds {rounds} has {members} started again, which only stop='never' does")
+    if not done and not any(a and w > 0 for a, w in zip(active, weights)):
+        raise StateError(f"{kind} state: active {active} leaves no {members[:-1]} to draw (weights {list(weights)}), yet it is not done")
 
 
 def stream_states(checkpoint: Any, kind: str = "TarStream") -> list[dict[str, Any]]:

@@ -35,18 +35,12 @@ AUDIO_EXTENSIONS = frozenset(["wav", "flac", "ogg"])
 PICKLE_EXTENSIONS = frozenset(["pickle", "pkl", "pyd"])
 
 IMAGE_SPECS: dict[str, tuple[str, str | None, str]] = {
-    "l8": ("numpy", "uint8", "l"),
-    "rgb8": ("numpy", "uint8", "rgb"),
-    "rgba8": ("numpy", "uint8", "rgba"),
-    "l": ("numpy", "float", "l"),
-    "rgb": ("numpy", "float", "rgb"),
-    "rgba": ("numpy", "float", "rgba"),
-    "torchl8": ("torch", "uint8", "l"),
-    "torchrgb8": ("torch", "uint8", "rgb"),
-    "torchrgba8": ("torch", "uint8", "rgba"),
-    "torchl": ("torch", "float", "l"),
-    "torchrgb": ("torch", "float", "rgb"),
-    "torchrgba": ("torch", "float", "rgba"),
+    **{
+        f"{'' if kind == 'numpy' else kind}{channels}{'8' if element == 'uint8' else ''}": (kind, element, channels)
+        for kind in ("numpy", "torch")
+        for element in ("uint8", "float")
+        for channels in ("l", "rgb", "rgba")
+    },
     "pill": ("pil", None, "l"),
     "pil": ("pil", None, "rgb"),
     "pilrgb": ("pil", None, "rgb"),

@@ -24,7 +24,7 @@ import numpy as np
 from . import _args
 from ._iterable import IterableDataset
 from ._split import Draws, Slot, stream_key
-from ._state import EPOCHS, SharedEpoch, check_header, flag, flags, header, integer, integers, slot_of, stream_states
+from ._state import SharedEpoch, check_draws, flag, flags, integer, integers, pending_state, reader_state, reader_states
 from .errors import OptionError, OptionTypeError, StateError, TarIndexError, counted
 from .stream import TarStream
 
@@ -164,16 +164,12 @@ class Mix(IterableDataset):  # type: ignore[type-arg]
         slot = self.slot()
         run = self._run if self._run is not None and self._run_key == (slot, self.epoch) else None
         if run is None:
-            mine = [st for st in self._pending or () if st["epoch"] == self.epoch and tuple(st["slot"]) == (
-                slot.rank, slot.world_size, slot.worker, slot.num_workers)]
-            if mine:
-                return dict(mine[0])
+            pending = pending_state(self._pending, self.epoch, slot)
+            if pending is not None:
+                return pending
             run = self._new_run(slot, self.epoch)
         return {
-            **header("Mix", self._config()),
-            "epoch": self.epoch,
-            "slot": [slot.rank, slot.world_size, slot.worker, slot.num_workers],
-            **run.state(),
+            **reader_state("Mix", self._config(), self.epoch, slot, run.state()),
             "sources": [s.state_dict() for s in self.sources],
         }
 
@@ -185,25 +181,19 @@ class Mix(IterableDataset):  # type: ignore[type-arg]
         Raises:
             StateError: a malformed state, or one of another mix (seed, weights, stop, sources).
         """
-        states = stream_states(state_dict, "Mix")
-        if not states:
-            raise StateError("no Mix state in the given state_dict")
-        epochs = set()
-        for st in states:
-            check_header(st, "Mix", self._config())
-            slot_of(st, "Mix")
-            epochs.add(integer(st, "epoch", "Mix", *EPOCHS))
+
+        def check(st: Mapping[str, Any], slot: tuple[int, int, int, int]) -> None:
             _MixRun.check(st, self.weights, self.stop)
             if not isinstance(st.get("sources"), list) or len(st["sources"]) != len(self.sources):
                 raise StateError(f"malformed Mix state: {_count(st.get('sources'))} source states for {counted(len(self.sources), 'source')}")
-        if len(epochs) != 1:
-            raise StateError(f"Mix states of several epochs: {sorted(epochs)}")
+
+        states, epoch = reader_states(state_dict, "Mix", self._config(), check)
         loaded = [source._checked_states([st["sources"][k] for st in states]) for k, source in enumerate(self.sources)]
         for source, (theirs, epoch) in zip(self.sources, loaded):  # every state checked: now nothing can fail
             source._load(theirs, epoch)
         self._pending = states
         self._run = None
-        self._epoch.value = epochs.pop()
+        self._epoch.value = epoch
 
     def __iter__(self) -> Iterator[Any]:
         slot, epoch = self.slot(), self.epoch
@@ -267,14 +257,7 @@ class _MixRun:
         step, yielded = integer(state, "step", "Mix"), integer(state, "yielded", "Mix")
         quota = None if state.get("quota", 0) is None else integer(state, "quota", "Mix")
         active, rounds, done = flags(state, "active", "Mix", n), integers(state, "rounds", "Mix", n), flag(state, "done", "Mix")
-        if yielded > step or (quota is not None and yielded > quota):
-            raise StateError(f"Mix state: yielded {yielded} is over its draws ({step}) or its quota ({quota})")
-        if stop != "all" and not all(active):
-            raise StateError(f"Mix state: active {active} has sources out of the draw, which only stop='all' takes out")
-        if stop != "never" and any(rounds):
-            raise StateError(f"Mix state: rounds {rounds} has sources started again, which only stop='never' does")
-        if not done and not any(a and w > 0 for a, w in zip(active, weights)):
-            raise StateError(f"Mix state: active {active} leaves no source to draw (weights {weights}), yet it is not done")
+        check_draws("Mix", step, yielded, ("its quota", quota), active, weights, stop=stop, done=done, rounds=rounds)
         return step, yielded, quota, active, rounds, done
 
     def restore(self, state: Mapping[str, Any], weights: list[float], stop: StopRule) -> None:

@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -169,12 +169,9 @@ def _obstore_error(exc: Exception, url: str, offset: int) -> Exception:
     return Transient(_first_line(exc))  # 5xx, 429, timeouts, connections cut: retried
 
 
-class ObjectReader:
-    """Random reads of one object in ``s3://``/``gs://``/``az://`` through obstore.
-
-    Nothing is requested at open: every read carries the indexed ETag (``If-Match``) and its
-    answer's size is compared with the indexed size.
-    """
+class _ObjectReader:
+    """Random reads of one remote object of the indexed ``size`` (and ETag, where known): one request a
+    read, retried by ``options.retry``; the subclass makes the request (:meth:`_get_once`)."""
 
     def __init__(self, url: str, options: SourceOptions, *, size: int, etag: str | None) -> None:
         self.url = url
@@ -182,6 +179,47 @@ class ObjectReader:
         self.policy = options.retry
         self.size = size
         self.etag = etag
+
+    def _get_once(self, offset: int, size: int) -> bytes:
+        raise NotImplementedError
+
+    def _whole(self, data: bytes, offset: int, size: int) -> bytes:
+        """``data`` if it holds every byte asked for that the object has.
+
+        Raises:
+            Transient: a short body (retried).
+        """
+        want = max(0, min(size, self.size - offset))
+        if len(data) != want:
+            raise Transient(f"short body: {len(data)} of {want} bytes")
+        return data
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` (fewer at the object's end): one request.
+
+        Raises:
+            StaleIndexError: the object changed since it was indexed.
+            ShardNotFoundError: the object is gone.
+            SourceError: no credentials, access denied, or failures after the retries.
+        """
+        if size <= 0 or offset >= self.size:  # nothing there: no request (a store answers 416)
+            return b""
+        return self.policy.call(lambda: self._get_once(offset, size), self.url, offset, size)
+
+    def fileno(self) -> None:
+        """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to close: stores and fsspec filesystems are shared per process."""
+
+
+class ObjectReader(_ObjectReader):
+    """Random reads of one object in ``s3://``/``gs://``/``az://`` through obstore.
+
+    Nothing is requested at open: every read carries the indexed ETag (``If-Match``) and its
+    answer's size is compared with the indexed size.
+    """
 
     def _get_options(self, offset: int, size: int) -> GetOptions:
         opts: GetOptions = {"range": (offset, offset + size)}
@@ -200,10 +238,7 @@ class ObjectReader:
             raise StaleIndexError(self.url, f"size {self.size} -> {meta.get('size')}")
         if self.etag and meta.get("e_tag") and meta.get("e_tag") != self.etag:
             raise StaleIndexError(self.url, f"ETag {self.etag} -> {meta.get('e_tag')}")
-        want = max(0, min(size, self.size - offset))
-        if len(data) != want:
-            raise Transient(f"short body: {len(data)} of {want} bytes")
-        return data
+        return self._whole(data, offset, size)
 
     def _get_once(self, offset: int, size: int) -> bytes:
         import obstore
@@ -215,14 +250,8 @@ class ObjectReader:
             data = bytes(result.bytes())
         except Exception as exc:
             error = _obstore_error(exc, self.url, offset)
-            if isinstance(error, StaleIndexError):
-                try:
-                    obstore.head(store, key)
-                except FileNotFoundError:
-                    error = self._gone()
-                except Exception:  # the precondition's answer stands
-                    pass
-            raise error from exc
+            gone = isinstance(error, StaleIndexError) and _missing(lambda: obstore.head(store, key))
+            raise (self._gone() if gone else error) from exc
         return self._check(result.meta, data, offset, size)
 
     def _gone(self) -> ShardNotFoundError:
@@ -238,50 +267,39 @@ class ObjectReader:
             data = bytes(await result.bytes_async())
         except Exception as exc:
             error = _obstore_error(exc, self.url, offset)
-            if isinstance(error, StaleIndexError):
-                try:
-                    await obstore.head_async(store, key)
-                except FileNotFoundError:
-                    error = self._gone()
-                except Exception:  # the precondition's answer stands
-                    pass
-            raise error from exc
+            gone = isinstance(error, StaleIndexError) and await _missing_async(obstore.head_async(store, key))
+            raise (self._gone() if gone else error) from exc
         return self._check(result.meta, data, offset, size)
-
-    def read_at(self, offset: int, size: int) -> bytes:
-        """``size`` bytes at ``offset`` (fewer at the object's end): one request.
-
-        Raises:
-            StaleIndexError: the object changed since it was indexed.
-            ShardNotFoundError: the object is gone.
-            SourceError: no credentials, access denied, or failures after the retries.
-        """
-        if size <= 0 or offset >= self.size:  # nothing there: no request (a store answers 416)
-            return b""
-        return self.policy.call(lambda: self._get_once(offset, size), self.url, offset, size)
 
     async def read_at_async(self, offset: int, size: int) -> bytes:
         """:meth:`read_at` in an event loop."""
         return await self.policy.call_async(lambda: self._get_async(offset, size), self.url, offset, size)
 
-    def fileno(self) -> None:
-        """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
-        return None
 
-    def close(self) -> None:
-        """Nothing to close: stores are shared per process."""
+def _missing(head: Callable[[], object]) -> bool:
+    """Whether ``head()`` (a ``HEAD`` of the object) answers that it does not exist."""
+    try:
+        head()
+    except Exception as exc:  # any other answer: the precondition's stands
+        return isinstance(exc, FileNotFoundError)
+    return False
 
 
-class FsspecReader:
+async def _missing_async(head: Awaitable[object]) -> bool:
+    """:func:`_missing` of an awaited ``HEAD``."""
+    try:
+        await head
+    except Exception as exc:  # any other answer: the precondition's stands
+        return isinstance(exc, FileNotFoundError)
+    return False
+
+
+class FsspecReader(_ObjectReader):
     """Random reads of any fsspec URL (``hf://``, ``memory://``, ...) with ``cat_file``; the object's
     size is checked once at open, and its ETag or version when the filesystem reports one."""
 
     def __init__(self, url: str, options: SourceOptions, *, size: int, etag: str | None) -> None:
-        self.url = url
-        self.options = options
-        self.policy = options.retry
-        self.size = size
-        self.etag = etag
+        super().__init__(url, options, size=size, etag=etag)
         self._fs: Any = None
         self._gen = -1
         self._path = ""
@@ -306,34 +324,13 @@ class FsspecReader:
             raise ShardNotFoundError(f"{self.url}: no such shard") from exc
         return info
 
-    def _cat(self, offset: int, size: int) -> bytes:
+    def _get_once(self, offset: int, size: int) -> bytes:
         fs, path = self._filesystem()
         try:
             data = bytes(fs.cat_file(path, start=offset, end=offset + size))
         except FileNotFoundError as exc:
             raise ShardNotFoundError(f"{self.url}: no such shard") from exc
-        want = max(0, min(size, self.size - offset))
-        if len(data) != want:
-            raise Transient(f"short body: {len(data)} of {want} bytes")
-        return data
-
-    def read_at(self, offset: int, size: int) -> bytes:
-        """``size`` bytes at ``offset``: one request.
-
-        Raises:
-            ShardNotFoundError: the object is gone.
-            SourceError: failures after the retries.
-        """
-        if size <= 0 or offset >= self.size:  # nothing there: no request
-            return b""
-        return self.policy.call(lambda: self._cat(offset, size), self.url, offset, size)
-
-    def fileno(self) -> None:
-        """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
-        return None
-
-    def close(self) -> None:
-        """Nothing to close: fsspec caches its filesystems per process."""
+        return self._whole(data, offset, size)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fs": None, "_gen": -1}
@@ -443,7 +440,7 @@ def _fsspec_options(scheme: str, options: SourceOptions) -> SourceOptions:
 
 def is_remote_reader(handle: Any) -> bool:
     """Whether a shard handle reads over the network (:func:`read_many` batches its reads)."""
-    return isinstance(handle, (ObjectReader, FsspecReader, RangeReader, CachedReader))
+    return isinstance(handle, (_ObjectReader, RangeReader, CachedReader))
 
 
 # -- batches --------------------------------------------------------------------------------------

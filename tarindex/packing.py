@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ._atomic import _alive, clean_stale
+from ._atomic import alive, clean_stale
 from ._codecs import of_entry
 from ._packin import KeyFilter, Sample, add_labels, class_names, key_test, samples_of, select, source_kind
 from ._packout import Compress, FileMember, ShardOut, newest_mtime, same_table
@@ -969,7 +969,7 @@ def _remove_stale_buckets(work: Path, out_index: Path) -> None:
     with contextlib.suppress(OSError):
         for entry in work.iterdir():
             found = pattern.fullmatch(entry.name)
-            if found is not None and int(found.group(1)) != os.getpid() and not _alive(int(found.group(1))):
+            if found is not None and not alive(int(found.group(1))):
                 shutil.rmtree(entry, ignore_errors=True)
 
 

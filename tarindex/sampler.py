@@ -40,7 +40,20 @@ import numpy.typing as npt
 
 from . import _args
 from ._split import Draws, pick, stream_key
-from ._state import EPOCHS, MAX_COUNT, MAX_READERS, check_header, flag, flags, header, integer, integers, required, same
+from ._state import (
+    EPOCHS,
+    MAX_COUNT,
+    MAX_READERS,
+    check_draws,
+    check_header,
+    flag,
+    flags,
+    header,
+    integer,
+    integers,
+    required,
+    same,
+)
 from .errors import SamplerStateError, StateError, counted
 
 __all__ = ["MixSampler", "ShardSampler", "ShardSized"]
@@ -703,12 +716,7 @@ class MixSampler:
         subs = required(state, "samplers", "MixSampler")
         if not isinstance(subs, (list, tuple)) or len(subs) != n:
             raise StateError(f"MixSampler state: samplers is {type(subs).__name__} of {_length(subs)}, expected a list of {n} states")
-        if yielded > step or (self.num_samples is not None and yielded > self.num_samples):
-            raise StateError(f"MixSampler state: yielded {yielded} is over its draws ({step}) or num_samples ({self.num_samples})")
-        if self.stop != "all" and not all(active):
-            raise StateError(f"MixSampler state: active {active} has datasets out of the draw, which only stop='all' takes out")
-        if not done and not any(a and w > 0 for a, w in zip(active, self.weights)):
-            raise StateError(f"MixSampler state: active {active} leaves no dataset to draw (weights {self.weights}), yet it is not done")
+        check_draws("MixSampler", step, yielded, ("num_samples", self.num_samples), active, self.weights, stop=self.stop, done=done)
         positions = [sampler._checked(sub) for sampler, sub in zip(self.samplers, subs)]  # all checked before any is taken
         for sampler, position in zip(self.samplers, positions):
             sampler._apply(*position)

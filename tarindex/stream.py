@@ -38,7 +38,7 @@ from ._split import (
     worker_info,
     worker_slot,
 )
-from ._state import EPOCHS, SharedEpoch, check_header, header, integer, slot_of, stream_states
+from ._state import SharedEpoch, pending_state, reader_state, reader_states
 from .access.codecs import Indexed
 from .access.open import OpenOptions, open_random
 from .access.reader import RandomReader
@@ -805,19 +805,11 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         slot = self.slot()
         run = self._run if self._run is not None and (self._run_slot, self._run_epoch) == (slot, self.epoch) else None
         if run is None:
-            pending = [
-                st for st in self._pending or ()
-                if st["epoch"] == self.epoch and tuple(st["slot"]) == (slot.rank, slot.world_size, slot.worker, slot.num_workers)
-            ]
-            if pending:
-                return dict(pending[0])
+            pending = pending_state(self._pending, self.epoch, slot)
+            if pending is not None:
+                return pending
             run = self._new_run(slot, self.epoch)
-        return {
-            **header("TarStream", self._config()),
-            "epoch": self.epoch,
-            "slot": [slot.rank, slot.world_size, slot.worker, slot.num_workers],
-            **run.state(),
-        }
+        return reader_state("TarStream", self._config(), self.epoch, slot, run.state())
 
     def load_state_dict(self, state_dict: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Continue from saved states on the next iteration of their epoch (which this selects).
@@ -847,24 +839,20 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
             StateError: the first field that is missing, of the wrong type or out of range, states of
                 several epochs or layouts, two states of one reader.
         """
-        states = stream_states(state_dict)
-        if not states:
-            raise StateError("no TarStream state in the given state_dict")
-        epochs, layouts, readers = set(), set(), set()
-        for st in states:
-            check_header(st, "TarStream", self._config())
-            rank, world, worker, workers = slot_of(st, "TarStream")
-            epochs.add(integer(st, "epoch", "TarStream", *EPOCHS))
+        layouts, readers = set(), set()
+
+        def check(st: Mapping[str, Any], slot: tuple[int, int, int, int]) -> None:
+            rank, world, worker, workers = slot
             self._position(st)
             layouts.add((world, workers))
             if (rank, worker) in readers:
                 raise StateError(f"two TarStream states of rank {rank} worker {worker}")
             readers.add((rank, worker))
-        if len(epochs) != 1:
-            raise StateError(f"TarStream states of several epochs: {sorted(epochs)}")
+
+        states, epoch = reader_states(state_dict, "TarStream", self._config(), check)
         if len(layouts) != 1:
             raise StateError(f"TarStream states of several layouts (ranks, workers): {sorted(layouts)}")
-        return states, epochs.pop()
+        return states, epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it reseeds the shard order and the shuffle buffer (call before each epoch).

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -87,3 +88,25 @@ def parse_size(text: str) -> int:
     if m is None:
         raise ValueError(f"{text!r} is not a size: expected a number of bytes with an optional unit K, M, G, T (powers of 1024), e.g. 64M")
     return int(m.group(1)) << _UNITS[m.group(2).upper()]
+
+
+_T = TypeVar("_T")
+
+
+def parsed(value: str | None, parse: Callable[[str], _T]) -> _T | None:
+    """An option's ``value`` through ``parse`` (``None``, an option not given, stays ``None``).
+
+    Raises:
+        click.BadParameter: ``parse`` refused it (its ``ValueError`` is the message).
+    """
+    if value is None:
+        return None
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def size_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """The click callback of a ``SIZE`` option: bytes (:func:`parse_size`)."""
+    return parsed(value, parse_size)

@@ -9,27 +9,13 @@ from typing import Any
 
 import click
 
+from ._common import parsed, size_option
+
 
 def _part(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
-    if value is None:
-        return None
     from ..build import parse_part
 
-    try:
-        return parse_part(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    from ._common import parse_size
-
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    return parsed(value, parse_part)
 
 
 def _pairs(values: tuple[str, ...], sep: str, form: str) -> list[tuple[str, str]]:
@@ -65,7 +51,7 @@ def _storage_options(ctx: click.Context, param: click.Parameter, values: tuple[s
 @click.option("-w", "--workers", type=click.IntRange(1), default=None, help="Scanning processes (default: CPU count).")
 @click.option("--part", callback=_part, metavar="K/N", help="Index only the K-th of N slices of the shards.")
 @click.option(
-    "--max-member-size", callback=_size, metavar="SIZE",
+    "--max-member-size", callback=size_option, metavar="SIZE",
     help="Refuse a shard with a member larger than SIZE (bytes, or 64M, 2G: powers of 1024). "
     "Default: 8G for URLs, zstd and gzip shards; a plain tar's own size.",
 )

@@ -8,21 +8,13 @@ from typing import Any
 
 import click
 
+from ._common import size_option
 from .build_cmd import _headers, _logged_warnings, _storage_options
 
 # packing's defaults (a test keeps them equal): importing it here would import numpy for every --help
 DEFAULT_MAXCOUNT = 100_000
 DEFAULT_MAXSIZE = "3000000000"
 DEFAULT_MEMORY = "256M"
-
-
-def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    from ._common import parse_size
-
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 def _exts(ctx: click.Context, param: click.Parameter, value: str | None) -> frozenset[str] | None:
@@ -49,14 +41,14 @@ def _keys(ctx: click.Context, param: click.Parameter, value: str | None) -> froz
 @click.option("-o", "--output", required=True, metavar="PATTERN", help="Shard names with a %d-style number: out/train-%06d.tar, or .tar.zst for seekable zstd.")
 @click.option("--index", "index", type=click.Path(dir_okay=False), help="Index file (default: beside the shards).")
 @click.option("--maxcount", type=click.IntRange(1), default=DEFAULT_MAXCOUNT, show_default=True, help="Samples per shard at most.")
-@click.option("--maxsize", callback=_size, default=DEFAULT_MAXSIZE, show_default=True, metavar="SIZE", help="Bytes of tar per shard at most (or 512M, 2G: powers of 1024).")
+@click.option("--maxsize", callback=size_option, default=DEFAULT_MAXSIZE, show_default=True, metavar="SIZE", help="Bytes of tar per shard at most (or 512M, 2G: powers of 1024).")
 @click.option("-w", "--workers", type=click.IntRange(1), default=None, help="Processes writing shards (default: CPU count).")
 @click.option("--select", "exts", callback=_exts, metavar="EXTS", help="Keep only these extensions, e.g. jpg,cls (samples left with none are dropped).")
 @click.option("--keys", "keys", callback=_keys, metavar="FILE", help="Keep only the samples whose keys FILE lists (one a line).")
 @click.option("--label", is_flag=True, help="Directories: add a cls member, the number of each sample's top directory (as ImageFolder).")
 @click.option("--shuffle", is_flag=True, help="Write the samples in a random order (see --seed); over shards, an external shuffle in --memory.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of --shuffle.")
-@click.option("--memory", callback=_size, default=DEFAULT_MEMORY, show_default=True, metavar="SIZE", help="--shuffle of shards: bytes of samples in memory at a time.")
+@click.option("--memory", callback=size_option, default=DEFAULT_MEMORY, show_default=True, metavar="SIZE", help="--shuffle of shards: bytes of samples in memory at a time.")
 @click.option("--level", type=click.IntRange(-7, 22), default=3, show_default=True, help="zstd level (.tar.zst output).")
 @click.option("--frame-size", type=click.IntRange(1), default=8 << 10, show_default=True, metavar="BYTES", help="Uncompressed bytes per zstd frame (.tar.zst output).")
 @click.option("--no-resume", "no_resume", is_flag=True, help="Write every shard, even those an interrupted run of this pack completed.")

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 import lmdb
 import numpy as np
 
-from .._atomic import clean_stale, commit, temp_name, write_error
+from .._atomic import alive, clean_stale, commit, temp_name, write_error
 from .._codecs import GZIP, ZSTD
 from ..compression import HEAD_BYTES, looks_like_index, looks_like_shard
 from ..errors import IndexFormatError, OverwriteError, TarIndexError, WriteError
@@ -77,7 +77,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     with contextlib.suppress(OSError):
         for entry in path.parent.iterdir():
             found = pattern.fullmatch(entry.name)
-            if found is not None and entry.is_dir() and not entry.is_symlink() and not _alive(int(found.group(1))):
+            if found is not None and entry.is_dir() and not entry.is_symlink() and not alive(int(found.group(1))):
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry)
     return removed
@@ -140,18 +140,6 @@ def _not_an_index(path: Path, st: os.stat_result) -> str | None:
     if not isinstance(found, dict) or found.get("magic") != MAGIC:
         return "an LMDB database without a tarindex meta"
     return None
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
 
 
 class IndexWriter:
