@@ -4,6 +4,7 @@ more shards than the process may open, and an index rebuilt in place under forke
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 import resource
@@ -65,6 +66,7 @@ def test_close_racing_reading_threads(tmp_path: Path) -> None:
 @contextlib.contextmanager
 def few_descriptors(more: int) -> Iterator[None]:
     """This process may open only ``more`` more descriptors (the soft ``ulimit -n``) inside the block."""
+    gc.collect()  # descriptors of earlier tests' garbage closed now, not inside the block (a free number more)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     used = {int(fd) for fd in os.listdir("/proc/self/fd")}
     limit = free = 0
