@@ -21,6 +21,7 @@ all of them are reached through here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -197,7 +198,12 @@ class PipeSource(Source):
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            proc.wait()
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:  # a SIGTERM that raced the shell's fork, or a command that ignores it
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
 
