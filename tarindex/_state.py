@@ -30,7 +30,7 @@ import numpy.typing as npt
 from .errors import StateError
 
 if TYPE_CHECKING:
-    from ._split import Slot
+    from ._epochs import Slot
 
 __all__ = [
     "EPOCHS",

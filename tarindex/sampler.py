@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _args
-from ._split import Draws, pick, stream_key
+from ._epochs import Draws, pick, stream_key
 from ._state import (
     EPOCHS,
     MAX_COUNT,

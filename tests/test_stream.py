@@ -661,7 +661,7 @@ def _reader_threads(sample: dict) -> int:
 
 
 def _policy(sample: dict) -> int | None:
-    from tarindex.stream import read_ahead_for
+    from tarindex._shardwalk import read_ahead_for
 
     return read_ahead_for(sample["__url__"], None)
 
