@@ -3,7 +3,8 @@
 Rank and worker discovery (:class:`Slot`), per-epoch shard order and dealing, counter-based random draws
 (:class:`Draws`, shared by ``mix``, the samplers and ``pack``), :class:`EpochRun` (one reader's epoch as a state
 machine of plain data: work items, passes, the shuffle buffer), its saved position checked (:func:`run_state`),
-and a stream's epoch resumed on the same or another layout (:func:`run_for`, :func:`checked_states`).
+a stream's epoch resumed on the same or another layout (:func:`run_for`, :func:`checked_states`), and
+:class:`SharedEpoch` (the epoch a persistent DataLoader worker reads at the start of each iteration).
 
 No torch import at module level: :func:`worker_slot` imports it only when it
 is already loaded (a DataLoader worker, a process with ``torch.distributed``).
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import multiprocessing
+import multiprocessing.context
 import os
 import random
 import sys
@@ -35,6 +38,7 @@ __all__ = [
     "EpochRun",
     "Item",
     "RunState",
+    "SharedEpoch",
     "Slot",
     "checked_states",
     "deal_rest",
@@ -73,6 +77,41 @@ class Slot:
     def count(self) -> int:
         """All readers of the epoch."""
         return self.world_size * self.num_workers
+
+
+class SharedEpoch:
+    """An epoch number in shared memory: DataLoader workers (persistent ones too) read the value
+    the main process last set, at the start of each iteration.
+
+    The value crosses into worker processes when they start (fork, or pickling while spawning);
+    any other pickle or copy carries the number only.
+    """
+
+    def __init__(self, value: int = 0) -> None:
+        self._shared: Any = multiprocessing.RawValue("q", value)
+
+    @property
+    def value(self) -> int:
+        """The epoch."""
+        return int(self._shared.value)
+
+    @value.setter
+    def value(self, epoch: int) -> None:
+        self._shared.value = epoch
+
+    def __getstate__(self) -> dict[str, Any]:
+        if multiprocessing.context.get_spawning_popen() is not None:  # a worker being started: share the memory
+            return {"shared": self._shared}
+        return {"value": self.value}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "shared" in state:
+            self._shared = state["shared"]
+        else:
+            self._shared = multiprocessing.RawValue("q", int(state["value"]))
+
+    def __repr__(self) -> str:
+        return f"SharedEpoch({self.value})"
 
 
 def worker_slot(rank: int | None = None, world_size: int | None = None) -> Slot:

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._codecs import of_head
 from ._epochs import AFTER, ONE, WHOLE, worker_info
-from ._localreads import block_chunks, slow_storage
+from ._localreads import block_chunks, slow_device
 from ._process import FORK
 from ._shardlist import ShardList
 from .access.codecs import Indexed
@@ -64,32 +65,28 @@ def read_ahead_for(url: str, read_ahead: int | None) -> int | None:
     return read_ahead
 
 
+@dataclass(eq=False)
 class ShardWalker:
     """Walks the shards of one stream (see the module docstring).
 
     Keeps, per process, the random readers of the shards it entered at a position (the last
     :data:`_READERS`) and the index streamed (for frame tables and seek points); a copy or a pickle
     starts with none.
-
-    Args:
-        shards: the stream's shards.
-        options: how shards are read.
-        read_ahead: blocks a reader thread keeps ready (see :func:`read_ahead_for`).
-        max_member_size: the largest member accepted (``None``: the walk's default).
-        allow_missing_end: accept shards without the end-of-archive marker.
     """
 
-    def __init__(
-        self, shards: ShardList, options: SourceOptions, *, read_ahead: int | None, max_member_size: int | None, allow_missing_end: bool
-    ) -> None:
-        self.shards = shards
-        self.options = options
-        self.read_ahead = read_ahead
-        self.max_member_size = max_member_size
-        self.allow_missing_end = allow_missing_end
-        self._readers: dict[int, RandomReader | None] = {}
-        self._fork = 0
-        self._index: IndexReader | None = None
+    shards: ShardList
+    """The stream's shards."""
+    options: SourceOptions
+    """How shards are read."""
+    read_ahead: int | None = None
+    """Blocks a reader thread keeps ready (see :func:`read_ahead_for`)."""
+    max_member_size: int | None = None
+    """The largest member accepted (``None``: the walk's default)."""
+    allow_missing_end: bool = False
+    """Accept shards without the end-of-archive marker."""
+    _readers: dict[int, RandomReader | None] = field(default_factory=dict, init=False, repr=False)
+    _fork: int = field(default=0, init=False, repr=False)
+    _index: IndexReader | None = field(default=None, init=False, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -140,8 +137,10 @@ class ShardWalker:
                     check_shard(url, source.fileno(), shards.infos[shard])
                 else:
                     check_source(url, shards.infos[shard], source.size, source.mtime_ns)
-            fd = source.fileno() if isinstance(source, FileSource) and source.size is not None else -1
-            slow = fd >= 0 and slow_storage(fd)  # NFS, FUSE, ...: blocks read ahead (_localreads)
+            fd, slow = -1, False
+            if isinstance(source, FileSource) and source.size is not None:
+                fd = source.fileno()
+                slow = slow_device(source.device)  # NFS, FUSE, ...: blocks read ahead (_localreads; asked once per device)
             if (fused() or slow) and fd >= 0 and not of_head(os.pread(fd, 6, 0), url).compressed:  # a local tar: the C walk reads it, one copy, no thread
                 walked = block_chunks(fd, source.size or 0, block=source.block_size) if slow else fd
                 yield from iter_samples(walked, url, index=index, max_member_size=self.max_member_size, allow_missing_end=self.allow_missing_end)

@@ -8,8 +8,7 @@ in each DataLoader worker.
 
 Here: the protocol, the state header every state carries (kind, format, configuration), the checks of
 a state's fields (a state is data: it may come from anywhere, so every field's type and range is checked
-before anything is allocated or changed by it), a compact and bounded encoding of position lists,
-:class:`SharedEpoch` (the epoch a persistent DataLoader worker reads at the start of each iteration) and
+before anything is allocated or changed by it), a compact and bounded encoding of position lists and
 :func:`stream_states` (the reader states inside a DataLoader's checkpoint). No torch import.
 """
 
@@ -17,8 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import multiprocessing
-import multiprocessing.context
 import operator
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,7 +34,6 @@ __all__ = [
     "MAX_COUNT",
     "MAX_READERS",
     "STATE_FORMAT",
-    "SharedEpoch",
     "Stateful",
     "check_draws",
     "check_header",
@@ -244,41 +240,6 @@ def decode_rows(text: object, width: int, max_rows: int, what: str) -> npt.NDArr
         raise StateError(f"{what} is not an encoded position list ({len(raw)} bytes, not whole rows of {width} integers)")
     cols = np.frombuffer(raw, dtype="<i8").reshape(width, -1)
     return np.cumsum(cols.T, axis=0, dtype=np.int64)
-
-
-class SharedEpoch:
-    """An epoch number in shared memory: DataLoader workers (persistent ones too) read the value
-    the main process last set, at the start of each iteration.
-
-    The value crosses into worker processes when they start (fork, or pickling while spawning);
-    any other pickle or copy carries the number only.
-    """
-
-    def __init__(self, value: int = 0) -> None:
-        self._shared: Any = multiprocessing.RawValue("q", value)
-
-    @property
-    def value(self) -> int:
-        """The epoch."""
-        return int(self._shared.value)
-
-    @value.setter
-    def value(self, epoch: int) -> None:
-        self._shared.value = epoch
-
-    def __getstate__(self) -> dict[str, Any]:
-        if multiprocessing.context.get_spawning_popen() is not None:  # a worker being started: share the memory
-            return {"shared": self._shared}
-        return {"value": self.value}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if "shared" in state:
-            self._shared = state["shared"]
-        else:
-            self._shared = multiprocessing.RawValue("q", int(state["value"]))
-
-    def __repr__(self) -> str:
-        return f"SharedEpoch({self.value})"
 
 
 def reader_state(kind: str, config: Mapping[str, Any], epoch: int, slot: Slot, position: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,9 +22,9 @@ from typing import Any, Literal
 import numpy as np
 
 from . import _args
-from ._epochs import Draws, Slot, stream_key, worker_quota
+from ._epochs import Draws, SharedEpoch, Slot, stream_key, worker_quota
 from ._iterable import IterableDataset
-from ._state import SharedEpoch, check_draws, flag, flags, integer, integers, pending_state, reader_state, reader_states
+from ._state import check_draws, flag, flags, integer, integers, pending_state, reader_state, reader_states
 from .errors import OptionError, OptionTypeError, StateError, TarIndexError, counted
 from .stream import TarStream
 

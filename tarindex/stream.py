@@ -16,7 +16,7 @@ import os
 import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _args
 from ._epochs import (
@@ -24,6 +24,7 @@ from ._epochs import (
     SKIP,
     EpochRun,
     RunState,
+    SharedEpoch,
     Slot,
     checked_states,
     idle_readers,
@@ -51,12 +52,15 @@ from ._stages import (
     check_max_errors,
     decoded_batches,
 )
-from ._state import SharedEpoch, pending_state, reader_state
+from ._state import pending_state, reader_state
 from .collate import batched, collate
 from .decode import DecodeMode, Decoder, Image, failure
 from .errors import DecodeError, OptionError, OptionTypeError, StateError, StreamWarning, TarIndexError, counted, shown
 from .index.reader import IndexReader
-from .options import SourceOptions
+from .options import SourceAliases, SourceOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["DEFAULT_SHUFFLE", "Handler", "TarStream"]  # public (tarindex.TarStream); the rest serves the package
 
@@ -105,12 +109,6 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         world_size: overrides ``torch.distributed`` / ``WORLD_SIZE``.
         options: how shards are read (:class:`~tarindex.options.SourceOptions`: block size, retries,
             timeouts, headers, storage options), as ``TarDataset`` and ``build_index`` take them.
-        block_size: overrides ``options.block_size`` (bytes per read).
-        retries: overrides ``options.retries`` (network retries without progress).
-        backoff: overrides ``options.backoff`` (first backoff in seconds, doubled each time).
-        timeout: overrides ``options.timeout`` (socket timeout in seconds).
-        storage_options: overrides ``options.storage_options`` (object stores, fsspec; docs/remote.md).
-        headers: overrides ``options.headers`` (extra HTTP(S) request headers, e.g. ``{"Authorization": "Bearer ..."}``).
         read_ahead: blocks a reader thread keeps ready ahead of the parser (0: read in the
             parser's thread), for sources read in blocks. Default: 8 for network sources; for
             local zstd files 8 in the main process and 0 in DataLoader workers, where the workers
@@ -127,6 +125,14 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         allow_missing_end: accept shards that end without the end-of-archive marker (written by tools
             that omit it). Off by default: such a shard is a :class:`~tarindex.errors.CorruptArchiveError`,
             since a shard cut at a member boundary looks the same.
+
+    Keyword Args:
+        block_size (int | None): overrides ``options.block_size`` (bytes per read).
+        retries (int | None): overrides ``options.retries`` (network retries without progress).
+        backoff (float | None): overrides ``options.backoff`` (first backoff in seconds, doubled each time).
+        timeout (float | None): overrides ``options.timeout`` (socket timeout in seconds).
+        storage_options (Mapping[str, Any] | None): overrides ``options.storage_options`` (object stores, fsspec; docs/remote.md).
+        headers (Mapping[str, str] | None): overrides ``options.headers`` (extra HTTP(S) request headers, e.g. ``{"Authorization": "Bearer ..."}``).
 
     Raises:
         ShardNotFoundError: a local shard or pattern matches nothing.
@@ -158,19 +164,15 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         rank: int | None = None,
         world_size: int | None = None,
         options: SourceOptions | None = None,
-        block_size: int | None = None,
-        retries: int | None = None,
-        backoff: float | None = None,
-        timeout: float | None = None,
-        storage_options: Mapping[str, Any] | None = None,
         read_ahead: int | None = None,
         allow_commands: bool = False,
-        headers: Mapping[str, str] | None = None,
         max_errors: int | None = None,
         max_member_size: int | None = None,
         allow_missing_end: bool = False,
+        **aliases: Unpack[SourceAliases],
     ) -> None:
         super().__init__()
+        self.options = SourceOptions.given(options, call="TarStream", **aliases)  # an unknown keyword first, as Python's own check
         check_handler(handler)
         size = buffer_size(shuffle)
         _args.shard_names(urls, "urls", call="TarStream", also=(IndexReader,))
@@ -193,9 +195,6 @@ class TarStream(IterableDataset):  # type: ignore[type-arg]
         self._handling = Handling(handler, max_errors)
         self.rank = rank
         self.world_size = world_size
-        self.options = SourceOptions.given(options, storage_options=storage_options, headers=headers).with_(
-            block_size=block_size, retries=retries, backoff=backoff, timeout=timeout
-        )
         self._walker = ShardWalker(
             shards, self.options, read_ahead=read_ahead, max_member_size=max_member_size, allow_missing_end=allow_missing_end
         )
