@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .compression import looks_like_shard, sniff_file
+from ._codecs import looks_like_shard, sniff_file
 from .index.reader import IndexReader
 from .naming import check_commands, shard_name
 from .shards import INDEX_SUFFIX, expand_shards, shard_kind

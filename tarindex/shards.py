@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from .compression import HEAD_BYTES, looks_like_index, looks_like_shard, sniff_file
+from ._codecs import HEAD_BYTES, looks_like_index, looks_like_shard, sniff_file
 from .errors import NotRegularFileError, PatternError, ShardNotFoundError
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__

@@ -4,7 +4,7 @@ stored (plain, zstd, gzip), how its random reader is made over the compressed sh
 :data:`CODECS` is the table; :func:`codec` answers "which codec is this shard?" from its index entry
 (``ShardInfo.compression``) or, for a shard read without an index, from its first bytes. Adding a codec is
 a row in :mod:`tarindex._codecs`, its random reader here (its reader module beside
-:mod:`tarindex.zstd_random` and :mod:`tarindex.gzip_random`), and its name in :func:`tarindex.compression.detect`.
+:mod:`tarindex.zstd_random` and :mod:`tarindex.gzip_random`), and its name in :func:`tarindex._codecs.detect`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from typing import BinaryIO, Protocol
 import numpy as np
 
 from .._cache import FileCache
-from .._codecs import GZIP, TAR, ZSTD, of_entry, of_name
+from .._codecs import GZIP, TAR, ZSTD, detect, of_entry, of_name
 from .._codecs import Codec as StreamCodec
-from ..compression import detect
 from ..errors import CorruptFrameError, IndexFormatError, RandomAccessError
 from ..gzip import random_access_refused
 from ..gzip_random import GzipShardReader, SeekPoints
@@ -85,7 +84,7 @@ class Codec:
 
     @property
     def name(self) -> str:
-        """``tar``, ``zstd`` or ``gzip``: what :func:`tarindex.compression.detect` names."""
+        """``tar``, ``zstd`` or ``gzip``: what :func:`tarindex._codecs.detect` names."""
         return self.stream.name
 
     @property
