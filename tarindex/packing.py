@@ -44,12 +44,11 @@ from .identity import check_shard, current_info
 from .index.merge import placed, relative_path
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
-from .naming import shard_name
-from .objstore import is_object_url
+from .naming import ShardRef, shard_name
 from .options import SourceOptions
 from .sampler import _mix
 from .scan import iter_archive, scan_shard
-from .shards import INDEX_SUFFIX, default_index_path, expand_shards, shard_kind
+from .shards import INDEX_SUFFIX, default_index_path, expand_shards
 from .tables import ShardInfo, ShardTable
 
 __all__ = ["PackReport", "pack"]
@@ -533,7 +532,9 @@ def _from_index(source_index: Path, spec: _Spec, run: _Runner, cache: Path) -> t
                 raise PackError(name, "is a command; its output cannot be read in parts: write it to a file first")
             if info.kind == "file":
                 inputs.add(name)
-            threads = threads or is_object_url(name)  # network-bound; and obstore's runtime does not survive fork
+            threads = (
+                threads or ShardRef.of(name).kind == "object"
+            )  # network-bound; and obstore's runtime does not survive fork
         inputs.check(str(spec.index))
         if spec.shuffle:
             return _shuffled(reader, spec, run, cache, inputs, threads)
@@ -561,7 +562,7 @@ def _input_index(items: list[str], spec: _Spec, run: _Runner) -> tuple[Path, boo
         return Path(items[0]), False
     storage = dict(spec.options.storage_options) if spec.options is not None else {}
     paths = expand_shards(items, storage_options=storage or None)
-    if all(shard_kind(p) == "file" for p in paths):
+    if all(ShardRef.of(p).local for p in paths):
         beside = default_index_path(paths)
         if beside.is_file() and _current(beside, paths):
             return beside, False
