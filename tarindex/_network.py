@@ -790,8 +790,19 @@ class RangeReader:
             return b""
         return self.policy.call(lambda: self._read_once(offset, size), self.url, offset, size)
 
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Every ``(offset, size)``, in order, as :func:`tarindex.objstore.read_many` reads a batch: neighbours
+        in one request, ``options.max_in_flight`` requests at once.
+
+        Raises:
+            StaleIndexError, ShardNotFoundError, SourceError: as :meth:`read_at`, the first one met.
+        """
+        from .objstore import read_many  # the batch reader of every remote reader (it imports this module)
+
+        return read_many([(self, offset, size) for offset, size in ranges], self.options)
+
     @staticmethod
-    def read_many(requests: Sequence[tuple[Any, int, int]], max_in_flight: int) -> list[bytes]:
+    def fetch_many(requests: Sequence[tuple[Any, int, int]], max_in_flight: int) -> list[bytes]:
         """``read_at`` of every ``(reader, offset, size)``, at most ``max_in_flight`` at once, in order.
 
         Raises:

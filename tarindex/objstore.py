@@ -31,6 +31,7 @@ from . import hub
 from ._blockcache import BlockCache, CachedReader
 from ._network import FsspecSource, RangeReader, _Retrying
 from ._process import FORK
+from ._ranges import coalesce
 from ._retry import RETRYABLE_STATUS, Transient
 from .errors import ShardNotFoundError, SourceError, StaleIndexError, TarIndexError, TarIndexWarning
 from .naming import ObjectStore, ShardRef
@@ -198,6 +199,15 @@ class _ObjectReader:
         if size <= 0 or offset >= self.size:  # nothing there: no request (a store answers 416)
             return b""
         return self.policy.call(lambda: self._get_once(offset, size), self.url, offset, size)
+
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Every ``(offset, size)``, in order, as :func:`read_many` reads a batch: neighbours in one request,
+        ``options.max_in_flight`` requests at once.
+
+        Raises:
+            StaleIndexError, ShardNotFoundError, SourceError: as :meth:`read_at`, the first one met.
+        """
+        return read_many([(self, offset, size) for offset, size in ranges], self.options)
 
     def fileno(self) -> None:
         """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
@@ -440,24 +450,6 @@ def is_remote_reader(handle: Any) -> bool:
 # -- batches --------------------------------------------------------------------------------------
 
 
-def coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int, list[int]]]:
-    """Merge ``(offset, size)`` ranges of one object whose gap is at most ``gap`` bytes.
-
-    Returns ``(start, end, members)`` per request, ``members`` the indices into ``ranges`` it serves;
-    requests in offset order. Overlapping and repeated ranges share a request.
-    """
-    order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
-    out: list[tuple[int, int, list[int]]] = []
-    for k in order:
-        offset, size = ranges[k]
-        if out and offset - out[-1][1] <= gap:
-            start, end, members = out[-1]
-            out[-1] = (start, max(end, offset + size), [*members, k])
-        else:
-            out.append((offset, offset + size, [k]))
-    return out
-
-
 def read_many(requests: Sequence[tuple[Any, int, int]], options: SourceOptions) -> list[bytes]:
     """The bytes of every ``(reader, offset, size)``, in order: ranges of one reader closer than
     ``options.coalesce_gap`` fetched by one request, at most ``options.max_in_flight`` requests in flight.
@@ -513,7 +505,7 @@ def _fetch(planned: Sequence[tuple[Any, int, int, list[int]]], options: SourceOp
         for k, data in zip(objects, got):
             out[k] = data
     if others:
-        got = RangeReader.read_many([(planned[k][0], planned[k][1], planned[k][2] - planned[k][1]) for k in others], options.max_in_flight)
+        got = RangeReader.fetch_many([(planned[k][0], planned[k][1], planned[k][2] - planned[k][1]) for k in others], options.max_in_flight)
         for k, data in zip(others, got):
             out[k] = data
     return out

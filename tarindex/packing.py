@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ._atomic import alive, clean_stale
-from ._codecs import of_entry
+from ._codecs import BY_ENTRY
 from ._packin import KeyFilter, Sample, add_labels, class_names, key_test, samples_of, select, source_kind
 from ._packout import Compress, FileMember, ShardOut, newest_mtime, same_table
 from ._split import stream_key
@@ -713,7 +713,7 @@ def _input_samples(ds: TarDataset | None, m: _Members, numbers: Iterable[int]) -
         shard = int(np.searchsorted(starts, wanted[i], side="right")) - 1
         j = int(np.searchsorted(wanted, int(starts[shard + 1])))  # the wanted samples of this shard: wanted[i:j]
         info = ds.index.shards[shard]
-        if (codec := of_entry(info.compression)) is not None and codec.one_pass and info.kind == "file":
+        if (codec := BY_ENTRY.get(info.compression)) is not None and codec.one_pass and info.kind == "file":
             yield from _streamed(ds, shard, info, m, wanted[i:j])
         else:
             for n in wanted[i:j]:

@@ -24,11 +24,11 @@ BRANCH = re.compile(
 def test_every_row_has_its_walk_its_scan_and_its_random_reader() -> None:
     assert [c.name for c in _codecs.CODECS] == ["tar", "zstd", "gzip"]
     assert set(LOCAL_SCANS) == set(_codecs.CODECS)
-    assert [c.stream for c in access_codecs.CODECS] == list(_codecs.CODECS)
+    assert list(access_codecs.RANDOM) == list(_codecs.CODECS)
     assert [c.compressed for c in _codecs.CODECS] == [False, True, True]
     assert {c.compression for c in _codecs.CODECS} == {None, "zstd", "gzip"}
     for row in _codecs.CODECS:
-        assert _codecs.of_entry(row.compression) is row and _codecs.of_name(row.name) is row
+        assert _codecs.BY_ENTRY[row.compression] is row and _codecs.of_name(row.name) is row
 
 
 def test_the_branch_pattern_finds_the_branches_it_forbids() -> None:

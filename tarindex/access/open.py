@@ -17,7 +17,7 @@ from ..naming import ShardRef
 from ..objstore import open_reader
 from ..options import SourceOptions
 from ..sources import RangeReader
-from .codecs import Indexed, ZstdCache, codec
+from .codecs import RANDOM, Indexed, ZstdCache, codec
 from .reader import LocalReader, RandomReader
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
@@ -58,10 +58,10 @@ def open_random(
             return LocalReader(*again)
     raw = open_checked(name, indexed, options)
     try:
-        found = codec(indexed, raw)
-        if checked is not None and indexed is not None and found.compression is None and isinstance(raw, LocalReader):
+        row = codec(indexed, raw)
+        if checked is not None and indexed is not None and row.compression is None and isinstance(raw, LocalReader):
             checked.remember(indexed.shard, raw.size, raw.mtime_ns)
-        return found.random(name, raw, indexed, options.zstd_cache)
+        return RANDOM[row](name, raw, indexed, options.zstd_cache)
     except BaseException:
         raw.close()
         raise
