@@ -48,6 +48,7 @@ from .naming import ShardRef, shard_name
 from .options import SourceOptions
 from .sampler import _mix
 from .scan import iter_archive, scan_shard
+from .shard_writer import Cutter
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards
 from .tables import ShardInfo, ShardTable
 
@@ -373,23 +374,6 @@ def _sample_bytes(key: str, members: Sequence[tuple[str, Any]]) -> int:
     return total
 
 
-class _Cutter:
-    """Cuts a sequence of samples into shards of at most ``maxcount`` samples and ``maxsize`` bytes."""
-
-    def __init__(self, maxcount: int, maxsize: int) -> None:
-        self.maxcount, self.maxsize = maxcount, maxsize
-        self.count = self.size = 0
-
-    def starts_shard(self, nbytes: int) -> bool:
-        """Whether a sample of ``nbytes`` starts a new shard (the first always does); counts it in its shard."""
-        new = self.count == 0 or self.count >= self.maxcount or self.size + nbytes > self.maxsize
-        if new:
-            self.count = self.size = 0
-        self.count += 1
-        self.size += nbytes
-        return new
-
-
 def _order(n: int, seed: int, numbers: np.ndarray | None = None) -> np.ndarray:
     """The shuffle's random 64-bit key of each sample (by its number): the output is in the order of the keys."""
     base = np.uint64(stream_key("tarindex.pack", seed))
@@ -425,7 +409,7 @@ def _pack_files(items: list[str], kinds: list[Any], spec: _Spec, run: _Runner) -
     if spec.shuffle:
         order = np.argsort(_order(len(samples), spec.seed), kind="stable")
         samples = [samples[i] for i in order.tolist()]
-    cutter = _Cutter(spec.maxcount, spec.maxsize)
+    cutter = Cutter(spec.maxcount, spec.maxsize)
     cuts = [i for i, sample in enumerate(samples) if cutter.starts_shard(_sample_bytes(*sample))] + [len(samples)]
     inherit = run.forks()  # a job then names its slice of the samples instead of carrying them
     jobs = [
@@ -655,7 +639,7 @@ def _input_shards(reader: IndexReader, spec: _Spec) -> Iterator[tuple[_Members, 
 
 def _ranges(reader: IndexReader, spec: _Spec) -> Iterator[tuple[int, int, np.ndarray | None]]:
     """Output shards as ranges ``lo..hi`` of input samples, with the numbers of those kept when a filter drops some."""
-    cutter = _Cutter(spec.maxcount, spec.maxsize)
+    cutter = Cutter(spec.maxcount, spec.maxsize)
     pieces: list[np.ndarray] = []
     for m, numbers in _input_shards(reader, spec):
         lo = m.lo
@@ -983,7 +967,7 @@ def _gather(
     Raises:
         _Restart: a shard of an earlier run is not the one this gather makes.
     """
-    cutter = _Cutter(spec.maxcount, spec.maxsize)
+    cutter = Cutter(spec.maxcount, spec.maxsize)
     out: ShardOut | None = None
     k = -1
     try:
