@@ -15,8 +15,8 @@ from typing import Any
 
 from ._codecs import looks_like_shard, sniff_file
 from .index.reader import IndexReader
-from .naming import check_commands, shard_name
-from .shards import INDEX_SUFFIX, expand_shards, shard_kind
+from .naming import ShardRef, check_commands, shard_name
+from .shards import INDEX_SUFFIX, expand_shards
 from .tables import ShardInfo
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
@@ -53,7 +53,7 @@ def shard_list(urls: Any, allow_commands: bool) -> ShardList:
         if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
             reader = IndexReader(os.path.abspath(p))
     if reader is None:  # paths made absolute now: a later os.chdir (Hydra) does not move the stream
-        return ShardList([os.path.abspath(u) if shard_kind(u) == "file" else u for u in expand_shards(urls)])
+        return ShardList([os.path.abspath(u) if ShardRef.of(u).local else u for u in expand_shards(urls)])
     try:
         check_commands(reader.path, reader.shards, allow_commands)
         names = [shard_name(reader.path, info) for info in reader.shards]

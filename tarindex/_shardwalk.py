@@ -41,9 +41,10 @@ from .errors import CorruptArchiveError, StateError, TarIndexError
 from .grouping import fused, iter_samples
 from .identity import check_shard, check_source
 from .index.reader import IndexReader
+from .naming import ShardRef
 from .options import SourceOptions
 from .scan import archive
-from .sources import FileSource, is_url, open_source
+from .sources import FileSource, open_source
 from .tar import DirectArchive
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
@@ -60,7 +61,7 @@ _READERS = 8
 def read_ahead_for(url: str, read_ahead: int | None) -> int | None:
     """The read-ahead a shard gets: ``read_ahead`` if given; else 0 for a local file read in a
     DataLoader worker (the workers already use the cores), else ``None`` (the source's default, 8)."""
-    if read_ahead is None and not is_url(url) and worker_info() is not None:
+    if read_ahead is None and ShardRef.of(url).local and worker_info() is not None:
         return 0
     return read_ahead
 
