@@ -28,6 +28,8 @@ class ShardList:
 
     names: list[str]
     """The shard names, in the order the epochs deal them."""
+    refs: list[ShardRef]
+    """What each name means (:class:`~tarindex.naming.ShardRef`), read once here, not per shard walked."""
     starts: list[int] | None = None
     """Streaming an index: each shard's first global sample number; else ``None``."""
     infos: list[ShardInfo] | None = None
@@ -53,13 +55,18 @@ def shard_list(urls: Any, allow_commands: bool) -> ShardList:
         if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
             reader = IndexReader(os.path.abspath(p))
     if reader is None:  # paths made absolute now: a later os.chdir (Hydra) does not move the stream
-        return ShardList([os.path.abspath(u) if ShardRef.of(u).local else u for u in expand_shards(urls)])
+        refs = [ShardRef.of(u) for u in expand_shards(urls)]
+        return _listed([ShardRef.of(os.path.abspath(r.name)) if r.local else r for r in refs])
     try:
         check_commands(reader.path, reader.shards, allow_commands)
-        names = [shard_name(reader.path, info) for info in reader.shards]
+        refs = [ShardRef.of(shard_name(reader.path, info)) for info in reader.shards]
         starts = [int(x) for x in reader.shard_starts().tolist()]
         infos = list(reader.shards)
     finally:
         if reader is not urls:
             reader.close()
-    return ShardList(names, starts, infos, str(reader.path))
+    return _listed(refs, starts, infos, str(reader.path))
+
+
+def _listed(refs: list[ShardRef], starts: list[int] | None = None, infos: list[ShardInfo] | None = None, index: str | None = None) -> ShardList:
+    return ShardList([r.name for r in refs], refs, starts, infos, index)

@@ -58,10 +58,10 @@ _READERS = 8
 """Random readers kept open per process (the shards entered at a position most recently)."""
 
 
-def read_ahead_for(url: str, read_ahead: int | None) -> int | None:
+def read_ahead_for(ref: ShardRef, read_ahead: int | None) -> int | None:
     """The read-ahead a shard gets: ``read_ahead`` if given; else 0 for a local file read in a
     DataLoader worker (the workers already use the cores), else ``None`` (the source's default, 8)."""
-    if read_ahead is None and ShardRef.of(url).local and worker_info() is not None:
+    if read_ahead is None and ref.kind == "file" and worker_info() is not None:
         return 0
     return read_ahead
 
@@ -129,9 +129,10 @@ class ShardWalker:
     def _sequential(self, shard: int) -> Iterator[tuple[int, Sample]]:
         """``(sample offset, raw sample)`` for one shard, in archive order."""
         shards = self.shards
-        url = shards.names[shard]
+        ref = shards.refs[shard]
+        url = ref.name
         index = shards.starts[shard] if shards.starts is not None else None
-        source = open_source(url, options=self.options, read_ahead=read_ahead_for(url, self.read_ahead))
+        source = open_source(ref, options=self.options, read_ahead=read_ahead_for(ref, self.read_ahead))
         try:
             if shards.infos is not None:  # from an index: its sample numbers hold only for the indexed shard
                 if isinstance(source, FileSource):

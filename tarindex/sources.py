@@ -213,12 +213,13 @@ class PipeSource(Source):
                 proc.stdout.close()
 
 
-def open_source(url: str, *, options: SourceOptions | None = None, read_ahead: int | None = None, **aliases: Unpack[SourceAliases]) -> Source:
+def open_source(url: str | ShardRef, *, options: SourceOptions | None = None, read_ahead: int | None = None, **aliases: Unpack[SourceAliases]) -> Source:
     """Open a shard name as a sequential :class:`Source` (see the module docstring).
 
     Args:
         url: local path, ``-``, ``pipe:COMMAND``, ``http(s)://...``, ``s3://``/``gs://``/``az://``
-            (:mod:`tarindex.objstore`) or another fsspec URL.
+            (:mod:`tarindex.objstore`) or another fsspec URL; or what it means (a
+            :class:`~tarindex.naming.ShardRef`, made once by a caller that opens the name again and again).
         options: every remote option at once (:class:`~tarindex.options.SourceOptions`); the
             keywords below override single fields of it.
         read_ahead: blocks a reader thread keeps ready (0: no thread); default :attr:`Source.prefetch` (8).
@@ -236,14 +237,14 @@ def open_source(url: str, *, options: SourceOptions | None = None, read_ahead: i
     """
     if aliases or options is None:  # the options as given otherwise: a stream opens each shard with its own
         options = SourceOptions.given(options, call="open_source", **aliases)
-    source = _open(url, options)
+    source = _open(url if isinstance(url, ShardRef) else ShardRef.of(url), options)
     if read_ahead is not None:
         source.prefetch = read_ahead
     return source
 
 
-def _open(url: str, options: SourceOptions) -> Source:
-    ref = ShardRef.of(url)
+def _open(ref: ShardRef, options: SourceOptions) -> Source:
+    url = ref.name
     if ref.kind == "stdin":
         return StdinSource(url, block_size=options.block_size)
     if ref.kind == "pipe":
