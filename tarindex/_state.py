@@ -18,7 +18,7 @@ import base64
 import binascii
 import operator
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -35,6 +35,7 @@ __all__ = [
     "MAX_READERS",
     "STATE_FORMAT",
     "Stateful",
+    "check_config",
     "check_draws",
     "check_header",
     "decode_rows",
@@ -49,6 +50,7 @@ __all__ = [
     "reader_states",
     "required",
     "same",
+    "saved_config",
     "slot_of",
     "stream_states",
 ]
@@ -183,28 +185,67 @@ class Stateful(Protocol):
         ...
 
 
-def header(kind: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields every state starts with: ``kind``, ``format`` and the ``config`` that defines the order."""
+def header(kind: str, config: Mapping[str, Any], *, inline: bool = False) -> dict[str, Any]:
+    """The fields every state starts with: ``kind``, ``format`` and the ``config`` that defines the order.
+
+    ``inline``: ``format`` and the config's own fields, without ``kind`` (the layout of a
+    :class:`tarindex.ShardSampler` state, kept so that the states saved in it load).
+    """
+    if inline:
+        return {"format": STATE_FORMAT, **config}
     return {"kind": kind, "format": STATE_FORMAT, "config": dict(config)}
 
 
-def check_header(state: Mapping[str, Any], kind: str, config: Mapping[str, Any]) -> None:
-    """Refuse a state of another kind, format or configuration.
+def saved_config(state: object, kind: str, *, inline: bool = False) -> Mapping[str, Any]:
+    """The configuration ``state`` was saved with, once it is a state of ``kind`` (unless ``inline``, whose
+    states name no kind) in this :data:`STATE_FORMAT`: its ``config``, or with ``inline`` the state itself.
+
+    Raises:
+        StateError: not a mapping, another kind, a format that is not an integer or not this one, no config.
+    """
+    if not isinstance(state, Mapping):
+        raise StateError(f"{kind} state is a {type(state).__name__}, expected a dict")
+    if not inline and state.get("kind") != kind:
+        raise StateError(f"not a {kind} state (kind {_value(state.get('kind'))})")
+    fmt = integer(state, "format", kind)
+    if fmt != STATE_FORMAT:
+        raise StateError(f"{kind} state format {fmt} is not supported (expected {STATE_FORMAT})")
+    config = state if inline else state.get("config")
+    if not isinstance(config, Mapping):
+        raise StateError(f"{kind} state has no config")
+    return config
+
+
+def check_config(
+    theirs: Mapping[str, Any], kind: str, config: Mapping[str, Any], *, unchecked: Collection[str] = (), older: Mapping[str, Any] | None = None
+) -> None:
+    """Refuse a state saved with another configuration than ours (``config``), every key but ``unchecked``; a
+    key the state lacks is ``older``'s value for it (what a state saved before the key existed meant).
+
+    Raises:
+        StateError: naming the first key that differs (the state's value vs ours) or that the state lacks.
+    """
+    defaults = older or {}
+    for key, value in config.items():
+        if key in unchecked:
+            continue
+        if key in theirs:
+            got = theirs[key]
+        elif key in defaults:
+            got = defaults[key]
+        else:
+            raise StateError(f"{kind} state has no {key!r}")
+        if not same(got, value):
+            raise StateError(f"{kind} state is for {key}={_value(got)}, this {kind} has {key}={value!r}")
+
+
+def check_header(state: object, kind: str, config: Mapping[str, Any]) -> None:
+    """Refuse a state of another kind, format or configuration (:func:`saved_config`, :func:`check_config`).
 
     Raises:
         StateError: naming the first field that differs (state's value vs ours).
     """
-    if not isinstance(state, Mapping) or state.get("kind") != kind:
-        got = state.get("kind") if isinstance(state, Mapping) else type(state).__name__
-        raise StateError(f"not a {kind} state (kind {got!r})")
-    if state.get("format") != STATE_FORMAT:
-        raise StateError(f"{kind} state format {state.get('format')!r} is not supported (expected {STATE_FORMAT})")
-    theirs = state.get("config")
-    if not isinstance(theirs, Mapping):
-        raise StateError(f"{kind} state has no config")
-    for key, value in config.items():
-        if not same(theirs.get(key), value):
-            raise StateError(f"{kind} state is for {key}={_value(theirs.get(key))}, this {kind} has {key}={value!r}")
+    check_config(saved_config(state, kind), kind, config)
 
 
 def encode_rows(rows: Sequence[Sequence[int]], width: int) -> str:
