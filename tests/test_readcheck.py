@@ -421,6 +421,27 @@ def test_a_checksum_off_by_one_is_stale(writer: str, header: str, delta: int, im
     assert "bad header checksum" in str(error) and f"at offset {at}" in str(error)
 
 
+def test_a_header_summing_to_its_checksum_plus_65521_is_stale(impl: str, tmp_path: Path) -> None:
+    """Bytes of 128 and over added to a member's header until its sum is its checksum + 65521 (what adler32's low
+    half, taken mod 65521, cannot tell apart): the checksum does not hold, and the read says so."""
+    shard = _shard("tarfile", tmp_path / "d")
+    ds = _built(shard)
+    offset = ds.index.record(MIDDLE)[1]
+    at = _members(shard)[f"{MIDDLE:06d}.txt"].offset
+
+    def edit(data: bytearray) -> None:
+        more = 65521
+        for k in [*range(157, 257), *range(329, 345), *range(346, 512)]:  # link name, device numbers, the rest (no ustar prefix)
+            step = min(255 - data[at + k], more)
+            data[at + k] += step
+            more -= step
+        assert more == 0 and not bytes(data[at : at + 512]).isascii()
+
+    _in_place(shard, edit, restore_mtime=True)
+    error = _no_other_bytes(TarDataset(ds.index_path), MIDDLE, shard, offset)
+    assert "bad header checksum" in str(error) and f"at offset {at}" in str(error)
+
+
 @pytest.mark.parametrize("pad", [0, 3, 9, 14, 15, 16, 17, 40])
 def test_a_path_record_anywhere_in_the_pax_records_is_read(pad: int, impl: str, tmp_path: Path) -> None:
     """``path=`` after a record of ``pad`` bytes of value (the key and its ``=`` on either side of each 16-byte
