@@ -102,6 +102,7 @@ typedef struct Block {
     Py_ssize_t rowlen, key_at;  /* bytes per row; the key column's place in a row */
     uint32_t m, npat, plen, heap_len;
     int mode, digits;
+    int plain_prefix;           /* no '.' in the prefix after its last '/': a key of prefix + digits splits as is (plain_key) */
     const uint64_t *bases;      /* 5 + 2m column bases (below) */
     const unsigned char *w;     /* 5 + 2m column widths (below) */
     const char *pats;           /* npat patterns of 1 + m u16 (below) */
@@ -119,6 +120,7 @@ typedef struct {
     const char *prefix, *suffix; /* key: prefix + suffix (key_mode 0) or prefix + number in digits decimals */
     Py_ssize_t plen, slen;
     int digits;
+    int plain_prefix;   /* the block's plain_prefix */
     uint64_t number;
 } Record;
 
@@ -434,6 +436,9 @@ static Block *copy_head(const char *b) {
     h->heap_len = ld32(b + 18);
     h->mode = (unsigned char)b[12];
     h->digits = (unsigned char)b[13];
+    size_t base = plen;
+    while (base > 0 && h->prefix[base - 1] != '/') base--;
+    h->plain_prefix = !memchr(h->prefix + base, '.', plen - base);
     h->rowlen = h->key_at = 0;
     for (size_t c = 0; c < ncols; c++) {
         if (c == 4) h->key_at = h->rowlen;
@@ -556,6 +561,7 @@ static int load(Reader *self, Py_ssize_t i, Record *r) {
     if (inside < 0) return inside;
     if (b->mode == 1) {
         r->digits = b->digits;
+        r->plain_prefix = b->plain_prefix;
         r->number = f[4] + (uint64_t)j;
         if (r->digits < 20 && r->number >= POW10[r->digits]) goto bad;
         r->suffix = NULL;
@@ -624,7 +630,11 @@ static int slice_members(const Record *r, const char *base, PyObject **vals) {
     return 0;
 }
 
-/* The record's key bytes (prefix + suffix, or prefix + number in `digits` decimals) into buf, which holds cap
+static const char DIGIT_PAIRS[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                     "8081828384858687888990919293949596979899";
+
+/* The record's key bytes (prefix + suffix, or prefix + number in `digits` decimals, two at a time) into buf, which holds cap
  * bytes; the key's length (larger than cap: only the first cap bytes are written). */
 static size_t key_bytes(const Record *r, char *buf, size_t cap) {
     size_t plen = (size_t)r->plen, len = plen + (size_t)(r->suffix ? r->slen : r->digits);
@@ -634,7 +644,9 @@ static size_t key_bytes(const Record *r, char *buf, size_t cap) {
         memcpy(buf + plen, r->suffix, (size_t)r->slen);
     } else {
         uint64_t v = r->number;
-        for (int d = r->digits - 1; d >= 0; d--, v /= 10) buf[plen + (size_t)d] = (char)('0' + v % 10);
+        int d = r->digits;
+        for (; d >= 2; d -= 2, v /= 100) memcpy(buf + plen + (size_t)d - 2, DIGIT_PAIRS + 2 * (v % 100), 2);
+        if (d) buf[plen] = (char)('0' + v % 10);
     }
     return len;
 }
@@ -718,7 +730,9 @@ static int headers_agree(Reader *self, const Record *r, const unsigned char *bas
     tar_member m;
     char key[256];
     size_t klen = key_bytes(r, key, sizeof key);
-    if (r->nm == 0 || klen > sizeof key || !plain_key(key, klen)) return 0; /* the Python check compares these */
+    if (r->nm == 0 || klen > sizeof key) return 0; /* the Python check compares these */
+    if (r->suffix || !r->digits ? !plain_key(key, klen) : !r->plain_prefix || (klen >= 2 && key[0] == '_' && key[1] == '_'))
+        return 0; /* a key of prefix + digits: plain as its block's prefix is (the digits hold no '/' or '.') */
     for (Py_ssize_t k = 0; k < r->nm; k++) {
         uint64_t mo = r->mo[k], len = mo - pos;
         const unsigned char *g = gaps ? gaps + acc : base + pos;

@@ -48,6 +48,7 @@ int tar_octal(const unsigned char *f, int len, uint64_t *out) {
 static uint64_t header_sum_sse2(const unsigned char *h) {
     const __m128i zero = _mm_setzero_si128();
     __m128i a = zero, b = zero, c = zero, d = zero;
+#pragma GCC unroll 8
     for (int i = 0; i < TAR_BLOCK; i += 64) {
         a = _mm_add_epi64(a, _mm_sad_epu8(_mm_loadu_si128((const __m128i *)(h + i)), zero));
         b = _mm_add_epi64(b, _mm_sad_epu8(_mm_loadu_si128((const __m128i *)(h + i + 16)), zero));
@@ -64,6 +65,7 @@ static uint64_t header_sum_sse2(const unsigned char *h) {
 __attribute__((target("avx2"))) static uint64_t header_sum_avx2(const unsigned char *h) {
     const __m256i zero = _mm256_setzero_si256();
     __m256i a = zero, b = zero;
+#pragma GCC unroll 8
     for (int i = 0; i < TAR_BLOCK; i += 64) {
         a = _mm256_add_epi64(a, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(h + i)), zero));
         b = _mm256_add_epi64(b, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(h + i + 32)), zero));
