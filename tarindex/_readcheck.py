@@ -78,6 +78,8 @@ def _plain_agrees(buf: bytes, key: bytes, members: Sequence[tuple[int, int, int]
     for e, mo, ms in members:
         own = mo - BLOCK
         at = (pos + BLOCK - 1) & ~(BLOCK - 1)
+        if own < at:  # no room for the member's header after the previous member's data
+            return False
         if at != own:  # one PAX header first, then its records
             field, chk, typ = _PAX_FIELDS.unpack_from(buf, at)
             header = buf[at : at + BLOCK]

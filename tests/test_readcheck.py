@@ -559,6 +559,22 @@ def test_an_edited_record_is_stale_never_other_bytes(compression: str | None, im
         verify_index(ds.index_path, deep=True)
 
 
+def test_a_member_offset_with_no_room_for_its_header_is_stale(impl: str, tmp_path: Path) -> None:
+    """A record edited so a member's data starts where its header is (no room for a header after the previous
+    member's data): the fast paths look nowhere outside the range and the read names the difference."""
+    shard = _shard("tarfile", tmp_path / "d")
+    k = MIDDLE
+
+    def no_room(table: ShardTable) -> None:
+        table.member_offset[2 * k + 1] -= 512  # the caption's data where its header is
+
+    ds = _edited_index(shard, tmp_path / "d" / "room.tarindex", no_room)
+    offset = ds.index.record(k)[1]
+    assert ds[k - 1]["txt"] == _caption(k - 1)
+    error = _no_other_bytes(ds, k, shard, offset)
+    assert f"member 2: the shard has '{k:06d}.txt' of 700 bytes at offset {offset + 1536}" in str(error)
+
+
 def test_an_edited_key_is_stale(impl: str, tmp_path: Path) -> None:
     shard = _shard("gnu-tar-pax", tmp_path / "d")
 
