@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from ._atomic import atomic_write, write_error
@@ -124,6 +125,17 @@ class CachedReader:
         """
         if len(data) == size:
             self.cache.put(BlockCache.name(self.identity, offset, size), data)
+
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Every ``(offset, size)``, in order: the cache's, the rest fetched as one batch of the inner reader's
+        (:func:`tarindex.objstore.read_many`), then cached.
+
+        Raises:
+            StaleIndexError, ShardNotFoundError, SourceError: as the inner reader.
+        """
+        from .objstore import read_many  # the batch reader of every remote reader (it imports this module)
+
+        return read_many([(self, offset, size) for offset, size in ranges], self.inner.options)
 
     def read_at(self, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset``: from the cache, else from the inner reader (then cached).

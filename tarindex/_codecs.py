@@ -28,9 +28,9 @@ stream's frame table, ``points`` a gzip stream's seek points, ``end`` (set once 
 what is decompressed after it (see :class:`tarindex.compression.ArchiveEnd`)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Codec:
-    """One row of the registry."""
+    """One row of the registry (a row is its own identity: rows key tables of per-codec steps)."""
 
     name: Literal["tar", "zstd", "gzip"]
     """What :func:`tarindex.compression.detect` names it."""
@@ -67,7 +67,8 @@ CODECS: tuple[Codec, ...] = (TAR, ZSTD, GZIP)
 """The registry: every codec a shard may be stored in."""
 
 _BY_NAME: dict[str, Codec] = {c.name: c for c in CODECS}
-_BY_COMPRESSION = {c.compression: c for c in CODECS}
+BY_ENTRY: dict[str | None, Codec] = {c.compression: c for c in CODECS}
+"""The row of what an index entry records (``ShardInfo.compression``); a value no row has is not a key."""
 
 
 def of_head(head: bytes, path: str) -> Codec:
@@ -89,7 +90,3 @@ def sniffed(head: bytes) -> Codec:
     walk then names what is wrong)."""
     return _BY_NAME.get(detect(head), TAR)
 
-
-def of_entry(compression: str | None) -> Codec | None:
-    """The row of what an index entry records (``ShardInfo.compression``), or ``None`` if no row has it."""
-    return _BY_COMPRESSION.get(compression)

@@ -20,7 +20,7 @@ import time
 from collections.abc import MutableSequence, Sequence
 
 from ._localreads import THREADS_MAX, executor
-from .objstore import coalesce
+from ._ranges import coalesce
 
 __all__ = ["NOWAIT", "POOL", "SLOW_SECONDS", "TIMED", "read_ranges"]
 

@@ -27,6 +27,7 @@ from ._process import FORK
 from ._retry import RETRYABLE_STATUS, Transient, parse_retry_after
 from ._source import Source, _reads
 from .errors import NO_RANGES, ShardNotFoundError, SourceError, StaleIndexError, TarIndexError
+from .naming import ShardRef
 from .options import SourceOptions
 
 __all__ = ["FsspecSource", "HTTPSource", "RangeReader", "credentials_follow", "http_status_error", "without_credentials"]
@@ -189,7 +190,7 @@ def _proxy_for(scheme: str, host: str) -> str | None:
     proxy = urllib.request.getproxies_environment().get(scheme)
     if not proxy or urllib.request.proxy_bypass(host):
         return None
-    return proxy if "://" in proxy else "http://" + proxy
+    return proxy if ShardRef.of(proxy).url else "http://" + proxy
 
 
 def _http_connect(url: str, timeout: float, rcvbuf: int) -> tuple[http.client.HTTPConnection, str]:
@@ -197,7 +198,7 @@ def _http_connect(url: str, timeout: float, rcvbuf: int) -> tuple[http.client.HT
     through an HTTP proxy), through the environment's proxy if any (HTTPS: a ``CONNECT`` tunnel)."""
     parts = urlsplit(url)
     host = parts.hostname or "localhost"
-    https = parts.scheme == "https"
+    https = ShardRef.of(url).secure
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     proxy = _proxy_for(parts.scheme, host)
     if proxy is None:
@@ -283,14 +284,14 @@ def credentials_follow(given_for: str, url: str) -> bool:
     on port 80 to ``https`` on port 443 of the same host, an upgrade that sends nothing in the clear
     that the first request did not."""
     a, b = urlsplit(given_for), urlsplit(url)
+    ra, rb = ShardRef.of(given_for), ShardRef.of(url)
     try:
-        ports = (a.port or _DEFAULT_PORTS.get(a.scheme.lower())), (b.port or _DEFAULT_PORTS.get(b.scheme.lower()))
+        ports = (a.port or _DEFAULT_PORTS.get(ra.scheme)), (b.port or _DEFAULT_PORTS.get(rb.scheme))
     except ValueError:  # a port that is not a number: not the same place
         return False
     if a.hostname is None or a.hostname != b.hostname:  # (hostname is in lower case)
         return False
-    schemes = a.scheme.lower(), b.scheme.lower()
-    return (schemes[0] == schemes[1] and ports[0] == ports[1]) or (schemes, ports) == (("http", "https"), (80, 443))
+    return (ra.scheme == rb.scheme and ports[0] == ports[1]) or (ra.cleartext and rb.secure and ports == (80, 443))
 
 
 def without_credentials(headers: Mapping[str, str]) -> dict[str, str]:
@@ -578,7 +579,7 @@ def _raw_head(url: str, headers: dict[str, str]) -> bytes | None:
     """The fixed part of a ranged ``GET`` of ``url`` on a :class:`_RawConnection` (the ``Range`` line and the
     blank line follow), or ``None`` where the raw path does not apply: HTTPS, a proxy, a header with a line break."""
     parts = urlsplit(url)
-    if not _RAW or parts.scheme != "http" or _proxy_for("http", parts.hostname or "localhost") is not None:
+    if not _RAW or not ShardRef.of(url).cleartext or _proxy_for("http", parts.hostname or "localhost") is not None:
         return None
     fields = {"Host": parts.netloc.rpartition("@")[2], **_request_headers(None, headers)}
     if any(c in k + v for k, v in fields.items() for c in "\r\n\0"):
@@ -789,8 +790,19 @@ class RangeReader:
             return b""
         return self.policy.call(lambda: self._read_once(offset, size), self.url, offset, size)
 
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Every ``(offset, size)``, in order, as :func:`tarindex.objstore.read_many` reads a batch: neighbours
+        in one request, ``options.max_in_flight`` requests at once.
+
+        Raises:
+            StaleIndexError, ShardNotFoundError, SourceError: as :meth:`read_at`, the first one met.
+        """
+        from .objstore import read_many  # the batch reader of every remote reader (it imports this module)
+
+        return read_many([(self, offset, size) for offset, size in ranges], self.options)
+
     @staticmethod
-    def read_many(requests: Sequence[tuple[Any, int, int]], max_in_flight: int) -> list[bytes]:
+    def fetch_many(requests: Sequence[tuple[Any, int, int]], max_in_flight: int) -> list[bytes]:
         """``read_at`` of every ``(reader, offset, size)``, at most ``max_in_flight`` at once, in order.
 
         Raises:

@@ -17,14 +17,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "Source", "is_url"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "Source"]
 
 DEFAULT_BLOCK_SIZE = 1 << 20
-
-def is_url(spec: str) -> bool:
-    """Whether a shard name is a stream (URL, ``pipe:``, ``-``) rather than a local path."""
-    return "://" in spec or spec.startswith("pipe:") or spec == "-"
-
 
 class Source:
     """A sequential byte stream; iterate once for its chunks, then ``close()``.

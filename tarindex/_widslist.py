@@ -16,7 +16,7 @@ import urllib.parse
 from typing import Any
 
 from .errors import ListError
-from .shards import as_path, shard_kind
+from .naming import ShardRef, as_path
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
@@ -26,7 +26,7 @@ KIND = "wids-shard-index-v1"
 
 def is_wids_list(name: str) -> bool:
     """Whether a shard argument names a wids shard list (a local ``.json`` file)."""
-    return name.lower().endswith(".json") and shard_kind(name) == "file" and os.path.isfile(name)
+    return name.lower().endswith(".json") and ShardRef.of(name).local and os.path.isfile(name)
 
 
 def wids_shards(path: str) -> list[str]:
@@ -59,7 +59,7 @@ def _base(path: str, base: Any) -> str:
         return os.path.dirname(path)
     if not isinstance(base, str):
         raise ListError(path, f"\"base\" must be a string, got {base!r}")
-    return base if shard_kind(base) == "url" else os.path.join(os.path.dirname(path), base)
+    return base if ShardRef.of(base).url else os.path.join(os.path.dirname(path), base)
 
 
 def _shard_list(path: str, desc: dict[str, Any], base: str, where: str) -> list[str]:
@@ -71,12 +71,12 @@ def _shard_list(path: str, desc: dict[str, Any], base: str, where: str) -> list[
         url = entry.get("url") if isinstance(entry, dict) else None
         if not isinstance(url, str) or not url:
             raise ListError(path, f"{where}shardlist[{i}]: expected an object with a string \"url\"")
-        kind = shard_kind(url)
-        if kind == "command":
+        ref = ShardRef.of(url)
+        if ref.stored == "command":
             raise ListError(path, f"{where}shardlist[{i}]: {url!r} is a command; a list's names are not run")
-        if kind == "url":
+        if ref.url:
             out.append(url)
-        elif shard_kind(base) == "url":  # as wids merges them: the base's scheme and host, the paths joined
+        elif ShardRef.of(base).url:  # as wids merges them: the base's scheme and host, the paths joined
             parts = urllib.parse.urlsplit(base)
             joined = url if url.startswith("/") else posixpath.normpath(posixpath.join(parts.path or "/", url))
             out.append(urllib.parse.urlunsplit(parts._replace(path=joined, query="", fragment="")))

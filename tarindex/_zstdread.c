@@ -741,7 +741,7 @@ static PyGetSetDef ZstdReader_getset[] = {
 static PyTypeObject ZstdReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex._speedups.ZstdReader",
     .tp_basicsize = sizeof(ZstdReader),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, /* zstd_random adds read_many in Python */
     .tp_doc = "ZstdReader(path, source, frames, decompressor, error, zstd_error, cache): read_at over a zstd shard's frame table (source: an fd or a handle with read_at).",
     .tp_new = ZstdReader_new,
     .tp_init = (initproc)ZstdReader_init,
@@ -750,7 +750,7 @@ static PyTypeObject ZstdReaderType = {
     .tp_getset = ZstdReader_getset,
 };
 
-int zstdread_is_reader(PyObject *handle) { return Py_IS_TYPE(handle, &ZstdReaderType); }
+int zstdread_is_reader(PyObject *handle) { return PyObject_TypeCheck(handle, &ZstdReaderType); }
 
 int zstdread_add_types(PyObject *module) {
     load_libzstd();

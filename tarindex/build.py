@@ -36,12 +36,11 @@ from .identity import current_info
 from .index.merge import merge, placed, relative_path
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
-from .naming import shard_name
-from .objstore import is_object_url
+from .naming import ShardRef, shard_name
 from .options import SourceOptions
 from .scan import scan_shard
-from .shards import INDEX_SUFFIX, default_index_path, expand_shards, shard_kind
-from .sources import RangeReader, is_url
+from .shards import INDEX_SUFFIX, default_index_path, expand_shards
+from .sources import RangeReader
 from .tables import ShardInfo, ShardTable
 
 __all__ = ["BuildReport", "build_index", "merge_indexes"]
@@ -193,7 +192,7 @@ def _scanned(
     )
     with ExitStack() as stack:
         if executor is None and workers > 1 and len(shards) > 1:
-            threads = any(is_object_url(s) for s in shards)  # network-bound; and obstore's runtime does not survive fork
+            threads = any(ShardRef.of(s).kind == "object" for s in shards)  # network-bound; and obstore's runtime does not survive fork
             executor = stack.enter_context(worker_pool(min(workers, len(shards)), threads=threads, name="tarindex-scan"))
         results = mapped(executor, scan, shards)
         for result in results:
@@ -341,8 +340,8 @@ def build_index(
         raise ShardNotFoundError("no shards given")
     if index is not None:
         out = Path(index)
-    elif any(is_url(p) for p in paths):
-        raise TarIndexError(f"{next(p for p in paths if is_url(p))}: URL shards need an index path (index=..., or -o)")
+    elif (url := next((p for p in paths if not ShardRef.of(p).local), None)) is not None:
+        raise TarIndexError(f"{url}: URL shards need an index path (index=..., or -o)")
     else:
         out = default_index_path(paths)
         if part is not None:
@@ -378,7 +377,7 @@ def build_index(
             for s, r in zip(paths, rel):
                 if s in todo_set:
                     info, table = next(scans)
-                    writer.add(placed(info, r, shard_kind(s)), table)
+                    writer.add(placed(info, r, ShardRef.of(s).stored), table)
                 else:
                     table = previous.table(known[r])
                     if max_member_size is not None:
@@ -401,9 +400,9 @@ def _without_ranges(paths: list[str], options: SourceOptions) -> list[str]:
     """
     first: dict[str, str] = {}
     for path in paths:
-        parts = urlsplit(path)
-        if parts.scheme.lower() in ("http", "https"):
-            first.setdefault(f"{parts.scheme.lower()}://{parts.netloc.rpartition('@')[2]}", path)
+        ref = ShardRef.of(path)
+        if ref.kind == "http":
+            first.setdefault(f"{ref.scheme}://{urlsplit(path).netloc.rpartition('@')[2]}", path)
     unranged = []
     for server, url in first.items():
         reader = RangeReader(url, options)
@@ -421,7 +420,7 @@ def _check_not_a_shard(out: Path, paths: list[str]) -> None:
         OverwriteError: naming the shard.
     """
     target = os.path.abspath(out)
-    if any(shard_kind(s) == "file" and os.path.abspath(s) == target for s in paths):
+    if any(ShardRef.of(s).local and os.path.abspath(s) == target for s in paths):
         raise OverwriteError(f"{out}: is one of the shards to index; refusing to write the index over it (choose another index path, -o)")
 
 
@@ -433,7 +432,7 @@ def _refuse_drops(out: Path, index_dir: Path, dropped: list[str]) -> None:
     """
     if not dropped:
         return
-    gone = sum(1 for r in dropped if shard_kind(r) == "file" and not os.path.lexists(index_dir / r))
+    gone = sum(1 for r in dropped if ShardRef.of(r).local and not os.path.lexists(index_dir / r))
     names = ", ".join(dropped[:3]) + (f" and {len(dropped) - 3} more" if len(dropped) > 3 else "")
     one = len(dropped) == 1
     why = ("; it no longer exists" if one else f"; {gone} of them no longer exist") if gone else ""

@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ._ranges import ReadsEach
 from .compression import ArchiveEnd, Budget
 from .errors import CorruptDeflateError, IndexFormatError, RandomAccessError, StaleIndexError
 from .gzip import GZIP_MAGIC
@@ -352,7 +353,7 @@ def _finish_points(
 # -- reading ---------------------------------------------------------------------------------------------
 
 
-class GzipShardReader:
+class GzipShardReader(ReadsEach):
     """``read_at(offset, size)`` of the decompressed tar of a gzip shard, from the nearest seek point.
 
     Args:

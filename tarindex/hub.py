@@ -30,11 +30,11 @@ from urllib.parse import quote, urljoin
 
 from ._network import _http_get, credentials_follow, http_status_error, without_credentials
 from .errors import SourceError
+from .naming import ShardRef
 from .options import SourceOptions
 
 __all__: list[str] = []  # internal module: sources and objstore use these names
 
-SCHEME = "hf://"
 _KINDS = {"datasets": "datasets/", "spaces": "spaces/"}  # anything else names a model repository
 _LINK_NEXT = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 
@@ -53,17 +53,13 @@ class HubPath:
     """The file's path in the repository."""
 
 
-def is_hub_url(url: str) -> bool:
-    return url.startswith(SCHEME)
-
-
 def parse(url: str) -> HubPath:
     """The parts of ``hf://[datasets/|spaces/]ORG/NAME[@REVISION]/PATH``.
 
     Raises:
         SourceError: not of that form.
     """
-    parts = url[len(SCHEME) :].split("/")
+    parts = ShardRef.of(url).path.split("/")
     kind = _KINDS.get(parts[0], "")
     if kind:
         parts = parts[1:]

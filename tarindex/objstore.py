@@ -31,17 +31,16 @@ from . import hub
 from ._blockcache import BlockCache, CachedReader
 from ._network import FsspecSource, RangeReader, _Retrying
 from ._process import FORK
+from ._ranges import coalesce
 from ._retry import RETRYABLE_STATUS, Transient
 from .errors import ShardNotFoundError, SourceError, StaleIndexError, TarIndexError, TarIndexWarning
+from .naming import ObjectStore, ShardRef
 from .options import SourceOptions
 
 if TYPE_CHECKING:
     from obstore import GetOptions
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
-
-OBJECT_SCHEMES = frozenset(("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss"))
-"""URL schemes read through obstore."""
 
 _OBSTORE_PID: list[int] = []  # the process whose obstore runtime started (obstore's runtime is not fork-safe)
 _STORES: dict[tuple[int, str, str, str], Any] = {}
@@ -51,14 +50,9 @@ _STORES_LOCK = threading.Lock()
 def split_url(url: str) -> tuple[str, str, str]:
     """``scheme://bucket/key`` -> ``(scheme, bucket, key)`` (``az://account/container/key``: the bucket
     is ``account/container`` only when the URL names an account host; else ``container``)."""
-    scheme, _, rest = url.partition("://")
-    bucket, _, key = rest.partition("/")
-    return scheme.lower(), bucket, key
-
-
-def is_object_url(url: str) -> bool:
-    """Whether ``url`` names an object in ``s3://``, ``gs://`` or ``az://`` (read through obstore)."""
-    return "://" in url and url.partition("://")[0].lower() in OBJECT_SCHEMES
+    ref = ShardRef.of(url)
+    bucket, _, key = ref.path.partition("/")
+    return ref.scheme, bucket, key
 
 
 
@@ -67,13 +61,13 @@ def _obstore_usable() -> bool:
     return not _OBSTORE_PID or _OBSTORE_PID[0] == os.getpid()
 
 
-def _store_config(scheme: str, storage_options: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+def _store_config(store: ObjectStore | None, storage_options: Mapping[str, Any], timeout: float) -> dict[str, Any]:
     """obstore's configuration from ``storage_options``: obstore's own keys, plus s3fs's common ones
     (``key``, ``secret``, ``token``, ``anon``, ``endpoint_url``, ``client_kwargs``) translated."""
     opts = dict(storage_options)
     client = dict(opts.pop("client_options", {}) or {})
     config: dict[str, Any] = {}
-    if scheme in ("s3", "s3a"):
+    if store == "s3":
         kwargs = dict(opts.pop("client_kwargs", {}) or {})
         aliases = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token", "region_name": "region"}
         for old, new in aliases.items():
@@ -87,7 +81,7 @@ def _store_config(scheme: str, storage_options: Mapping[str, Any], timeout: floa
         if opts.pop("anon", False):
             config["skip_signature"] = True
         endpoint = config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
-        if endpoint and str(endpoint).startswith("http://"):
+        if endpoint and ShardRef.of(str(endpoint)).cleartext:
             client.setdefault("allow_http", True)
             config.setdefault("virtual_hosted_style_request", False)
     config.update(opts)
@@ -121,7 +115,7 @@ def _store(url: str, options: SourceOptions) -> tuple[Any, str]:
         store = _STORES.get(cache_key)
         if store is None:
             try:
-                store = from_url(f"{scheme}://{bucket}", **_store_config(scheme, options.storage_options, options.timeout))
+                store = from_url(f"{scheme}://{bucket}", **_store_config(ShardRef.of(url).store, options.storage_options, options.timeout))
             except Exception as exc:
                 raise SourceError(url, 0, f"cannot make an object-store client: {_first_line(exc)}") from exc
             _STORES[cache_key] = store
@@ -205,6 +199,15 @@ class _ObjectReader:
         if size <= 0 or offset >= self.size:  # nothing there: no request (a store answers 416)
             return b""
         return self.policy.call(lambda: self._get_once(offset, size), self.url, offset, size)
+
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Every ``(offset, size)``, in order, as :func:`read_many` reads a batch: neighbours in one request,
+        ``options.max_in_flight`` requests at once.
+
+        Raises:
+            StaleIndexError, ShardNotFoundError, SourceError: as :meth:`read_at`, the first one met.
+        """
+        return read_many([(self, offset, size) for offset, size in ranges], self.options)
 
     def fileno(self) -> None:
         """``None``: no descriptor's positional reads give these bytes (:class:`tarindex.access.reader.RandomReader`)."""
@@ -389,10 +392,11 @@ def _block_cache(cache_dir: str, cache_bytes: int) -> BlockCache:
 
 
 def _open_reader(url: str, *, size: int, etag: str | None, mtime_ns: int, options: SourceOptions) -> Any:
-    if hub.is_hub_url(url):  # the file's resolve URL, with the user's token: a plain HTTP(S) object
+    ref = ShardRef.of(url)
+    if ref.kind == "hub":  # the file's resolve URL, with the user's token: a plain HTTP(S) object
         url, options = hub.resolve(url, options)
-    scheme = url.partition("://")[0].lower()
-    if scheme in ("http", "https"):
+        ref = ShardRef.of(url)
+    if ref.kind == "http":
         reader = RangeReader(url, options)
         try:
             if reader.size >= 0 and reader.size != size:
@@ -405,11 +409,11 @@ def _open_reader(url: str, *, size: int, etag: str | None, mtime_ns: int, option
             reader.close()
             raise
         return reader
-    if scheme in OBJECT_SCHEMES:
+    if ref.kind == "object":
         if _obstore_usable():
             return ObjectReader(url, options, size=size, etag=etag)
         _warn_forked(url)
-        return FsspecReader(url, _fsspec_options(scheme, options), size=size, etag=etag)
+        return FsspecReader(url, _fsspec_options(ref.store, options), size=size, etag=etag)
     return FsspecReader(url, options, size=size, etag=etag)
 
 
@@ -423,10 +427,10 @@ def _warn_forked(url: str) -> None:
     )
 
 
-def _fsspec_options(scheme: str, options: SourceOptions) -> SourceOptions:
-    """``options`` for fsspec's filesystem of ``scheme``: obstore-only keys left out."""
+def _fsspec_options(store: ObjectStore | None, options: SourceOptions) -> SourceOptions:
+    """``options`` for fsspec's filesystem of an object store (``None``: another protocol): obstore-only keys left out."""
     keep = {k: v for k, v in options.storage_options.items() if k not in ("client_options", "retry_config")}
-    if scheme in ("s3", "s3a"):
+    if store == "s3":
         aliases = {"access_key_id": "key", "secret_access_key": "secret", "session_token": "token", "endpoint": "endpoint_url"}
         keep = {aliases.get(k, k): v for k, v in keep.items()}
         keep.pop("virtual_hosted_style_request", None)
@@ -444,24 +448,6 @@ def is_remote_reader(handle: Any) -> bool:
 
 
 # -- batches --------------------------------------------------------------------------------------
-
-
-def coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int, list[int]]]:
-    """Merge ``(offset, size)`` ranges of one object whose gap is at most ``gap`` bytes.
-
-    Returns ``(start, end, members)`` per request, ``members`` the indices into ``ranges`` it serves;
-    requests in offset order. Overlapping and repeated ranges share a request.
-    """
-    order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
-    out: list[tuple[int, int, list[int]]] = []
-    for k in order:
-        offset, size = ranges[k]
-        if out and offset - out[-1][1] <= gap:
-            start, end, members = out[-1]
-            out[-1] = (start, max(end, offset + size), [*members, k])
-        else:
-            out.append((offset, offset + size, [k]))
-    return out
 
 
 def read_many(requests: Sequence[tuple[Any, int, int]], options: SourceOptions) -> list[bytes]:
@@ -519,7 +505,7 @@ def _fetch(planned: Sequence[tuple[Any, int, int, list[int]]], options: SourceOp
         for k, data in zip(objects, got):
             out[k] = data
     if others:
-        got = RangeReader.read_many([(planned[k][0], planned[k][1], planned[k][2] - planned[k][1]) for k in others], options.max_in_flight)
+        got = RangeReader.fetch_many([(planned[k][0], planned[k][1], planned[k][2] - planned[k][1]) for k in others], options.max_in_flight)
         for k, data in zip(others, got):
             out[k] = data
     return out
@@ -612,14 +598,15 @@ def glob_urls(url: str, *, storage_options: Mapping[str, Any] | None = None) -> 
         SourceError: the store cannot be listed (no credentials, unreachable).
     """
     options = SourceOptions(storage_options=dict(storage_options or {}))
-    if hub.is_hub_url(url):  # the Hub's tree API, with the user's token
+    ref = ShardRef.of(url)
+    if ref.kind == "hub":  # the Hub's tree API, with the user's token
         path = hub.parse(url).path
         pattern, prefix = _glob_regex(path), url[: len(url) - len(path)]
         return sorted(prefix + p for p in hub.files(url, _glob_directory(path), options) if pattern.match(p))
     scheme, bucket, key = split_url(url)
-    if scheme not in OBJECT_SCHEMES or not _obstore_usable():
-        fs, path = _fsspec_fs(url, options if scheme not in OBJECT_SCHEMES else _fsspec_options(scheme, options))
-        prefix = url[: url.index("://") + 3]
+    if ref.kind != "object" or not _obstore_usable():
+        fs, path = _fsspec_fs(url, options if ref.kind != "object" else _fsspec_options(ref.store, options))
+        prefix = ref.prefix
         return sorted(prefix + p.lstrip("/") if not p.startswith(prefix) else p for p in fs.glob(path))
     pattern = _glob_regex(key)
     store, _ = _store(url, options)
@@ -709,8 +696,7 @@ class ObjectSource(_Retrying):
 def open_stream(url: str, options: SourceOptions) -> _Retrying:
     """A sequential source for an object-store URL: :class:`ObjectSource`, or fsspec's in a process
     forked after obstore was used."""
-    scheme = url.partition("://")[0].lower()
     if _obstore_usable():
         return ObjectSource(url, options)
     _warn_forked(url)
-    return FsspecSource(url, _fsspec_options(scheme, options))
+    return FsspecSource(url, _fsspec_options(ShardRef.of(url).store, options))

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ._atomic import alive, clean_stale
-from ._codecs import of_entry
+from ._codecs import BY_ENTRY
 from ._packin import KeyFilter, Sample, add_labels, class_names, key_test, samples_of, select, source_kind
 from ._packout import Compress, FileMember, ShardOut, newest_mtime, same_table
 from ._split import stream_key
@@ -44,12 +44,12 @@ from .identity import check_shard, current_info
 from .index.merge import placed, relative_path
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
-from .naming import shard_name
-from .objstore import is_object_url
+from .naming import ShardRef, shard_name
 from .options import SourceOptions
 from .sampler import _mix
 from .scan import iter_archive, scan_shard
-from .shards import INDEX_SUFFIX, default_index_path, expand_shards, shard_kind
+from .shard_writer import Cutter
+from .shards import INDEX_SUFFIX, default_index_path, expand_shards
 from .tables import ShardInfo, ShardTable
 
 __all__ = ["PackReport", "pack"]
@@ -374,23 +374,6 @@ def _sample_bytes(key: str, members: Sequence[tuple[str, Any]]) -> int:
     return total
 
 
-class _Cutter:
-    """Cuts a sequence of samples into shards of at most ``maxcount`` samples and ``maxsize`` bytes."""
-
-    def __init__(self, maxcount: int, maxsize: int) -> None:
-        self.maxcount, self.maxsize = maxcount, maxsize
-        self.count = self.size = 0
-
-    def starts_shard(self, nbytes: int) -> bool:
-        """Whether a sample of ``nbytes`` starts a new shard (the first always does); counts it in its shard."""
-        new = self.count == 0 or self.count >= self.maxcount or self.size + nbytes > self.maxsize
-        if new:
-            self.count = self.size = 0
-        self.count += 1
-        self.size += nbytes
-        return new
-
-
 def _order(n: int, seed: int, numbers: np.ndarray | None = None) -> np.ndarray:
     """The shuffle's random 64-bit key of each sample (by its number): the output is in the order of the keys."""
     base = np.uint64(stream_key("tarindex.pack", seed))
@@ -426,7 +409,7 @@ def _pack_files(items: list[str], kinds: list[Any], spec: _Spec, run: _Runner) -
     if spec.shuffle:
         order = np.argsort(_order(len(samples), spec.seed), kind="stable")
         samples = [samples[i] for i in order.tolist()]
-    cutter = _Cutter(spec.maxcount, spec.maxsize)
+    cutter = Cutter(spec.maxcount, spec.maxsize)
     cuts = [i for i, sample in enumerate(samples) if cutter.starts_shard(_sample_bytes(*sample))] + [len(samples)]
     inherit = run.forks()  # a job then names its slice of the samples instead of carrying them
     jobs = [
@@ -533,7 +516,9 @@ def _from_index(source_index: Path, spec: _Spec, run: _Runner, cache: Path) -> t
                 raise PackError(name, "is a command; its output cannot be read in parts: write it to a file first")
             if info.kind == "file":
                 inputs.add(name)
-            threads = threads or is_object_url(name)  # network-bound; and obstore's runtime does not survive fork
+            threads = (
+                threads or ShardRef.of(name).kind == "object"
+            )  # network-bound; and obstore's runtime does not survive fork
         inputs.check(str(spec.index))
         if spec.shuffle:
             return _shuffled(reader, spec, run, cache, inputs, threads)
@@ -561,7 +546,7 @@ def _input_index(items: list[str], spec: _Spec, run: _Runner) -> tuple[Path, boo
         return Path(items[0]), False
     storage = dict(spec.options.storage_options) if spec.options is not None else {}
     paths = expand_shards(items, storage_options=storage or None)
-    if all(shard_kind(p) == "file" for p in paths):
+    if all(ShardRef.of(p).local for p in paths):
         beside = default_index_path(paths)
         if beside.is_file() and _current(beside, paths):
             return beside, False
@@ -654,7 +639,7 @@ def _input_shards(reader: IndexReader, spec: _Spec) -> Iterator[tuple[_Members, 
 
 def _ranges(reader: IndexReader, spec: _Spec) -> Iterator[tuple[int, int, np.ndarray | None]]:
     """Output shards as ranges ``lo..hi`` of input samples, with the numbers of those kept when a filter drops some."""
-    cutter = _Cutter(spec.maxcount, spec.maxsize)
+    cutter = Cutter(spec.maxcount, spec.maxsize)
     pieces: list[np.ndarray] = []
     for m, numbers in _input_shards(reader, spec):
         lo = m.lo
@@ -712,7 +697,7 @@ def _input_samples(ds: TarDataset | None, m: _Members, numbers: Iterable[int]) -
         shard = int(np.searchsorted(starts, wanted[i], side="right")) - 1
         j = int(np.searchsorted(wanted, int(starts[shard + 1])))  # the wanted samples of this shard: wanted[i:j]
         info = ds.index.shards[shard]
-        if (codec := of_entry(info.compression)) is not None and codec.one_pass and info.kind == "file":
+        if (codec := BY_ENTRY.get(info.compression)) is not None and codec.one_pass and info.kind == "file":
             yield from _streamed(ds, shard, info, m, wanted[i:j])
         else:
             for n in wanted[i:j]:
@@ -982,7 +967,7 @@ def _gather(
     Raises:
         _Restart: a shard of an earlier run is not the one this gather makes.
     """
-    cutter = _Cutter(spec.maxcount, spec.maxsize)
+    cutter = Cutter(spec.maxcount, spec.maxsize)
     out: ShardOut | None = None
     k = -1
     try:

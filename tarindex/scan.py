@@ -27,9 +27,10 @@ from .errors import (
 )
 from .grouping import Packer, new_packer
 from .gzip_random import decompress_indexed
+from .naming import ShardRef
 from .options import SourceOptions
 from .shards import FINGERPRINT_SPAN, fingerprint, fingerprint_stream
-from .sources import is_url, open_regular, open_source
+from .sources import open_regular, open_source
 from .tables import MAX_EXTS, ShardInfo, ShardTable
 from .tar import Buffer, Entry, index_tar, index_tar_file
 from .zstd import (
@@ -184,7 +185,7 @@ def scan_shard(
         CorruptArchiveError: the shard is not a valid tar archive, or has a member over ``max_member_size``.
         SourceError: a URL could not be read (after retries).
     """
-    if is_url(path):
+    if not ShardRef.of(path).local:
         return scan_sequential(path, max_member_size=max_member_size, options=options, allow_missing_end=allow_missing_end)
     try:
         fd, st = open_regular(path)  # a FIFO is refused, not waited on

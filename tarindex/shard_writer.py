@@ -221,6 +221,23 @@ def _encode(key: str, ext: str, value: Any) -> bytes:
     )
 
 
+class Cutter:
+    """Cuts a sequence of samples into shards of at most ``maxcount`` samples and ``maxsize`` bytes."""
+
+    def __init__(self, maxcount: int, maxsize: int) -> None:
+        self.maxcount, self.maxsize = maxcount, maxsize
+        self.count = self.size = 0
+
+    def starts_shard(self, nbytes: int) -> bool:
+        """Whether a sample of ``nbytes`` starts a new shard (the first always does); counts it in its shard."""
+        new = self.count == 0 or self.count >= self.maxcount or self.size + nbytes > self.maxsize
+        if new:
+            self.count = self.size = 0
+        self.count += 1
+        self.size += nbytes
+        return new
+
+
 class ShardWriter:
     """Write webdataset-style sample dicts into numbered shards, plain or seekable zstd.
 
@@ -262,8 +279,7 @@ class ShardWriter:
         if compress not in (ZSTD.name, None):
             raise ValueError(f"compress must be 'zstd' or None, got {compress!r}")
         self.pattern = _args.shard_pattern(pattern)
-        self.maxcount = maxcount
-        self.maxsize = maxsize
+        self._cut = Cutter(maxcount, maxsize)
         self.compress = compress
         self.level = level
         self.frame_size = frame_size
@@ -273,8 +289,6 @@ class ShardWriter:
         self._mtime = int(time.time())
         self._out: AtomicFile | None = None
         self._zw: SeekableZstdWriter | None = None
-        self._count = 0
-        self._size = 0
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -295,7 +309,6 @@ class ShardWriter:
             if self.compress is not None  # zstd, the one codec written
             else None
         )
-        self._count = self._size = 0
 
     def _emit(self, data: bytes) -> None:
         try:
@@ -305,7 +318,6 @@ class ShardWriter:
                 self._out.file.write(data)
         except OSError as exc:  # a full disk: one line naming the shard, and no partial file
             self._fail(exc)
-        self._size += len(data)
 
     def _fail(self, exc: OSError) -> NoReturn:
         out, self._out, self._zw = self._out, None, None
@@ -358,12 +370,10 @@ class ShardWriter:
         if not parts:
             raise ValueError(f"sample {key!r} has no members")
         blob = b"".join(parts)
-        if self._out is not None and (self._count >= self.maxcount or self._size + len(blob) > self.maxsize):
+        if self._cut.starts_shard(len(blob)):
             self._finish()
-        if self._out is None:
             self._open()
         self._emit(blob)
-        self._count += 1
         if self._zw is not None:
             self._zw.boundary()
 

@@ -1,8 +1,7 @@
 """Shard arguments (paths, globs, brace patterns), default index paths, fingerprints.
 
-Names are data: a scheme (``pipe:``, ``-``, ``scheme://``) means something only in a name the caller
-wrote. A name that came from a glob, a directory listing or an index is a path; :func:`as_path` makes
-sure it reads as one (``pipe:rm -rf x.tar`` matched by ``*.tar`` becomes ``./pipe:rm -rf x.tar``).
+Names are data (:mod:`tarindex.naming`): a scheme means something only in a name the caller wrote; a name
+a glob matched is a path (:func:`tarindex.naming.as_path`).
 """
 
 from __future__ import annotations
@@ -14,15 +13,13 @@ import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from .compression import HEAD_BYTES, looks_like_index, looks_like_shard, sniff_file
 from .errors import NotRegularFileError, PatternError, ShardNotFoundError
+from .naming import ShardRef, as_path
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
-
-ShardKind = Literal["file", "url", "command"]
-"""How a shard is opened: a local ``file``, a ``url`` (``scheme://``), or a ``command`` (``pipe:CMD``, ``-``)."""
 
 INDEX_SUFFIX = ".tarindex"
 FINGERPRINT_SPAN = 64 << 10
@@ -107,18 +104,6 @@ def expand_patterns(spec: str) -> list[str]:
     return [name for part in parts for name in expand_braces(part)]
 
 
-def shard_kind(name: str) -> ShardKind:
-    """What a name the caller wrote means: ``command`` (``pipe:CMD``, ``-``), ``url`` (``scheme://``) or ``file``."""
-    if name.startswith("pipe:") or name == "-":
-        return "command"
-    return "url" if "://" in name else "file"
-
-
-def as_path(name: str) -> str:
-    """A name from a listing (glob, directory, index) as a path that cannot read as a URL or command."""
-    return name if shard_kind(name) == "file" else os.path.join(os.curdir, name)
-
-
 def is_fingerprint(value: object) -> bool:
     """Whether ``value`` has the form :func:`fingerprint` gives (32 lower-case hex digits): safe in a file name."""
     return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{32}", value) is not None
@@ -137,7 +122,7 @@ def expand_shards(
     ``http(s)://`` URLs pass through. A local ``.json`` file is a wids shard list: its shards, in order
     (:mod:`tarindex._widslist`).
 
-    A scheme is honoured in the names given, never in the names a glob matches (see :func:`as_path`).
+    A scheme is honoured in the names given, never in the names a glob matches (see :func:`tarindex.naming.as_path`).
 
     Raises:
         PatternError: a pattern does not expand (see :func:`expand_braces`).
@@ -151,10 +136,10 @@ def expand_shards(
     for spec in items:
         text = os.fspath(spec)
         for s in expand_patterns(text):
-            kind = shard_kind(s)
-            if kind == "url" and glob.has_magic(s) and s.split("://", 1)[0].lower() not in _UNLISTED_SCHEMES:
-                out.extend(_glob_url(s, text, must_exist, storage_options))
-            elif kind != "file":
+            ref = ShardRef.of(s)
+            if ref.listable and glob.has_magic(s):
+                out.extend(_glob_url(ref, text, must_exist, storage_options))
+            elif not ref.local:
                 out.append(s)
             elif glob.has_magic(s):
                 found = sorted(glob.glob(s))
@@ -202,23 +187,20 @@ def is_index_file(path: str) -> bool:
         os.close(fd)
 
 
-_UNLISTED_SCHEMES = frozenset(("http", "https"))  # no listing (and ``?`` starts a query there, not a glob)
-
-
-def _glob_url(url: str, spec: str, must_exist: bool, storage_options: dict[str, Any] | None) -> list[str]:
+def _glob_url(ref: ShardRef, spec: str, must_exist: bool, storage_options: dict[str, Any] | None) -> list[str]:
     """The objects a URL glob matches, sorted by name.
 
     Raises:
         ShardNotFoundError: nothing matches (with ``must_exist``).
     """
-    if url.lower().startswith("file://"):
-        matches = ["file://" + m for m in sorted(glob.glob(url[len("file://") :]))]
+    if ref.kind == "file-url":
+        matches = [ref.prefix + m for m in sorted(glob.glob(ref.path))]
     else:
         from .objstore import glob_urls
 
-        matches = glob_urls(url, storage_options=storage_options)
+        matches = glob_urls(ref.name, storage_options=storage_options)
     if not matches and must_exist:
-        raise ShardNotFoundError(f"{url}: no shard matches this pattern (from {spec!r})")
+        raise ShardNotFoundError(f"{ref.name}: no shard matches this pattern (from {spec!r})")
     return matches
 
 

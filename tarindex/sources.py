@@ -38,9 +38,9 @@ from ._network import HTTPSource as HTTPSource
 from ._network import RangeReader as RangeReader
 from ._source import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE
 from ._source import Source, _reads
-from ._source import is_url as is_url
 from .errors import NotRegularFileError, ShardNotFoundError, SourceError
-from .objstore import OBJECT_SCHEMES, open_stream
+from .naming import ShardRef
+from .objstore import open_stream
 from .options import SourceOptions
 
 __all__ = ["Source", "open_source"]  # public: open_source and what it returns; the rest serves the package
@@ -145,7 +145,7 @@ class PipeSource(Source):
 
     def __init__(self, url: str, *, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         super().__init__(url, block_size=block_size)
-        self.command = url[len("pipe:") :]
+        self.command = ShardRef.of(url).path
         self._proc: subprocess.Popen[bytes] | None = None
         self._started = False
 
@@ -253,19 +253,17 @@ def open_source(
 
 
 def _open(url: str, options: SourceOptions) -> Source:
-    if url == "-":
+    ref = ShardRef.of(url)
+    if ref.kind == "stdin":
         return StdinSource(url, block_size=options.block_size)
-    if url.startswith("pipe:"):
+    if ref.kind == "pipe":
         return PipeSource(url, block_size=options.block_size)
-    if hub.is_hub_url(url):  # the file's resolve URL, with the user's token
+    if ref.kind == "hub":  # the file's resolve URL, with the user's token
         return HTTPSource(*hub.resolve(url, options))
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme in ("http", "https"):
+    if ref.kind == "http":
         return HTTPSource(url, options)
-    if scheme == "file":
-        return FileSource(url[len("file://") :], block_size=options.block_size)
-    if scheme in OBJECT_SCHEMES:
+    if ref.kind == "object":
         return open_stream(url, options)
-    if scheme:
+    if ref.kind == "fsspec":
         return FsspecSource(url, options)
-    return FileSource(url, block_size=options.block_size)
+    return FileSource(ref.path if ref.kind == "file-url" else url, block_size=options.block_size)

@@ -59,11 +59,11 @@ from .errors import (
 from .grouping import fused, iter_samples
 from .identity import check_shard, check_source
 from .index.reader import IndexReader
-from .naming import check_commands, shard_name
+from .naming import ShardRef, check_commands, shard_name
 from .options import SourceOptions
 from .scan import archive
-from .shards import INDEX_SUFFIX, expand_shards, shard_kind
-from .sources import FileSource, is_url, open_source
+from .shards import INDEX_SUFFIX, expand_shards
+from .sources import FileSource, open_source
 from .tables import ShardInfo
 from .tar import DirectArchive
 
@@ -107,7 +107,7 @@ def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] |
         if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
             reader = IndexReader(os.path.abspath(p))
     if reader is None:  # paths made absolute now: a later os.chdir (Hydra) does not move the stream
-        return [os.path.abspath(u) if shard_kind(u) == "file" else u for u in expand_shards(urls)], None, None, None
+        return [os.path.abspath(u) if ShardRef.of(u).local else u for u in expand_shards(urls)], None, None, None
     try:
         check_commands(reader.path, reader.shards, allow_commands)
         names = [shard_name(reader.path, info) for info in reader.shards]
@@ -122,7 +122,7 @@ def _shard_list(urls: Any, allow_commands: bool) -> tuple[list[str], list[int] |
 def read_ahead_for(url: str, read_ahead: int | None) -> int | None:
     """The read-ahead a shard gets: ``read_ahead`` if given; else 0 for a local file read in a
     DataLoader worker (the workers already use the cores), else ``None`` (the source's default, 8)."""
-    if read_ahead is None and not is_url(url) and worker_info() is not None:
+    if read_ahead is None and ShardRef.of(url).local and worker_info() is not None:
         return 0
     return read_ahead
 

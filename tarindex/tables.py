@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from .errors import IndexFormatError
-from .shards import ShardKind, shard_kind
+from .naming import ShardKind, ShardRef
 
 if TYPE_CHECKING:
     import numpy as np  # imported on use: the index's meta (`tarindex info`) is read without numpy
@@ -66,7 +66,7 @@ class ShardInfo:
         if "kind" not in obj:  # written without kinds (an edited record): the name's look is all there is
             path = str(obj.get("path", ""))
             norm = os.path.normpath(path)
-            obj = {**obj, "kind": shard_kind(path), "outside": os.path.isabs(norm) or norm.split(os.sep)[0] == os.pardir}
+            obj = {**obj, "kind": ShardRef.of(path).stored, "outside": os.path.isabs(norm) or norm.split(os.sep)[0] == os.pardir}
         ints = ("size", "mtime_ns", "n_samples", "n_members")
         if not (
             isinstance(obj["path"], str)

@@ -21,7 +21,8 @@ from .errors import IndexFormatError, IndexNotFoundError, PatternError, counted
 from .index.format import SHARDS_PREFIX, numbered, unseal
 from .index.merge import relative_path
 from .index.reader import IndexReader
-from .shards import INDEX_SUFFIX, default_index_path, expand_shards, given_index, index_candidates, shard_kind
+from .naming import ShardRef
+from .shards import INDEX_SUFFIX, default_index_path, expand_shards, given_index, index_candidates
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
 
@@ -154,7 +155,7 @@ def find_index(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
     given = given_index(source)
     if given is not None:
         return given, None
-    named = [os.path.abspath(s) if shard_kind(s) == "file" else s for s in expand_shards(source)]
+    named = [os.path.abspath(s) if ShardRef.of(s).local else s for s in expand_shards(source)]
     if len(set(named)) != len(named):
         twice = next(s for k, s in enumerate(named) if s in named[:k])
         raise PatternError(f"{twice}: named twice; a dataset reads each shard once")

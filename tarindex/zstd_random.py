@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import functools
 import itertools
 import os
 from collections import OrderedDict
@@ -22,6 +23,7 @@ import zstandard
 
 from . import _native
 from ._process import FORK
+from ._ranges import ReadsEach
 from .errors import CorruptFrameError
 from .zstd import decompress_frame
 
@@ -130,7 +132,7 @@ _bisect_right = bisect.bisect_right
 _REMOTE_KEYS = itertools.count()  # cache keys of readers over handles (no device and inode to name them)
 
 
-class ZstdShardReader:
+class ZstdShardReader(ReadsEach):
     """``read_at(offset, size)`` over a zstd shard's decompressed bytes, through its frame table.
 
     Reads and decompresses only the frames that overlap the range, each whole
@@ -272,7 +274,7 @@ def zstd_reader(path: str, source: int | ReadAt, frames: np.ndarray) -> Any:
         return ZstdShardReader(path, source, frames)
     try:
         table = np.ascontiguousarray(frames, np.uint64)
-        return speedups.ZstdReader(
+        return _with_read_many(speedups.ZstdReader)(
             str(path), source, table, zstandard.ZstdDecompressor, CorruptFrameError, zstandard.ZstdError, frame_cache()
         )
     except BaseException:
@@ -281,3 +283,11 @@ def zstd_reader(path: str, source: int | ReadAt, frames: np.ndarray) -> Any:
         else:
             source.close()
         raise
+
+
+@functools.cache
+def _with_read_many(c_type: type) -> type:
+    """The C extension's ``ZstdReader`` with :meth:`~tarindex._ranges.ReadsEach.read_many` (the C reader of
+    ``ds[i]`` reads an instance of it directly, as one of the C type)."""
+    doc = "A zstd shard's C reader (:func:`zstd_reader`) with ``read_many``."
+    return type("ZstdReader", (c_type, ReadsEach), {"__slots__": (), "__module__": __name__, "__doc__": doc})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -172,6 +173,25 @@ def require_c_extension() -> None:
     if os.environ.get("TARINDEX_PURE_PYTHON"):
         pytest.skip("TARINDEX_PURE_PYTHON is set: the C extension is off for this run")
     assert SPEEDUPS is not None, "the C extension was not built (pip install -e . compiles it)"
+
+
+def package_lines(pattern: re.Pattern[str], allowed: set[str]) -> list[str]:
+    """``module:line: text`` of every line of the package's code (comments left out) that ``pattern`` finds,
+    outside the modules ``allowed`` (paths relative to the package)."""
+    import tarindex
+
+    package = Path(tarindex.__file__).parent
+    modules = sorted(package.rglob("*.py"))
+    assert len(modules) > 50  # the package was walked
+    found = []
+    for path in modules:
+        name = path.relative_to(package).as_posix()
+        if name in allowed:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if pattern.search(line.split("#", 1)[0]):
+                found.append(f"{name}:{number}: {line.strip()}")
+    return found
 
 
 def tarfile_members(path: Path) -> list[tuple[str, bytes]]:

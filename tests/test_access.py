@@ -15,7 +15,7 @@ from test_objstore import _client, s3_env  # noqa: F401  # the fixture: moto's S
 from conftest import make_shard_set, tarfile_members
 from tarindex import TarDataset, TarStream, build_index, verify_index
 from tarindex.access import open as opening
-from tarindex.access.codecs import CODECS, Indexed, codec
+from tarindex.access.codecs import RANDOM, Indexed, codec
 from tarindex.access.reader import LocalReader, RandomReader
 from tarindex.errors import RandomAccessError, ShardNotFoundError
 from tarindex.index.reader import IndexReader
@@ -87,7 +87,7 @@ def test_a_zstd_and_a_gzip_shard_read_at_random_give_the_tar_bytes(tmp_path: Pat
 
 
 def test_codecs_are_one_table_and_an_unindexed_shard_is_read_by_its_first_bytes(tmp_path: Path) -> None:
-    assert [c.name for c in CODECS] == ["tar", "zstd", "gzip"]
+    assert [c.name for c in RANDOM] == ["tar", "zstd", "gzip"]
     (plain,) = make_shard_set(tmp_path, n_shards=1, per=3)
     reader = opening.open_random(str(plain), None, opening.OpenOptions())
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -13,11 +14,12 @@ import pytest
 from click.testing import CliRunner
 
 import tarindex
-from conftest import make_shard_set, tarfile_members
+from conftest import make_shard_set, package_lines, tarfile_members
 from tarindex.cli.main import main
 from tarindex.errors import CommandNotAllowedError, IndexFormatError, RandomAccessError, ShardNotFoundError
 from tarindex.index.format import META_KEY, SHARDS_PREFIX, numbered, seal
-from tarindex.shards import as_path, expand_shards, shard_kind
+from tarindex.naming import ShardRef, as_path
+from tarindex.shards import expand_shards
 
 
 def edit_meta(index: Path, edit: Callable[[dict[str, Any]], None]) -> None:
@@ -46,9 +48,61 @@ def all_streamed(stream: tarindex.TarStream) -> list[tuple[str, bytes]]:
 
 
 def test_kinds_and_listed_names() -> None:
-    assert [shard_kind(n) for n in ("a.tar", "pipe:cat a", "-", "http://h/a.tar", "s3://b/a.tar")] == [
+    assert [ShardRef.of(n).stored for n in ("a.tar", "pipe:cat a", "-", "http://h/a.tar", "s3://b/a.tar")] == [
         "file", "command", "command", "url", "url"]  # fmt: skip
     assert as_path("pipe:x.tar") == "./pipe:x.tar" and as_path("-") == "./-" and as_path("a.tar") == "a.tar"
+    assert as_path("s3://b/k.tar") == "./s3://b/k.tar" and ShardRef.of(as_path("s3://b/k.tar")).local
+
+
+REFS = {  # name -> (kind, scheme, path, stored kind)
+    "data/a.tar": ("file", "", "data/a.tar", "file"),
+    "./pipe:x.tar": ("file", "", "./pipe:x.tar", "file"),
+    "-": ("stdin", "", "-", "command"),
+    "pipe:cat a.tar": ("pipe", "", "cat a.tar", "command"),
+    "http://h:8/a.tar": ("http", "http", "h:8/a.tar", "url"),
+    "HTTPS://h/a.tar": ("http", "https", "h/a.tar", "url"),
+    "s3://b/k/a.tar": ("object", "s3", "b/k/a.tar", "url"),
+    "s3a://b/a.tar": ("object", "s3a", "b/a.tar", "url"),
+    "gcs://b/a.tar": ("object", "gcs", "b/a.tar", "url"),
+    "abfss://c/a.tar": ("object", "abfss", "c/a.tar", "url"),
+    "hf://datasets/o/n/a.tar": ("hub", "hf", "datasets/o/n/a.tar", "url"),
+    "file:///d/a.tar": ("file-url", "file", "/d/a.tar", "url"),
+    "memory://x/a.tar": ("fsspec", "memory", "x/a.tar", "url"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFS))
+def test_a_shard_reference_reads_a_name_once(name: str) -> None:
+    ref = ShardRef.of(name)
+    assert (ref.kind, ref.scheme, ref.path, ref.stored) == REFS[name]
+    assert ref.name == name and ref.prefix + ref.path == name
+    assert ref.local == (ref.kind == "file") and ref.url == (ref.stored == "url")
+    assert ref.ranged == (ref.kind == "http") and ref.listable == (ref.url and ref.kind != "http")
+    assert ref.store == {"s3": "s3", "s3a": "s3", "gcs": "gs", "abfss": "az"}.get(ref.scheme)
+    assert (ref.secure, ref.cleartext) == (ref.scheme == "https", ref.scheme == "http")
+
+
+SCHEME_TEST = re.compile(
+    r"""["']://["']"""  # "://" in name, name.split("://"), name.partition("://")
+    r"""|\.startswith\(\s*["'](?:pipe:|[\w.+-]+://)"""  # name.startswith("pipe:"), url.startswith("http://")
+    r"""|\bscheme\w*(?:\.lower\(\))?\s*(?:[=!]=|(?:not\s+)?in\b)\s*[("'\[{A-Z_]"""  # scheme == "s3", scheme in ("http", ...)
+    r"""|\b(?:url|name|spec|path|shard)\s*[=!]=\s*["']-["']"""  # a shard name compared with "-"
+    r"""|\b(?:is_url|is_hub_url|is_object_url|shard_kind|OBJECT_SCHEMES)\b"""  # the classifiers the reference replaced
+)
+"""A shard name's look read outside :mod:`tarindex.naming` (a scheme compared, ``://`` looked for)."""
+
+
+def test_the_scheme_pattern_finds_the_tests_it_forbids() -> None:
+    for line in ('if "://" in url:', "scheme = url.split('://', 1)[0]", 'if url.startswith("pipe:"):', 'if name == "-":',
+                 'url.lower().startswith("file://")', 'if scheme in ("http", "https"):', "if parts.scheme.lower() != 'http':",
+                 "if scheme in OBJECT_SCHEMES:", "kind = shard_kind(name)"):  # fmt: skip
+        assert SCHEME_TEST.search(line), line
+    for line in ('f"{ref.scheme}://{host}"', 'if ref.kind == "http":', 'if output != "-":', "if ra.scheme == rb.scheme:"):
+        assert not SCHEME_TEST.search(line), line
+
+
+def test_no_module_but_naming_reads_a_names_scheme() -> None:
+    assert package_lines(SCHEME_TEST, {"naming.py"}) == []
 
 
 def test_glob_match_named_like_a_command_is_indexed_as_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

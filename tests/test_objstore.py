@@ -19,8 +19,9 @@ from _servers import AzureServer, FaultProxy, HTTPServer, S3Server
 import tarindex
 from conftest import make_shard_set
 from tarindex import TarDataset, build_index
+from tarindex._ranges import coalesce
 from tarindex.errors import ShardNotFoundError, SourceError, StaleIndexError
-from tarindex.objstore import coalesce, glob_urls, read_many
+from tarindex.objstore import glob_urls, read_many
 from tarindex.options import SourceOptions
 from tarindex.shards import expand_shards
 

@@ -124,3 +124,31 @@ def test_close_twice_is_harmless(case: tuple[str, RandomReader, bytes]) -> None:
     _, reader, _ = case
     reader.close()
     reader.close()
+
+
+def test_read_many_of_no_range_is_empty(case: tuple[str, RandomReader, bytes]) -> None:
+    kind, reader, _ = case
+    assert reader.read_many([]) == [], kind
+
+
+def test_read_many_gives_each_range_in_the_order_asked(case: tuple[str, RandomReader, bytes]) -> None:
+    kind, reader, want = case
+    one = [(1000, 3000)]
+    assert reader.read_many(one) == [want[1000:4000]], kind
+    unordered = [(len(want) - 700, 700), (0, 1), (4096, 512), (511, 2), (2048, 100)]
+    assert reader.read_many(unordered) == [want[o : o + n] for o, n in unordered], kind
+    overlapping = [(1000, 3000), (1500, 100), (1000, 3000), (3990, 20), (0, 0)]
+    assert reader.read_many(overlapping) == [want[o : o + n] for o, n in overlapping], kind
+
+
+def test_read_many_past_the_end_reads_as_read_at(case: tuple[str, RandomReader, bytes]) -> None:
+    kind, reader, want = case
+    ranges = [(len(want) - 10, 100), (len(want) + 512, 100), (100, 10)]
+    got = reader.read_many(ranges)
+    assert got == [reader.read_at(o, n) for o, n in ranges] == [want[-10:], b"", want[100:110]], kind
+
+
+def test_read_many_of_many_ranges_reads_them_all(case: tuple[str, RandomReader, bytes]) -> None:
+    kind, reader, want = case
+    spans = [((k * 7919) % (len(want) - 600), 1 + k % 600) for k in range(200)]
+    assert reader.read_many(spans) == [want[o : o + n] for o, n in spans], kind

@@ -102,13 +102,13 @@ def test_a_batch_under_faults_is_exact_or_a_named_error(
     reader = RangeReader(proxy.url(name), SourceOptions(backoff=0.001, timeout=0.3))
     setattr(proxy, fault, 5)
     wanted = _ranges(64, 20_000, len(data))
-    got = RangeReader.read_many([(reader, o, n) for o, n in wanted], 8)
+    got = RangeReader.fetch_many([(reader, o, n) for o, n in wanted], 8)
     assert got == [data[o : o + n] for o, n in wanted]
     assert getattr(proxy, fault) == 0  # every fault was met, and recovered from
     tight = RangeReader(proxy.url(name), SourceOptions(retries=1, backoff=0.001, timeout=0.3))
     setattr(proxy, fault, 10_000)  # now it never recovers: the named error, never a short sample
     with pytest.raises(SourceError, match=rf"{proxy.url(name)}: bytes \d+-\d+: read failed after 1 retries"):
-        RangeReader.read_many([(tight, o, n) for o, n in wanted[:4]], 4)
+        RangeReader.fetch_many([(tight, o, n) for o, n in wanted[:4]], 4)
 
 
 def test_concurrent_ranges_hide_the_latency(served: tuple[HTTPServer, str, bytes], fault_proxy: Callable[..., FaultProxy]) -> None:
@@ -118,11 +118,11 @@ def test_concurrent_ranges_hide_the_latency(served: tuple[HTTPServer, str, bytes
     proxy = fault_proxy(server.port, delay=0.2)
     reader = RangeReader(proxy.url(name))
     wanted = _ranges(64, 1000, len(data))
-    got = RangeReader.read_many([(reader, o, n) for o, n in wanted], 32)
+    got = RangeReader.fetch_many([(reader, o, n) for o, n in wanted], 32)
     assert got == [data[o : o + n] for o, n in wanted]
     assert 16 <= proxy.peak <= 32  # one at a time: 1
     proxy.peak = 0
-    assert RangeReader.read_many([(reader, o, n) for o, n in wanted[:8]], 1) == [data[o : o + n] for o, n in wanted[:8]]
+    assert RangeReader.fetch_many([(reader, o, n) for o, n in wanted[:8]], 1) == [data[o : o + n] for o, n in wanted[:8]]
     assert proxy.peak == 1
 
 
@@ -135,7 +135,7 @@ def test_range_reads_in_every_framing(framing_server: Callable[..., FramingServe
     reader = RangeReader(server.url, SourceOptions(backoff=0.001))
     assert reader.read_at(123, 70_000) == data[123:70_123]
     wanted = [*_ranges(40, 9_000, len(data)), (len(data) - 100, 100)]
-    assert RangeReader.read_many([(reader, o, n) for o, n in wanted], 8) == [data[o : o + n] for o, n in wanted]
+    assert RangeReader.fetch_many([(reader, o, n) for o, n in wanted], 8) == [data[o : o + n] for o, n in wanted]
     assert reader.read_at(len(data) - 10, 500) == data[-10:]  # past the end: what there is
     assert server.requests - (1 + 1 + len(wanted) + 1) == (1 if framing == "chunked" else 0)
 
@@ -182,7 +182,7 @@ def test_headers_open_a_gated_path_on_every_read_path(http_server: HTTPServer, t
     reader = RangeReader(url, SourceOptions(headers={"Authorization": "Bearer hf_test"}))
     assert reader.read_at(5, 70_000) == data[5:70_005]
     wanted = _ranges(30, 5_000, len(data))
-    assert RangeReader.read_many([(reader, o, n) for o, n in wanted], 8) == [data[o : o + n] for o, n in wanted]
+    assert RangeReader.fetch_many([(reader, o, n) for o, n in wanted], 8) == [data[o : o + n] for o, n in wanted]
     with open_source(url, headers={"Authorization": "Bearer hf_test"}) as src:
         assert b"".join(src) == data
 
@@ -235,7 +235,7 @@ def test_credentials_do_not_follow_a_redirect_to_another_host(http_server: HTTPS
     reader = RangeReader(url, token)
     assert reader.read_at(7, 90_000) == data[7:90_007]
     wanted = _ranges(20, 9_000, len(data))
-    assert RangeReader.read_many([(reader, o, n) for o, n in wanted], 4) == [data[o : o + n] for o, n in wanted]
+    assert RangeReader.fetch_many([(reader, o, n) for o, n in wanted], 4) == [data[o : o + n] for o, n in wanted]
     with open_source(url, headers={"Authorization": "Bearer hf_test"}) as src:
         assert b"".join(src) == data
     cdn = http_server.url(f"cdn/{tmp_path.name}.bin").replace("127.0.0.1", "localhost")
@@ -260,7 +260,7 @@ def test_credentials_do_not_follow_a_change_of_scheme(
     reader = RangeReader(url, SourceOptions(headers=token))
     assert reader.read_at(7, 90_000) == data[7:90_007]
     wanted = _ranges(20, 9_000, len(data))
-    assert RangeReader.read_many([(reader, o, n) for o, n in wanted], 4) == [data[o : o + n] for o, n in wanted]
+    assert RangeReader.fetch_many([(reader, o, n) for o, n in wanted], 4) == [data[o : o + n] for o, n in wanted]
     with open_source(url, headers=token) as src:
         assert b"".join(src) == data
     assert scheme_server.authorizations(first) == ["Bearer s3cret"] * 2  # the probe's and the stream's first request

@@ -17,8 +17,9 @@ from _servers import HTTPServer
 
 from conftest import make_shard_set
 from tarindex.errors import NotRegularFileError, ShardNotFoundError, SourceError
+from tarindex.naming import ShardRef
 from tarindex.scan import iter_archive
-from tarindex.sources import FileSource, HTTPSource, PipeSource, is_url, open_source
+from tarindex.sources import FileSource, HTTPSource, PipeSource, StdinSource, open_source
 
 
 def _read(url: str, **options: object) -> bytes:
@@ -38,11 +39,14 @@ def shard(tmp_path: Path) -> Path:
     return make_shard_set(tmp_path / "d", n_shards=1, per=40)[0]
 
 
-def test_kinds_and_is_url(shard: Path) -> None:
+def test_each_kind_of_name_opens_its_source(shard: Path) -> None:
     assert isinstance(open_source(str(shard)), FileSource)
+    with open_source(f"file://{shard}") as local:
+        assert isinstance(local, FileSource) and local.url == str(shard)
     assert isinstance(open_source(f"pipe:cat {shard}"), PipeSource)
+    assert isinstance(open_source("-"), StdinSource)
     assert isinstance(open_source("http://127.0.0.1:1/x.tar"), HTTPSource)
-    assert [is_url(u) for u in ("-", "pipe:cat x", "s3://b/k", "data/x.tar")] == [True, True, True, False]
+    assert [ShardRef.of(u).local for u in ("-", "pipe:cat x", "s3://b/k", "data/x.tar")] == [False, False, False, True]
 
 
 def test_file_source_reads_large_blocks(shard: Path) -> None:

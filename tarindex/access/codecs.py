@@ -1,7 +1,7 @@
 """The random readers of the codec registry (:mod:`tarindex._codecs`): for each way a shard's tar bytes are
 stored (plain, zstd, gzip), how its random reader is made over the compressed shard's bytes.
 
-:data:`CODECS` is the table; :func:`codec` answers "which codec is this shard?" from its index entry
+:data:`RANDOM` is the table (a registry row -> its random reader); :func:`codec` answers "which codec is this shard?" from its index entry
 (``ShardInfo.compression``) or, for a shard read without an index, from its first bytes. Adding a codec is
 a row in :mod:`tarindex._codecs`, its random reader here (its reader module beside
 :mod:`tarindex.zstd_random` and :mod:`tarindex.gzip_random`), and its name in :func:`tarindex.compression.detect`.
@@ -17,8 +17,7 @@ from typing import BinaryIO, Protocol
 import numpy as np
 
 from .._cache import FileCache
-from .._codecs import GZIP, TAR, ZSTD, of_entry, of_name
-from .._codecs import Codec as StreamCodec
+from .._codecs import BY_ENTRY, GZIP, TAR, ZSTD, Codec, of_name
 from ..compression import detect
 from ..errors import CorruptFrameError, IndexFormatError, RandomAccessError
 from ..gzip import random_access_refused
@@ -72,26 +71,8 @@ class ZstdCache:
 
 
 Wrap = Callable[[str, RandomReader, "Indexed | None", ZstdCache], RandomReader]
-
-
-@dataclass(frozen=True, slots=True)
-class Codec:
-    """A row of the codec registry (:mod:`tarindex._codecs`) with its random reader."""
-
-    stream: StreamCodec
-    """The registry's row: its name, what an index entry records, its stream walk."""
-    random: Wrap
-    """The random reader of the tar bytes over the compressed shard's reader, which it takes (closed on failure)."""
-
-    @property
-    def name(self) -> str:
-        """``tar``, ``zstd`` or ``gzip``: what :func:`tarindex.compression.detect` names."""
-        return self.stream.name
-
-    @property
-    def compression(self) -> str | None:
-        """What an index entry records (``ShardInfo.compression``): ``None`` for a plain tar."""
-        return self.stream.compression
+"""A codec's random reader of the tar bytes, made over the compressed shard's reader, which it takes (closed on
+failure by the caller): ``(name, raw, indexed, zstd cache)``."""
 
 
 def fix_command(path: str) -> str:
@@ -158,35 +139,30 @@ def _gzip(name: str, raw: RandomReader, indexed: Indexed | None, cache: ZstdCach
     return GzipShardReader(name, raw, SeekPoints(points, where, size=indexed.info.size))
 
 
-CODECS: tuple[Codec, ...] = (
-    Codec(TAR, _plain),
-    Codec(ZSTD, _zstd),
-    Codec(GZIP, _gzip),
-)
+RANDOM: dict[Codec, Wrap] = {TAR: _plain, ZSTD: _zstd, GZIP: _gzip}
 """The random reader of every row of the codec registry (:data:`tarindex._codecs.CODECS`, in its order)."""
-
-_BY_ROW = {c.stream: c for c in CODECS}
 
 
 def codec(indexed: Indexed | None, raw: RandomReader) -> Codec:
-    """The codec of a shard: its index entry's, or (no index) its first bytes'.
+    """The registry's row of a shard: its index entry's, or (no index) its first bytes'; its random reader is
+    ``RANDOM[row]``.
 
     Raises:
         IndexFormatError: the entry records a compression the registry does not know.
         RandomAccessError: without an index, bytes of no codec in the registry (xz, bzip2, not a tar).
     """
     if indexed is not None:
-        row = of_entry(indexed.info.compression)
+        row = BY_ENTRY.get(indexed.info.compression)
         if row is None:
             raise IndexFormatError(
                 f"{indexed.index.path}: shard {indexed.info.path!r} records compression {indexed.info.compression!r}"
             )
-        return _BY_ROW[row]
+        return row
     name = detect(raw.read_at(0, 6)) if raw.size != 0 else TAR.name
     found = of_name(name)
     if found is None:
         raise RandomAccessError("shard", f"{name} data: read from the start")
-    return _BY_ROW[found]
+    return found
 
 
 ZSTD_CACHE_ENTRY = r"[0-9a-f]{32}-[0-9]+\.tar"

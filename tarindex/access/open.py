@@ -13,16 +13,14 @@ from dataclasses import dataclass, field
 
 from ..errors import RandomAccessError, ShardNotFoundError
 from ..identity import Check, Checked, check_shard, open_shard
+from ..naming import ShardRef
 from ..objstore import open_reader
 from ..options import SourceOptions
-from ..shards import shard_kind
 from ..sources import RangeReader
-from .codecs import Indexed, ZstdCache, codec
+from .codecs import RANDOM, Indexed, ZstdCache, codec
 from .reader import LocalReader, RandomReader
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
-
-_RANGED = ("http", "https")  # schemes read at random without an index (a server answering Range)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +58,10 @@ def open_random(
             return LocalReader(*again)
     raw = open_checked(name, indexed, options)
     try:
-        found = codec(indexed, raw)
-        if checked is not None and indexed is not None and found.compression is None and isinstance(raw, LocalReader):
+        row = codec(indexed, raw)
+        if checked is not None and indexed is not None and row.compression is None and isinstance(raw, LocalReader):
             checked.remember(indexed.shard, raw.size, raw.mtime_ns)
-        return found.random(name, raw, indexed, options.zstd_cache)
+        return RANDOM[row](name, raw, indexed, options.zstd_cache)
     except BaseException:
         raw.close()
         raise
@@ -72,7 +70,8 @@ def open_random(
 def open_checked(name: str, indexed: Indexed | None, options: OpenOptions) -> RandomReader:
     """The stored (maybe compressed) bytes of shard ``name`` for random reads, checked against its index
     entry when it has one. Raises as :func:`open_random`."""
-    kind = shard_kind(name) if indexed is None else indexed.info.kind
+    ref = ShardRef.of(name)
+    kind = ref.stored if indexed is None else indexed.info.kind
     if kind == "command":  # never run from here: a command's output has no random access
         raise RandomAccessError(
             name,
@@ -80,7 +79,7 @@ def open_checked(name: str, indexed: Indexed | None, options: OpenOptions) -> Ra
         )
     if kind == "url":
         if indexed is None:
-            if name.split("://", 1)[0].lower() not in _RANGED:
+            if not ref.ranged:
                 raise RandomAccessError(name, "a URL read without an index: read from the start")
             return RangeReader(name, options.source)
         info = indexed.info

@@ -42,8 +42,10 @@ def open_index(spec: str) -> tuple[IndexReader, View | None]:
 def shown_path(path: str | os.PathLike[str]) -> str:
     """A path as every command's summary shows it: relative to the working directory when it lies inside
     it (``d/train.tarindex``), else absolute; URLs as they are."""
+    from ..naming import ShardRef
+
     text = os.fspath(path)
-    if "://" in text:
+    if ShardRef.of(text).url:
         return text
     absolute = os.path.abspath(text)
     relative = os.path.relpath(absolute)

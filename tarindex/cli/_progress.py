@@ -10,6 +10,7 @@ import shutil
 import sys
 import threading
 import time
+from dataclasses import KW_ONLY, dataclass, field
 from types import TracebackType
 from typing import TextIO
 
@@ -30,6 +31,7 @@ def clock(seconds: float) -> str:
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
 
 
+@dataclass(eq=False)
 class Bar:
     """A progress line on stderr: ``label [#####.....] 12/30 shards  145.2 MB/s  ETA 0:12``.
 
@@ -44,36 +46,27 @@ class Bar:
         total_bytes: bytes to do, when known.
         show: draw at all (a terminal, no ``-q``); a hidden bar only counts.
         item_rate: show items per second too (``1,234 samples/s``).
+        file: where the bar is drawn (stderr).
     """
 
-    def __init__(
-        self,
-        label: str,
-        total: int | None,
-        unit: str,
-        *,
-        total_bytes: int | None = None,
-        show: bool = True,
-        item_rate: bool = False,
-        file: TextIO | None = None,
-    ) -> None:
-        self.label = label
-        self.total = total
-        self.unit = unit
-        self.total_bytes = total_bytes
-        self.show = show
-        self.item_rate = item_rate
-        self.file = file if file is not None else sys.stderr
-        self.done = 0
-        """Items done (worked or skipped)."""
-        self.worked = 0
-        """Items done with work (not skipped)."""
-        self.nbytes = 0
-        """Bytes of work done."""
-        self.start = time.monotonic()
-        self._drawn = 0.0
-        self._width = 0
-        self._lock = threading.Lock()
+    label: str
+    total: int | None
+    unit: str
+    _: KW_ONLY
+    total_bytes: int | None = None
+    show: bool = True
+    item_rate: bool = False
+    file: TextIO = field(default_factory=lambda: sys.stderr)
+    done: int = field(default=0, init=False)
+    """Items done (worked or skipped)."""
+    worked: int = field(default=0, init=False)
+    """Items done with work (not skipped)."""
+    nbytes: int = field(default=0, init=False)
+    """Bytes of work done."""
+    start: float = field(default_factory=time.monotonic, init=False)
+    _drawn: float = field(default=0.0, init=False)
+    _width: int = field(default=0, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __enter__(self) -> Bar:
         self._draw(force=True)

@@ -92,15 +92,15 @@ def command(
     """Index SHARDS (paths, globs, brace patterns) into one LMDB index."""
     from ..build import build_index, part_slice
     from ..errors import counted
+    from ..naming import ShardRef
     from ..shards import expand_shards
-    from ..sources import is_url
     from ._common import check_parent, shown_path
     from ._progress import Bar
 
     if index is not None:
         check_parent(index, parents)
     paths = expand_shards(shards, storage_options=storage_options or None)
-    url = next((p for p in paths if is_url(p)), None)
+    url = next((p for p in paths if not ShardRef.of(p).local), None)
     if index is None and url is not None:  # no directory to put the index beside
         raise click.UsageError(f"{url}: URL shards need an index path: add -o INDEX")
     total = len(paths if part is None else part_slice(paths, part))

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import TarIndexError
-from ..shards import ShardKind, shard_kind
+from ..naming import ShardKind, ShardRef
 from ..tables import ShardInfo
 from .reader import IndexReader
 from .writer import IndexWriter
@@ -23,7 +23,7 @@ __all__: list[str] = []  # internal: tarindex.build.merge_indexes is the public 
 
 def relative_path(shard: str, index_dir: Path) -> str:
     """How an index in ``index_dir`` names ``shard``: a file relative to it (absolute on another drive), others as given."""
-    if shard_kind(shard) != "file":
+    if not ShardRef.of(shard).local:
         return shard
     absolute = os.path.abspath(shard)
     try:
