@@ -864,8 +864,9 @@ static int shard_handle(Reader *self, uint32_t shard, PyObject **handle) {
     return (int)v;
 }
 
-/* Whether the shard's name (the sample's __url__) is resolved: its handle's open resolves it (the dataset's
- * open_handle reads the shard's record through tarindex.naming.ShardNames), so it is after shard_handle. */
+/* Whether the shard's name (the sample's __url__) is resolved: its handle's open resolves it (the handle table's
+ * opener, tarindex.access.open.IndexOpener, reads the shard's record through tarindex.naming.ShardNames), so it
+ * is after shard_handle. */
 static inline int named(const Reader *self, uint32_t shard) { return PyList_GET_ITEM(self->urls, shard) != Py_None; }
 
 static PyObject *Reader_read(Reader *self, PyObject *arg) {
