@@ -10,18 +10,21 @@ edited with its checksum recomputed is then a :class:`~tarindex.errors.StaleInde
 bytes. The member data is not checked: bytes changed in place under headers that still say the same name,
 type and size (a caption rewritten to the same length) are read as they are now.
 
-Two steps. :func:`_agrees` accepts the common shapes quickly (each member's headers right before its data,
-PAX and GNU long-name headers included; a plain header, alone or after a PAX header whose records cannot rename
-or resize the member (:func:`_inert`: webdataset's ``TarWriter``, GNU tar ``--format=posix``), field by field
-with one ``struct`` unpack); the C reader (``_speedups.c``, ``headers_agree``) makes the same
-check, a plain header field by field and any other shape with the C header step (``tar_step``). Whatever either does not accept goes to :func:`_judge`, the reference: the
-range is walked by the build's own walker and grouped by its own rules (:func:`tarindex.tar.iter_tar`,
-:func:`tarindex.grouping.group_members`), and must give exactly this record, or the error names the shard,
-the offset and the first difference, expected vs got. One place words every error, for both lanes.
+Three steps. :func:`_plain_agrees` accepts the common shape with no call per field (each member's own header
+right before its data, alone or after one PAX header whose records cannot rename or resize it (:func:`_inert`:
+webdataset's ``TarWriter``, GNU tar ``--format=posix``); the name ``key.ext``, the size and checksum fields as the
+common writers spell them; an ASCII header's checksum against one adler32 sum). :func:`_agrees` accepts the other
+common shapes (PAX and GNU long-name headers, other spellings, non-ASCII headers, a directory between members).
+The C reader (``_speedups.c``, ``headers_agree``) makes the same check, a plain header field by field and any
+other shape with the C header step (``tar_step``). Whatever none of them accepts goes to :func:`_judge`, the
+reference: the range is walked by the build's own walker and grouped by its own rules
+(:func:`tarindex.tar.iter_tar`, :func:`tarindex.grouping.group_members`), and must give exactly this record, or
+the error names the shard, the offset and the first difference, expected vs got. One place words every error, for both lanes.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 import tarfile
 import zlib
@@ -40,7 +43,12 @@ _PAX, _LONGNAME = ord("x"), ord("L")
 _adler32 = zlib.adler32
 _FIELDS = struct.Struct("124x12s20xB188xB")  # a header's size field, type and the first byte of its ustar prefix
 _PLAIN = struct.Struct("100s24x12s12x8sB188xB")  # name, size and checksum fields, type, the ustar prefix's first byte
-_SUFFIXES: dict[str, tuple[bytes, bool]] = {}  # _suffix
+_TAILS: dict[str, bytes] = {}  # _tail
+_NOT_PLAIN = b"/"  # _tail of an extension a name field does not show by itself (no extension is "/")
+_CHECKSUMS: dict[bytes, int] = {}  # _expected
+_PAX_FIELDS = struct.Struct("124x12s12x8sB")  # a PAX header's size field, checksum field and type
+_SIZES = {b"%011o\x00" % n: n for n in range(BLOCK)}  # PAX sizes in the common spelling: records of one block
+_TOUCHY = re.compile(rb"path=|size=|GNU\.sparse")  # what a PAX record that renames or resizes holds (_inert)
 _REGULAR = frozenset(b"0\x007")  # a regular file's types (NUL: unless its name ends in "/")
 _EXTENSIONS = frozenset(b"xLK")  # the extension headers a member may have before its own (a global PAX one: _judge)
 
@@ -54,10 +62,71 @@ def _summed(buf: bytes, at: int) -> bool:
     return field == b"%06o\x00 " % s or _octal(field) == s
 
 
+def _plain_agrees(buf: bytes, key: bytes, members: Sequence[tuple[int, int, int]], exts: Sequence[str]) -> bool:
+    """Whether every member's headers are the common shape and say what the record says, compared field by field
+    with no call per field: the member's own header right before its data, alone or after one PAX header whose
+    records cannot rename or resize it (:func:`_inert`); a regular file named exactly ``key.ext`` (no ustar
+    prefix); the size and checksum fields spelled as GNU tar, tarfile and webdataset spell them; each header's
+    checksum its byte sum. An ASCII header's byte sum is at most 512 x 127 < 65521, so adler32's low half (1 + the
+    sum) gives it exactly in one call, compared with what the checksum field asks for (:func:`_expected`, kept per
+    field). ``False`` is not a verdict: :func:`_agrees` looks again (other spellings, non-ASCII headers, ...)."""
+    base = key[key.rfind(b"/") + 1 :]
+    if not members or not base or b"." in base or key[:2] == b"__":  # the key the common split makes: _plain
+        return False
+    prefix = key + b"."
+    pos = 0
+    for e, mo, ms in members:
+        own = mo - BLOCK
+        at = (pos + BLOCK - 1) & ~(BLOCK - 1)
+        if own < at:  # no room for the member's header after the previous member's data
+            return False
+        if at != own:  # one PAX header first, then its records
+            field, chk, typ = _PAX_FIELDS.unpack_from(buf, at)
+            header = buf[at : at + BLOCK]
+            n = _SIZES.get(field) if typ == _PAX else None
+            if (
+                n is None or not own - at - 2 * BLOCK < n <= own - at - BLOCK or not header.isascii()
+                or (_adler32(header) & 0xFFFF) != (_CHECKSUMS.get(chk) or _expected(chk)) or _TOUCHY.search(buf, at + BLOCK, at + BLOCK + n)
+            ):  # fmt: skip
+                return False
+        tail = _TAILS.get(exts[e]) or _tail(exts[e])
+        name, size_field, chk, typ, ustar_prefix = _PLAIN.unpack_from(buf, own)
+        header = buf[own:mo]
+        if (
+            tail is _NOT_PLAIN or typ not in _REGULAR or ustar_prefix or size_field != b"%011o\x00" % ms or name != (prefix + tail).ljust(100, b"\x00")
+            or not header.isascii() or (_adler32(header) & 0xFFFF) != (_CHECKSUMS.get(chk) or _expected(chk))
+        ):  # fmt: skip
+            return False
+        pos = mo + ms
+    return True
+
+
+def _expected(field: bytes) -> int:
+    """What adler32's low half of an ASCII header holding checksum ``field`` must be: 1 + the checksum - the 8 spaces the
+    field counts as + the field's own bytes; -1 (never a low half) for a field not spelled ``"%06o\\0 "``. Kept in
+    ``_CHECKSUMS`` (a few thousand values in practice; emptied past 65,536)."""
+    if len(_CHECKSUMS) >= 65536:
+        _CHECKSUMS.clear()
+    digits = field[:6]
+    common = field[6:] == b"\x00 " and digits.isdigit() and b"8" not in digits and b"9" not in digits
+    got = _CHECKSUMS[field] = int(digits, 8) + 1 - 8 * 32 + sum(field) if common else -1
+    return got
+
+
+def _tail(ext: str) -> bytes:
+    """An extension as a member name ends with it after the key's dot (utf-8, surrogateescape), or ``_NOT_PLAIN``
+    when a name field holding ``key.ext`` does not show the member by itself (a ``/`` or a leading ``__``:
+    :func:`_named` compares); kept in ``_TAILS`` (the extensions of the indexes read: a few; emptied past 4,096)."""
+    if len(_TAILS) >= 4096:
+        _TAILS.clear()
+    got = _TAILS[ext] = _NOT_PLAIN if ext[:2] == "__" or "/" in ext else ext.encode("utf-8", "surrogateescape")
+    return got
+
+
 def _agrees(buf: Any, key: str, members: Sequence[tuple[int, int, int]], exts: Sequence[str]) -> bool:
-    """Whether every member's headers say what the record says, in the shapes this step knows: each
-    member's headers (PAX ``x``, GNU ``L``/``K``, then its own) end where its data starts, every
-    checksum valid. ``False`` is not a verdict: :func:`_judge` decides (a global PAX header, a sparse or
+    """Whether every member's headers say what the record says, in the shapes this step knows (those
+    :func:`_plain_agrees` leaves): each member's headers (PAX ``x``, GNU ``L``/``K``, then its own) end where its
+    data starts, every checksum valid. ``False`` is not a verdict: :func:`_judge` decides (a global PAX header, a sparse or
     base-256 member, a directory between two members, a mismatch)."""
     if not members:
         return False
@@ -69,20 +138,6 @@ def _agrees(buf: Any, key: str, members: Sequence[tuple[int, int, int]], exts: S
     for e, mo, ms in members:
         ext = exts[e]
         at = (pos + BLOCK - 1) & ~(BLOCK - 1)
-        if plain:  # the common shapes, field by field: a plain header, alone or after a PAX header of times only
-            own = mo - BLOCK
-            if at < own:
-                at = _past_inert(buf, at, own)
-            suffix = _SUFFIXES.get(ext) or _suffix(ext)
-            if at == own and suffix[1]:
-                name, size_field, chk, typ, ustar_prefix = _PLAIN.unpack_from(buf, at)
-                if (
-                    typ in _REGULAR and not ustar_prefix and size_field == b"%011o\x00" % ms and name == (prefix + suffix[0]).ljust(100, b"\x00")
-                    and chk == b"%06o\x00 " % ((_adler32(buf[at : at + 256]) & 0xFFFF) + (_adler32(buf[at + 256 : mo]) & 0xFFFF) + 254 - sum(chk))
-                ):  # fmt: skip
-                    pos = mo + ms
-                    continue
-            at = (pos + BLOCK - 1) & ~(BLOCK - 1)
         path: str | None = None
         size: int | None = None
         while at + BLOCK < mo:  # extension headers before the member's own: the first that sets a field wins
@@ -129,33 +184,12 @@ def _agrees(buf: Any, key: str, members: Sequence[tuple[int, int, int]], exts: S
     return True
 
 
-def _past_inert(buf: bytes, at: int, own: int) -> int:
-    """``own`` if the headers from ``at`` up to ``own`` are one PAX header (checksum valid) whose records are
-    :func:`_inert`, else ``at``."""
-    field, typ, _ = _FIELDS.unpack_from(buf, at)
-    n = _size_of(field) if typ == _PAX else None
-    if n is None or at + BLOCK + _padded(n) != own or not _summed(buf, at) or not _inert(buf, at + BLOCK, at + BLOCK + n):
-        return at
-    return own
-
-
-def _suffix(ext: str) -> tuple[bytes, bool]:
-    """An extension as a member name ends with it (utf-8, surrogateescape) and whether a name field holding
-    ``key`` + that shows the member by itself (no ``/``, no leading ``__``: else :func:`_named` compares); kept in
-    ``_SUFFIXES`` (the extensions of the indexes read: a few; emptied past 4,096)."""
-    if len(_SUFFIXES) >= 4096:
-        _SUFFIXES.clear()
-    got = _SUFFIXES[ext] = (ext.encode("utf-8", "surrogateescape"), ext[:2] != "__" and "/" not in ext)
-    return got
-
-
 def _inert(buf: bytes, start: int, end: int) -> bool:
     """Whether the PAX records in ``buf[start:end]`` hold none that the walker applies to a member's name or size
     (``path``, ``size``, ``GNU.sparse.*``; :func:`tarindex.tar._walk`): then they need no parsing here (webdataset's
     ``TarWriter`` and GNU tar ``--format=posix`` write only times there). A record that sets one of them holds its
-    key and ``=`` side by side, so a search of the bytes finds it; anything found goes to the parser."""
-    find = buf.find
-    return find(b"path=", start, end) < 0 and find(b"size=", start, end) < 0 and find(b"GNU.sparse", start, end) < 0
+    key and ``=`` side by side, so one search of the bytes finds it; anything found goes to the parser."""
+    return _TOUCHY.search(buf, start, end) is None
 
 
 def _size_of(field: bytes) -> int | None:
@@ -210,6 +244,8 @@ def check_sample(
         StaleIndexError: the headers in the range do not say what the record says (names the shard,
             the byte offset and the first difference).
     """
+    if not globals_ and _plain_agrees(buf if type(buf) is bytes else bytes(buf), key, members, exts):
+        return
     text = key.decode("utf-8", "surrogateescape")
     if globals_ or not _agrees(buf, text, members, exts):
         _judge(buf, path, offset, text, members, exts, tarfile.TarInfo.create_pax_global_header(dict(globals_)) if globals_ else b"")

@@ -81,7 +81,18 @@ typedef struct {
     int64_t check_ns, due; /* check() at the first read past `due` (a coarse clock), then every check_ns */
     long check_every, countdown; /* the clock read every check_every reads */
     unsigned char *modes; /* per shard: how read_batch reads it (_batchio.h BIO_*), learnt from its reads */
+    struct Tail *tails; /* per extension: the bytes a plain member name ends with (headers_agree) */
 } Reader;
+
+#define TAIL_MAX 32 /* '.', an extension of up to 30 bytes and a NUL: a longer one is compared by name_agrees */
+
+/* An extension as a member's name field ends with it, made once per reader: '.' and the extension (UTF-8),
+ * NULs after them, and their length; len 0 for one the fast path leaves to name_agrees (not UTF-8, a leading
+ * "__", a '/', long). */
+typedef struct Tail {
+    unsigned char len;
+    char bytes[TAIL_MAX];
+} Tail;
 
 /* A record block's header (layout: tarindex/index/records.py), copied out of its bytes when the block is first
  * read, with what a read derives from it. A warm read then touches the block only at its row and key bytes: at
@@ -92,6 +103,7 @@ typedef struct Block {
     Py_ssize_t rowlen, key_at;  /* bytes per row; the key column's place in a row */
     uint32_t m, npat, plen, heap_len;
     int mode, digits;
+    int plain_prefix;           /* no '.' in the prefix after its last '/': a key of prefix + digits splits as is (plain_key) */
     const uint64_t *bases;      /* 5 + 2m column bases (below) */
     const unsigned char *w;     /* 5 + 2m column widths (below) */
     const char *pats;           /* npat patterns of 1 + m u16 (below) */
@@ -109,6 +121,7 @@ typedef struct {
     const char *prefix, *suffix; /* key: prefix + suffix (key_mode 0) or prefix + number in digits decimals */
     Py_ssize_t plen, slen;
     int digits;
+    int plain_prefix;   /* the block's plain_prefix */
     uint64_t number;
 } Record;
 
@@ -182,6 +195,7 @@ static void Reader_dealloc(Reader *self) {
         for (Py_ssize_t b = 0; b < self->n_blocks; b++) PyMem_Free(self->bhead[b]);
     PyMem_Free(self->bhead);
     PyMem_Free(self->modes);
+    PyMem_Free(self->tails);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -302,6 +316,29 @@ static const char *const config_fields[] = {"blocks", "block_samples", "n_sample
 
 static int reader_setup(Reader *self, PyObject *fields);
 
+/* Each extension's Tail (the exts tuple holds str: anything else is an error). */
+static int make_tails(Reader *self) {
+    for (Py_ssize_t e = 0; e < self->n_exts; e++) {
+        PyObject *ext = PyTuple_GET_ITEM(self->exts, e);
+        Py_ssize_t len;
+        if (!PyUnicode_Check(ext)) {
+            PyErr_SetString(PyExc_TypeError, "exts must be a tuple of str");
+            return -1;
+        }
+        const char *utf8 = PyUnicode_AsUTF8AndSize(ext, &len);
+        if (!utf8) {
+            PyErr_Clear(); /* not UTF-8 (surrogates): the Python check compares it */
+            continue;
+        }
+        if (len + 2 > TAIL_MAX || memchr(utf8, '/', (size_t)len) || (len >= 2 && utf8[0] == '_' && utf8[1] == '_')) continue;
+        Tail *t = &self->tails[e];
+        t->bytes[0] = '.';
+        memcpy(t->bytes + 1, utf8, (size_t)len);
+        t->len = (unsigned char)(len + 1);
+    }
+    return 0;
+}
+
 /* Reader(config): one tarindex._native.ReaderConfig, its fields read once here. */
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     PyObject *config;
@@ -367,10 +404,12 @@ static int reader_setup(Reader *self, PyObject *fields) {
     self->bobj = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(PyObject *)); /* pages touched as blocks are read */
     self->bhead = PyMem_Calloc(self->n_blocks ? self->n_blocks : 1, sizeof(Block *));
     self->modes = PyMem_Calloc(self->n_shards ? (size_t)self->n_shards : 1, 1); /* BIO_NOWAIT each */
-    if (!self->bobj || !self->bhead || !self->modes) {
+    self->tails = PyMem_Calloc(self->n_exts ? (size_t)self->n_exts : 1, sizeof(Tail));
+    if (!self->bobj || !self->bhead || !self->modes || !self->tails) {
         PyErr_NoMemory();
         return -1;
     }
+    if (make_tails(self) < 0) return -1;
     if (adopt_opener(self, opener) < 0 || (guard != Py_None && adopt_guard(self, guard) < 0)) return -1;
     return view == Py_None ? 0 : adopt_view(self, view);
 }
@@ -398,6 +437,9 @@ static Block *copy_head(const char *b) {
     h->heap_len = ld32(b + 18);
     h->mode = (unsigned char)b[12];
     h->digits = (unsigned char)b[13];
+    size_t base = plen;
+    while (base > 0 && h->prefix[base - 1] != '/') base--;
+    h->plain_prefix = !memchr(h->prefix + base, '.', plen - base);
     h->rowlen = h->key_at = 0;
     for (size_t c = 0; c < ncols; c++) {
         if (c == 4) h->key_at = h->rowlen;
@@ -520,6 +562,7 @@ static int load(Reader *self, Py_ssize_t i, Record *r) {
     if (inside < 0) return inside;
     if (b->mode == 1) {
         r->digits = b->digits;
+        r->plain_prefix = b->plain_prefix;
         r->number = f[4] + (uint64_t)j;
         if (r->digits < 20 && r->number >= POW10[r->digits]) goto bad;
         r->suffix = NULL;
@@ -588,7 +631,11 @@ static int slice_members(const Record *r, const char *base, PyObject **vals) {
     return 0;
 }
 
-/* The record's key bytes (prefix + suffix, or prefix + number in `digits` decimals) into buf, which holds cap
+static const char DIGIT_PAIRS[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                     "8081828384858687888990919293949596979899";
+
+/* The record's key bytes (prefix + suffix, or prefix + number in `digits` decimals, two at a time) into buf, which holds cap
  * bytes; the key's length (larger than cap: only the first cap bytes are written). */
 static size_t key_bytes(const Record *r, char *buf, size_t cap) {
     size_t plen = (size_t)r->plen, len = plen + (size_t)(r->suffix ? r->slen : r->digits);
@@ -598,7 +645,9 @@ static size_t key_bytes(const Record *r, char *buf, size_t cap) {
         memcpy(buf + plen, r->suffix, (size_t)r->slen);
     } else {
         uint64_t v = r->number;
-        for (int d = r->digits - 1; d >= 0; d--, v /= 10) buf[plen + (size_t)d] = (char)('0' + v % 10);
+        int d = r->digits;
+        for (; d >= 2; d -= 2, v /= 100) memcpy(buf + plen + (size_t)d - 2, DIGIT_PAIRS + 2 * (v % 100), 2);
+        if (d) buf[plen] = (char)('0' + v % 10);
     }
     return len;
 }
@@ -628,29 +677,40 @@ static int name_agrees(const char *key, size_t klen, const unsigned char *name, 
     return 1;
 }
 
-/* `width` octal digits of v, then `end` (the size field's "%011o\0", the checksum field's "%06o\0 "). */
-static void octal_field(unsigned char *f, uint64_t v, int width, const char *end, int end_len) {
-    for (int d = width - 1; d >= 0; d--, v >>= 3) f[d] = (unsigned char)('0' + (v & 7));
-    memcpy(f + width, end, (size_t)end_len);
+/* Whether the n bytes at a and b are the same, eight at a time; both are readable up to n rounded up to 8
+ * (bytes past n are masked off). */
+static inline int same(const unsigned char *a, const char *b, size_t n) {
+    uint64_t x, y, diff = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        diff |= x ^ y;
+    }
+    if (i < n) {
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        diff |= (x ^ y) & (~0ULL >> (8 * (8 - (n - i)))); /* little-endian: the first n - i bytes */
+    }
+    return diff == 0;
 }
 
 /* The common shape, field by field: a member's own header with no extension header before it, a regular
- * file whose name field holds key.ext (no ustar prefix), its size field and checksum field spelled as GNU
- * tar and tarfile spell them (11 octal digits and a NUL; 6 digits, a NUL and a space), the checksum the sum
- * tar_header_sum (_tarcore.c) makes. 1: the header says what the record says; 0: not shown here (tar_step
- * reads the header: another spelling, a prefix, a difference). */
-static int plain_header_agrees(const unsigned char *h, const char *key, size_t klen, const char *ext, Py_ssize_t ext_len,
-                               uint64_t size) {
-    size_t n = klen + 1 + (size_t)ext_len;
-    unsigned char want[12];
+ * file whose name field holds exactly key.ext (the key's `klen` bytes in key, read up to 256 bytes, then the
+ * extension's Tail, then a NUL unless the name fills the field; no ustar prefix), its size field and
+ * checksum field spelled as GNU tar, tarfile and webdataset spell them (tar_plain_size, tar_plain_chksum:
+ * 11 octal digits and a NUL; 6 digits, a NUL and a space; read without a loop and compared as numbers), the
+ * checksum the sum tar_header_sum (_tarcore.c) makes. 1: the header says what the record says; 0: not shown
+ * here (tar_step reads the header: another spelling, a prefix, an extension in other letter case, a
+ * difference). */
+static int plain_header_agrees(const unsigned char *h, const char *key, size_t klen, const Tail *t, uint64_t size) {
+    size_t n = klen + t->len;
     unsigned char typ = h[156];
-    if (n > 100 || (n < 100 && h[n]) || !(typ == '0' || typ == 0 || typ == '7') || size >> 33 ||
-        (h[345] && memcmp(h + 257, "ustar\0", 6) == 0) || !name_agrees(key, klen, h, n, ext, ext_len))
+    uint64_t got, stored;
+    if (!t->len || n > 100 || !(typ == '0' || typ == 0 || typ == '7') || (h[345] && memcmp(h + 257, "ustar\0", 6) == 0) ||
+        !same(h, key, klen) || !same(h + klen, t->bytes, t->len + (n < 100)))
         return 0;
-    octal_field(want, size, 11, "", 1);
-    if (memcmp(h + 124, want, 12) != 0) return 0;
-    octal_field(want, tar_header_sum(h), 6, "\0 ", 2);
-    return memcmp(h + 148, want, 8) == 0;
+    return tar_plain_size(h + 124, &got) && got == size && tar_plain_chksum(h + 148, &stored) && stored == tar_header_sum(h);
 }
 
 static int readcheck_on = 1; /* _readcheck(False): tools/bench_readcheck.py measures the check's cost against reads without it */
@@ -671,12 +731,20 @@ static int headers_agree(Reader *self, const Record *r, const unsigned char *bas
     tar_member m;
     char key[256];
     size_t klen = key_bytes(r, key, sizeof key);
-    if (r->nm == 0 || klen > sizeof key || !plain_key(key, klen)) return 0; /* the Python check compares these */
+    if (r->nm == 0 || klen > sizeof key) return 0; /* the Python check compares these */
+    if (r->suffix || !r->digits ? !plain_key(key, klen) : !r->plain_prefix || (klen >= 2 && key[0] == '_' && key[1] == '_'))
+        return 0; /* a key of prefix + digits: plain as its block's prefix is (the digits hold no '/' or '.') */
     for (Py_ssize_t k = 0; k < r->nm; k++) {
         uint64_t mo = r->mo[k], len = mo - pos;
         const unsigned char *g = gaps ? gaps + acc : base + pos;
         size_t at = (size_t)(round512(pos) - pos), need;
         acc += len;
+        size_t skip = 0;
+        if ((len - at == TAR_BLOCK || (len - at > TAR_BLOCK && tar_pax_inert(g + at, (size_t)(len - at), &skip) && len - at - skip == TAR_BLOCK)) &&
+            plain_header_agrees(g + at + skip, key, klen, &self->tails[r->ext[k]], r->ms[k])) {
+            pos = mo + r->ms[k]; /* a plain header, alone or after a PAX header that changes neither its name nor its size */
+            continue;
+        }
         PyObject *e = PyTuple_GET_ITEM(self->exts, r->ext[k]);
         Py_ssize_t ext_len;
         const char *ext = PyUnicode_IS_ASCII(e) ? (ext_len = PyUnicode_GET_LENGTH(e), (const char *)PyUnicode_DATA(e))
@@ -684,12 +752,6 @@ static int headers_agree(Reader *self, const Record *r, const unsigned char *bas
         if (!ext) {
             PyErr_Clear(); /* an extension that is not UTF-8 (surrogates): the Python check compares it */
             return 0;
-        }
-        size_t skip = 0;
-        if ((len - at == TAR_BLOCK || (len - at > TAR_BLOCK && tar_pax_inert(g + at, (size_t)(len - at), &skip) && len - at - skip == TAR_BLOCK)) &&
-            plain_header_agrees(g + at + skip, key, klen, ext, ext_len, r->ms[k])) {
-            pos = mo + r->ms[k]; /* a plain header, alone or after a PAX header that changes neither its name nor its size */
-            continue;
         }
         for (;;) { /* the member's headers, after any non-regular member between (a directory, a link) */
             if (at > len || tar_step(g + at, (size_t)len - at, &m, &need) != TAR_MEMBER) return 0;

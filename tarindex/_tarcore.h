@@ -8,6 +8,7 @@
 #define TARINDEX_TARCORE_H
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define TAR_BLOCK 512
 #define TAR_MAX_SIZE (8ULL << 30) /* tarindex.tar.MAX_MEMBER_SIZE: larger sizes are the Python walker's to judge */
@@ -43,8 +44,41 @@ int tar_step(const unsigned char *p, size_t avail, tar_member *m, size_t *need);
  * read check's fast path for webdataset's TarWriter and GNU tar --format=posix, which write only times there. */
 int tar_pax_inert(const unsigned char *p, size_t avail, size_t *skip);
 
-/* The header checksum's unsigned sum (the checksum field counted as spaces). */
+/* The header checksum's unsigned sum (the checksum field counted as spaces): AVX2 where the CPU has it,
+ * else SSE2 (every x86-64), else eight bytes at a time. */
 uint64_t tar_header_sum(const unsigned char *h);
+
+/* Eight octal digit values, one a byte in reading order (little-endian), as a number: adjacent digits,
+ * then pairs, then quads, combined in place (no lane overflows: 63, 4095, 2**24 - 1). */
+static inline uint64_t tar_octal8(uint64_t x) {
+    x = (x * 8 + (x >> 8)) & 0x00FF00FF00FF00FFULL;
+    x = (x * 64 + (x >> 16)) & 0x0000FFFF0000FFFFULL;
+    return (x * 4096 + (x >> 32)) & 0xFFFFFFFFULL;
+}
+
+static inline uint64_t tar_load64(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8); /* little-endian hosts, as octal8 reads it */
+    return v;
+}
+
+/* A checksum field as GNU tar, tarfile and webdataset spell it ("%06o\0 ": six octal digits, a NUL, a
+ * space): 1 and its value, without a loop; 0 for any other spelling (tar_octal reads those). */
+static inline int tar_plain_chksum(const unsigned char *f, uint64_t *out) {
+    uint64_t x = tar_load64(f), digits = x & 0xFFFFFFFFFFFFULL;
+    if ((x >> 48) != 0x2000 || ((digits & 0xF8F8F8F8F8F8ULL) ^ 0x303030303030ULL)) return 0;
+    *out = tar_octal8((digits - 0x303030303030ULL) << 16);
+    return 1;
+}
+
+/* A size field as they spell it ("%011o\0": eleven octal digits and a NUL, below 2**33): 1 and its value;
+ * 0 for any other spelling. */
+static inline int tar_plain_size(const unsigned char *f, uint64_t *out) {
+    uint64_t hi = tar_load64(f), lo = tar_load64(f + 4) >> 32; /* digits 1-8; digits 9-11 and the NUL */
+    if (((hi & 0xF8F8F8F8F8F8F8F8ULL) ^ 0x3030303030303030ULL) | ((lo & 0xFFF8F8F8ULL) ^ 0x303030ULL)) return 0;
+    *out = tar_octal8(hi - 0x3030303030303030ULL) << 9 | tar_octal8((lo - 0x303030ULL) << 40);
+    return 1;
+}
 
 /* An octal field as the C walk takes it (leading blanks, digits, then only NULs and blanks): 0, or -1. */
 int tar_octal(const unsigned char *f, int len, uint64_t *out);

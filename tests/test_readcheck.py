@@ -396,6 +396,93 @@ def test_a_damaged_header_is_stale(impl: str, tmp_path: Path) -> None:
     assert "bad header checksum" in str(error) and f"at offset {offset + 1024}" in str(error)
 
 
+@pytest.mark.parametrize(("writer", "header"), [("tarfile", "own"), ("webdataset", "own"), ("webdataset", "pax")])
+@pytest.mark.parametrize("delta", [1, -1])
+def test_a_checksum_off_by_one_is_stale(writer: str, header: str, delta: int, impl: str, tmp_path: Path) -> None:
+    """A checksum field in the common spelling (six octal digits, a NUL, a space) one off the header's sum, in a
+    member's own header or in the PAX header before it (webdataset's): the fast paths compare the digits' value
+    with the sum."""
+    shard = _shard(writer, tmp_path / "d")
+    ds = _built(shard)
+    offset = ds.index.record(MIDDLE)[1]
+    info = _members(shard)[f"{MIDDLE:06d}.txt"]
+    at = info.offset_data - 512 if header == "own" else info.offset  # tarfile's offset: the member's first header
+
+    def edit(data: bytearray) -> None:
+        assert data[at + 156 : at + 157] == (b"0" if header == "own" else b"x")
+        field = bytes(data[at + 148 : at + 156])
+        assert re.fullmatch(rb"[0-7]{6}\x00 ", field)
+        data[at + 148 : at + 156] = b"%06o\x00 " % (int(field[:6], 8) + delta)
+
+    _in_place(shard, edit, restore_mtime=True)
+    error = _no_other_bytes(TarDataset(ds.index_path), MIDDLE, shard, offset)
+    assert "bad header checksum" in str(error) and f"at offset {at}" in str(error)
+
+
+def test_a_header_summing_to_its_checksum_plus_65521_is_stale(impl: str, tmp_path: Path) -> None:
+    """Bytes of 128 and over added to a member's header until its sum is its checksum + 65521 (what adler32's low
+    half, taken mod 65521, cannot tell apart): the checksum does not hold, and the read says so."""
+    shard = _shard("tarfile", tmp_path / "d")
+    ds = _built(shard)
+    offset = ds.index.record(MIDDLE)[1]
+    at = _members(shard)[f"{MIDDLE:06d}.txt"].offset
+
+    def edit(data: bytearray) -> None:
+        more = 65521
+        for k in [*range(157, 257), *range(329, 345), *range(346, 512)]:  # link name, device numbers, the rest (no ustar prefix)
+            step = min(255 - data[at + k], more)
+            data[at + k] += step
+            more -= step
+        assert more == 0 and not bytes(data[at : at + 512]).isascii()
+
+    _in_place(shard, edit, restore_mtime=True)
+    error = _no_other_bytes(TarDataset(ds.index_path), MIDDLE, shard, offset)
+    assert "bad header checksum" in str(error) and f"at offset {at}" in str(error)
+
+
+@pytest.mark.parametrize("pad", [0, 3, 9, 14, 15, 16, 17, 40])
+def test_a_path_record_anywhere_in_the_pax_records_is_read(pad: int, impl: str, tmp_path: Path) -> None:
+    """``path=`` after a record of ``pad`` bytes of value (the key and its ``=`` on either side of each 16-byte
+    step of the C search), or inside another record's value: the records are parsed, the member reads as tarfile
+    extracts it, and the path changed there (the ustar header as before) is stale."""
+    shard = _pax_shard(tmp_path / "d", lambda name, size: {"comment": "c" * pad + " path=" + name + " .", "path": name})
+    ds = _built(shard)
+    assert check_dataset(ds, expected_samples(shard)) == N
+    offset = ds.index.record(MIDDLE)[1]
+    name = f"{MIDDLE:06d}.txt"
+    old = b" path=" + name.encode() + b"\n"  # the record's, not the comment's
+    _in_place(shard, _pax_edit(shard, name, old, b" path=" + f"{MIDDLE + 900:06d}.txt\n".encode()), restore_mtime=True)
+    assert _members(shard)[f"{MIDDLE + 900:06d}.txt"].size == 700
+    ds = TarDataset(ds.index_path)
+    assert "member 2: the shard has no member" in str(_no_other_bytes(ds, MIDDLE, shard, offset))
+    assert ds[MIDDLE + 1]["txt"] == _caption(MIDDLE + 1)
+
+
+@pytest.mark.parametrize("records", [{"comment": "path= size= GNU.sparse"}, {"comment": "x" * 60 + "GNU.sparse"}, {"GNU.sparseness": "1"}])
+def test_pax_records_that_only_look_like_a_rename_read_as_tarfile_extracts(records: dict[str, str], impl: str, tmp_path: Path) -> None:
+    """Bytes that look like ``path=``, ``size=`` or ``GNU.sparse`` in a record that sets neither: the records are
+    parsed (the search is conservative) and every sample reads as tarfile extracts it."""
+    shard = _pax_shard(tmp_path / "d", lambda name, size: dict(records))
+    assert check_dataset(_built(shard), expected_samples(shard)) == N
+
+
+def test_a_long_extension_reads_and_its_rename_is_stale(impl: str, tmp_path: Path) -> None:
+    """An extension longer than the C reader keeps per extension (30 bytes) is compared by name: it reads as
+    tarfile extracts it, and its last letter changed (the checksum written again) is stale."""
+    ext = "annotation" * 4
+    shard = tmp_path / "long-ext.tar"
+    with tarfile.open(shard, "w", format=tarfile.GNU_FORMAT) as tf:
+        for name, data in _specs(N):
+            info = tarfile.TarInfo(name.replace(".txt", f".{ext}"))
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    ds = _built(shard)
+    assert check_dataset(ds, expected_samples(shard)) == N
+    offset = ds.index.record(MIDDLE)[1]
+    _in_place(shard, _rename(shard, f"{MIDDLE:06d}.{ext}", f"{MIDDLE:06d}.{ext[:-1]}x"), restore_mtime=True)
+    _no_other_bytes(TarDataset(ds.index_path), MIDDLE, shard, offset)
+
+
 def test_large_samples_read_into_their_members_are_checked(impl: str, tmp_path: Path) -> None:
     """Samples over 64 KiB are read straight into their members' bytes (the headers into a buffer of their own)."""
     shard = tmp_path / "big.tar"
@@ -468,6 +555,22 @@ def test_an_edited_record_is_stale_never_other_bytes(compression: str | None, im
     assert f"member 2: the shard has '{k:06d}.txt' of 700 bytes" in str(error) and "the index '" in str(error) and "of 690 bytes" in str(error)
     with pytest.raises(StaleIndexError, match=rf"sample {k} \('{k:06d}'\) at offset \d+: member 2: 'txt' of 700 bytes at \+1536 in the shard, 'txt' of 690 bytes at \+1536 in the index"):
         verify_index(ds.index_path, deep=True)
+
+
+def test_a_member_offset_with_no_room_for_its_header_is_stale(impl: str, tmp_path: Path) -> None:
+    """A record edited so a member's data starts where its header is (no room for a header after the previous
+    member's data): the fast paths look nowhere outside the range and the read names the difference."""
+    shard = _shard("tarfile", tmp_path / "d")
+    k = MIDDLE
+
+    def no_room(table: ShardTable) -> None:
+        table.member_offset[2 * k + 1] -= 512  # the caption's data where its header is
+
+    ds = _edited_index(shard, tmp_path / "d" / "room.tarindex", no_room)
+    offset = ds.index.record(k)[1]
+    assert ds[k - 1]["txt"] == _caption(k - 1)
+    error = _no_other_bytes(ds, k, shard, offset)
+    assert f"member 2: the shard has '{k:06d}.txt' of 700 bytes at offset {offset + 1536}" in str(error)
 
 
 def test_an_edited_key_is_stale(impl: str, tmp_path: Path) -> None:
