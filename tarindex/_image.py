@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from . import _native
-from ._state import SharedEpoch
+from ._epochs import SharedEpoch
 
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage

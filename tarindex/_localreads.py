@@ -14,13 +14,14 @@ reads need them (at most ``THREADS_MAX``), made anew in a forked child.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
-__all__ = ["READ_AHEAD", "THREADS_MAX", "block_chunks", "executor", "fs_type", "slow_storage"]
+__all__ = ["READ_AHEAD", "THREADS_MAX", "block_chunks", "executor", "fs_type", "slow_device", "slow_storage"]
 
 READ_AHEAD = 8
 """Blocks in flight while a shard on slow storage is read in order (8 reached 0.9x of what 8 threads
@@ -74,7 +75,14 @@ def fs_type(dev: int) -> str | None:
 
 def slow_storage(fd: int) -> bool:
     """Whether the open file ``fd`` lies on a network or FUSE file system (:data:`SLOW_TYPES`)."""
-    kind = fs_type(os.fstat(fd).st_dev)
+    return slow_device(os.fstat(fd).st_dev)
+
+
+@functools.cache
+def slow_device(dev: int) -> bool:
+    """Whether device ``dev`` (``st_dev``) is a network or FUSE file system (:data:`SLOW_TYPES`): asked once per
+    device and process (a cached answer runs no Python code: a stream asks it for every shard)."""
+    kind = fs_type(dev)
     return kind is not None and (kind in SLOW_TYPES or kind == "fuse" or kind.startswith(("fuse.", "fuseblk")))
 
 

@@ -8,8 +8,7 @@ in each DataLoader worker.
 
 Here: the protocol, the state header every state carries (kind, format, configuration), the checks of
 a state's fields (a state is data: it may come from anywhere, so every field's type and range is checked
-before anything is allocated or changed by it), a compact and bounded encoding of position lists,
-:class:`SharedEpoch` (the epoch a persistent DataLoader worker reads at the start of each iteration) and
+before anything is allocated or changed by it), a compact and bounded encoding of position lists and
 :func:`stream_states` (the reader states inside a DataLoader's checkpoint). No torch import.
 """
 
@@ -17,11 +16,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import multiprocessing
-import multiprocessing.context
 import operator
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -30,15 +27,15 @@ import numpy.typing as npt
 from .errors import StateError
 
 if TYPE_CHECKING:
-    from ._split import Slot
+    from ._epochs import Slot
 
 __all__ = [
     "EPOCHS",
     "MAX_COUNT",
     "MAX_READERS",
     "STATE_FORMAT",
-    "SharedEpoch",
     "Stateful",
+    "check_config",
     "check_draws",
     "check_header",
     "decode_rows",
@@ -53,6 +50,7 @@ __all__ = [
     "reader_states",
     "required",
     "same",
+    "saved_config",
     "slot_of",
     "stream_states",
 ]
@@ -187,28 +185,67 @@ class Stateful(Protocol):
         ...
 
 
-def header(kind: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields every state starts with: ``kind``, ``format`` and the ``config`` that defines the order."""
+def header(kind: str, config: Mapping[str, Any], *, inline: bool = False) -> dict[str, Any]:
+    """The fields every state starts with: ``kind``, ``format`` and the ``config`` that defines the order.
+
+    ``inline``: ``format`` and the config's own fields, without ``kind`` (the layout of a
+    :class:`tarindex.ShardSampler` state, kept so that the states saved in it load).
+    """
+    if inline:
+        return {"format": STATE_FORMAT, **config}
     return {"kind": kind, "format": STATE_FORMAT, "config": dict(config)}
 
 
-def check_header(state: Mapping[str, Any], kind: str, config: Mapping[str, Any]) -> None:
-    """Refuse a state of another kind, format or configuration.
+def saved_config(state: object, kind: str, *, inline: bool = False) -> Mapping[str, Any]:
+    """The configuration ``state`` was saved with, once it is a state of ``kind`` (unless ``inline``, whose
+    states name no kind) in this :data:`STATE_FORMAT`: its ``config``, or with ``inline`` the state itself.
+
+    Raises:
+        StateError: not a mapping, another kind, a format that is not an integer or not this one, no config.
+    """
+    if not isinstance(state, Mapping):
+        raise StateError(f"{kind} state is a {type(state).__name__}, expected a dict")
+    if not inline and state.get("kind") != kind:
+        raise StateError(f"not a {kind} state (kind {_value(state.get('kind'))})")
+    fmt = integer(state, "format", kind)
+    if fmt != STATE_FORMAT:
+        raise StateError(f"{kind} state format {fmt} is not supported (expected {STATE_FORMAT})")
+    config = state if inline else state.get("config")
+    if not isinstance(config, Mapping):
+        raise StateError(f"{kind} state has no config")
+    return config
+
+
+def check_config(
+    theirs: Mapping[str, Any], kind: str, config: Mapping[str, Any], *, unchecked: Collection[str] = (), older: Mapping[str, Any] | None = None
+) -> None:
+    """Refuse a state saved with another configuration than ours (``config``), every key but ``unchecked``; a
+    key the state lacks is ``older``'s value for it (what a state saved before the key existed meant).
+
+    Raises:
+        StateError: naming the first key that differs (the state's value vs ours) or that the state lacks.
+    """
+    defaults = older or {}
+    for key, value in config.items():
+        if key in unchecked:
+            continue
+        if key in theirs:
+            got = theirs[key]
+        elif key in defaults:
+            got = defaults[key]
+        else:
+            raise StateError(f"{kind} state has no {key!r}")
+        if not same(got, value):
+            raise StateError(f"{kind} state is for {key}={_value(got)}, this {kind} has {key}={value!r}")
+
+
+def check_header(state: object, kind: str, config: Mapping[str, Any]) -> None:
+    """Refuse a state of another kind, format or configuration (:func:`saved_config`, :func:`check_config`).
 
     Raises:
         StateError: naming the first field that differs (state's value vs ours).
     """
-    if not isinstance(state, Mapping) or state.get("kind") != kind:
-        got = state.get("kind") if isinstance(state, Mapping) else type(state).__name__
-        raise StateError(f"not a {kind} state (kind {got!r})")
-    if state.get("format") != STATE_FORMAT:
-        raise StateError(f"{kind} state format {state.get('format')!r} is not supported (expected {STATE_FORMAT})")
-    theirs = state.get("config")
-    if not isinstance(theirs, Mapping):
-        raise StateError(f"{kind} state has no config")
-    for key, value in config.items():
-        if not same(theirs.get(key), value):
-            raise StateError(f"{kind} state is for {key}={_value(theirs.get(key))}, this {kind} has {key}={value!r}")
+    check_config(saved_config(state, kind), kind, config)
 
 
 def encode_rows(rows: Sequence[Sequence[int]], width: int) -> str:
@@ -244,41 +281,6 @@ def decode_rows(text: object, width: int, max_rows: int, what: str) -> npt.NDArr
         raise StateError(f"{what} is not an encoded position list ({len(raw)} bytes, not whole rows of {width} integers)")
     cols = np.frombuffer(raw, dtype="<i8").reshape(width, -1)
     return np.cumsum(cols.T, axis=0, dtype=np.int64)
-
-
-class SharedEpoch:
-    """An epoch number in shared memory: DataLoader workers (persistent ones too) read the value
-    the main process last set, at the start of each iteration.
-
-    The value crosses into worker processes when they start (fork, or pickling while spawning);
-    any other pickle or copy carries the number only.
-    """
-
-    def __init__(self, value: int = 0) -> None:
-        self._shared: Any = multiprocessing.RawValue("q", value)
-
-    @property
-    def value(self) -> int:
-        """The epoch."""
-        return int(self._shared.value)
-
-    @value.setter
-    def value(self, epoch: int) -> None:
-        self._shared.value = epoch
-
-    def __getstate__(self) -> dict[str, Any]:
-        if multiprocessing.context.get_spawning_popen() is not None:  # a worker being started: share the memory
-            return {"shared": self._shared}
-        return {"value": self.value}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if "shared" in state:
-            self._shared = state["shared"]
-        else:
-            self._shared = multiprocessing.RawValue("q", int(state["value"]))
-
-    def __repr__(self) -> str:
-        return f"SharedEpoch({self.value})"
 
 
 def reader_state(kind: str, config: Mapping[str, Any], epoch: int, slot: Slot, position: Mapping[str, Any]) -> dict[str, Any]:

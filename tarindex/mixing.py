@@ -22,9 +22,9 @@ from typing import Any, Literal
 import numpy as np
 
 from . import _args
+from ._epochs import Draws, SharedEpoch, Slot, stream_key, worker_quota
 from ._iterable import IterableDataset
-from ._split import Draws, Slot, stream_key
-from ._state import SharedEpoch, check_draws, flag, flags, integer, integers, pending_state, reader_state, reader_states
+from ._state import check_draws, flag, flags, integer, integers, pending_state, reader_state, reader_states
 from .errors import OptionError, OptionTypeError, StateError, TarIndexError, counted
 from .stream import TarStream
 
@@ -134,10 +134,7 @@ class Mix(IterableDataset):  # type: ignore[type-arg]
         return {"seed": self.seed, "weights": self.weights, "stop": self.stop, "sources": len(self.sources)}
 
     def _new_run(self, slot: Slot, epoch: int, *, resumed: bool = False) -> _MixRun:
-        quota = None
-        if self.epoch_size is not None:
-            base, extra = divmod(self.epoch_size, slot.num_workers)
-            quota = base + (slot.worker < extra)
+        quota = worker_quota(self.epoch_size, slot)
         key = stream_key("tarindex-mix", self.seed, epoch, slot.rank, slot.worker, *(("resumed",) if resumed else ()))
         return _MixRun(key, len(self.sources), quota)
 
@@ -266,7 +263,7 @@ class _MixRun:
 
     def iterate(self, sources: list[TarStream], weights: list[float], stop: StopRule) -> Iterator[Any]:
         """The samples: draw ``k`` yields the next sample of source ``k`` (one draw at a time, as
-        :func:`tarindex._split.pick` defines them; a source that runs out as ``stop`` says)."""
+        :func:`tarindex._epochs.pick` defines them; a source that runs out as ``stop`` says)."""
         return itertools.chain.from_iterable(self._blocks(sources, weights, stop))
 
     def _blocks(self, sources: list[TarStream], weights: list[float], stop: StopRule) -> Iterator[Iterable[Any]]:

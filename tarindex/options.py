@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ._retry import RetryPolicy
 
-__all__ = ["DEFAULT_COALESCE_GAP", "DEFAULT_MAX_IN_FLIGHT", "SourceOptions"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["DEFAULT_COALESCE_GAP", "DEFAULT_MAX_IN_FLIGHT", "SourceOptions"]  # SourceAliases: the keywords of signatures
 
 DEFAULT_MAX_IN_FLIGHT = 128
 """Ranged requests in flight per process for a batch (see docs/remote.md for the measurement)."""
@@ -52,16 +55,45 @@ class SourceOptions:
         return RetryPolicy(retries=max(0, self.retries), backoff=self.backoff)
 
     @classmethod
-    def given(
-        cls, options: SourceOptions | None, *, storage_options: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None
-    ) -> SourceOptions:
-        """``options`` (or the defaults) with the ``storage_options=`` and ``headers=`` a caller gave beside them,
-        which win: what ``TarDataset`` and ``build_index`` take."""
-        return (options or cls()).with_(
-            storage_options=dict(storage_options) if storage_options is not None else None,
-            headers=dict(headers) if headers is not None else None,
-        )
+    def given(cls, options: SourceOptions | None, *, call: str = "SourceOptions.given", **aliases: Unpack[SourceAliases]) -> SourceOptions:
+        """``options`` (or the defaults) with the :class:`SourceAliases` a caller gave beside them, which win (``None``:
+        not given): what ``open_source``, ``TarStream``, ``TarDataset`` and ``build_index`` take.
+
+        Raises:
+            TypeError: a keyword that is no alias, as Python words it for ``call``.
+        """
+        for name in aliases:
+            if name not in _ALIASES:
+                raise TypeError(f"{call}() got an unexpected keyword argument {name!r}")
+        changes: dict[str, Any] = dict(aliases)
+        for name in _MAPPINGS & changes.keys():
+            if changes[name] is not None:
+                changes[name] = dict(changes[name])  # a copy: the caller's mapping may change later
+        return (options or cls()).with_(**changes)
 
     def with_(self, **changes: Any) -> SourceOptions:
         """A copy with ``changes`` applied (``None`` values ignored)."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+class SourceAliases(TypedDict, total=False):
+    """The keywords that :func:`tarindex.sources.open_source` and :class:`tarindex.TarStream` take beside
+    ``options=``, each overriding the :class:`SourceOptions` field of its name (``None``: as ``options`` has it);
+    ``TarDataset`` and ``build_index`` take ``storage_options`` and ``headers``."""
+
+    block_size: int | None
+    """Bytes per read."""
+    retries: int | None
+    """Network retries without progress."""
+    backoff: float | None
+    """The first backoff in seconds (doubled each time)."""
+    timeout: float | None
+    """Socket timeout in seconds."""
+    storage_options: Mapping[str, Any] | None
+    """Object store and fsspec client options."""
+    headers: Mapping[str, str] | None
+    """Extra HTTP(S) request headers."""
+
+
+_ALIASES = frozenset(SourceAliases.__annotations__)
+_MAPPINGS = frozenset({"storage_options", "headers"})

@@ -32,9 +32,9 @@ import numpy as np
 
 from ._atomic import alive, clean_stale
 from ._codecs import BY_ENTRY
+from ._epochs import stream_key
 from ._packin import KeyFilter, Sample, add_labels, class_names, key_test, samples_of, select, source_kind
 from ._packout import Compress, FileMember, ShardOut, newest_mtime, same_table
-from ._split import stream_key
 from ._tarwrite import BLOCK, header_size, padding
 from .build import build_index, mapped, worker_pool
 from .dataset import TarDataset

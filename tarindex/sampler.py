@@ -39,11 +39,11 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _args
-from ._split import Draws, pick, stream_key
+from ._epochs import Draws, pick, stream_key
 from ._state import (
     EPOCHS,
-    MAX_COUNT,
     MAX_READERS,
+    check_config,
     check_draws,
     check_header,
     flag,
@@ -52,7 +52,7 @@ from ._state import (
     integer,
     integers,
     required,
-    same,
+    saved_config,
 )
 from .errors import SamplerStateError, StateError, counted
 
@@ -62,7 +62,6 @@ _BLOCK = 8192  # stream positions mapped per vectorised step
 _TABLE_MAX = 1 << 20  # windows up to this size get an exact numpy permutation; larger ones a Feistel network
 _ROUNDS = 8  # Feistel rounds (Luby-Rackoff needs 4 with ideal round functions; 8 for margin)
 _U64 = 2**64
-_STATE_FORMAT = 1
 _M1 = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64 finaliser constants
 _M2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
@@ -449,9 +448,8 @@ class ShardSampler:
         if self.elastic:  # ranks in lockstep: every position below this one was handed out to some rank
             done *= self.num_replicas
         return {
-            "format": _STATE_FORMAT,
+            **header("ShardSampler", self._config(), inline=True),
             "epoch": self.epoch,
-            **self._config(),
             "num_replicas": self.num_replicas,
             "rank": self.rank,
             "plan": [[a, b] for a, b in self._plan],
@@ -483,20 +481,12 @@ class ShardSampler:
         """
         kind = "ShardSampler"
         try:
-            if not isinstance(state, Mapping):
-                raise StateError(f"{kind} state is a {type(state).__name__}, expected a dict")
-            fmt = integer(state, "format", kind, 0, MAX_COUNT)
-            if fmt != _STATE_FORMAT:
-                raise StateError(f"{kind} state format {fmt} is not supported (expected {_STATE_FORMAT})")
+            theirs = saved_config(state, kind, inline=True)
             epoch = integer(state, "epoch", kind, *EPOCHS)
             old_world = integer(state, "num_replicas", kind, 1, MAX_READERS)
             old_drop_last = flag(state, "drop_last", kind)
-            for k, v in self._config().items():
-                if k == "drop_last" and (old_world != self.num_replicas or self.elastic):
-                    continue  # the new dealing may choose its own
-                theirs = state.get(k, False) if k == "elastic" else required(state, k, kind)  # no "elastic": an older state
-                if not same(theirs, v):
-                    raise StateError(f"{kind} state is for {k}={theirs!r}, this sampler has {k}={v!r}")
+            free = ("drop_last",) if old_world != self.num_replicas or self.elastic else ()  # the new dealing may choose its own
+            check_config(theirs, kind, self._config(), unchecked=free, older={"elastic": False})  # no "elastic": an older state
             consumed = required(state, "consumed", kind)
             if isinstance(consumed, (list, tuple)):
                 counts = integers(state, "consumed", kind, old_world)

@@ -13,10 +13,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ._codecs import GZIP, TAR, ZSTD, Codec, of_head, sniffed
+from ._codecs import GZIP, HEAD_BYTES, TAR, ZSTD, Codec, of_head, sniffed
 from ._localreads import block_chunks, slow_storage
 from ._source import Source
-from .compression import HEAD_BYTES, ArchiveEnd
+from .compression import ArchiveEnd
 from .errors import (
     CorruptArchiveError,
     CorruptDeflateError,

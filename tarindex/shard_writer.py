@@ -24,8 +24,7 @@ import zstandard
 
 from . import _args
 from ._atomic import AtomicFile
-from ._codecs import ZSTD, of_head
-from .compression import HEAD_BYTES
+from ._codecs import HEAD_BYTES, ZSTD, of_head
 from .errors import CorruptArchiveError, ShardNotFoundError
 from .grouping import group_members
 from .tar import BLOCK, iter_tar

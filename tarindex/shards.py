@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .compression import HEAD_BYTES, looks_like_index, looks_like_shard, sniff_file
+from ._codecs import HEAD_BYTES, looks_like_index, looks_like_shard, sniff_file
 from .errors import NotRegularFileError, PatternError, ShardNotFoundError
 from .naming import ShardRef, as_path
 

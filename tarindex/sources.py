@@ -27,8 +27,8 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from . import hub
 
@@ -41,7 +41,10 @@ from ._source import Source, _reads
 from .errors import NotRegularFileError, ShardNotFoundError, SourceError
 from .naming import ShardRef
 from .objstore import open_stream
-from .options import SourceOptions
+from .options import SourceAliases, SourceOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Source", "open_source"]  # public: open_source and what it returns; the rest serves the package
 
@@ -92,6 +95,8 @@ class FileSource(Source):
             raise ShardNotFoundError(f"{url}: is a directory, not a shard") from exc
         self.size = st.st_size
         self.mtime_ns = st.st_mtime_ns
+        self.device = st.st_dev
+        """The device the file lies on (``st_dev``: which file system, :func:`tarindex._localreads.slow_device`)."""
 
     def _chunks(self) -> Iterator[bytes]:
         with open(self._fd, "rb", closefd=False) as f:
@@ -208,52 +213,38 @@ class PipeSource(Source):
                 proc.stdout.close()
 
 
-def open_source(
-    url: str,
-    *,
-    options: SourceOptions | None = None,
-    block_size: int | None = None,
-    retries: int | None = None,
-    backoff: float | None = None,
-    timeout: float | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    headers: Mapping[str, str] | None = None,
-    read_ahead: int | None = None,
-) -> Source:
+def open_source(url: str | ShardRef, *, options: SourceOptions | None = None, read_ahead: int | None = None, **aliases: Unpack[SourceAliases]) -> Source:
     """Open a shard name as a sequential :class:`Source` (see the module docstring).
 
     Args:
         url: local path, ``-``, ``pipe:COMMAND``, ``http(s)://...``, ``s3://``/``gs://``/``az://``
-            (:mod:`tarindex.objstore`) or another fsspec URL.
+            (:mod:`tarindex.objstore`) or another fsspec URL; or what it means (a
+            :class:`~tarindex.naming.ShardRef`, made once by a caller that opens the name again and again).
         options: every remote option at once (:class:`~tarindex.options.SourceOptions`); the
             keywords below override single fields of it.
-        block_size: bytes per read (default 1 MiB).
-        retries: network failures allowed without progress before giving up (see :mod:`tarindex._retry`).
-        backoff: upper bound in seconds of the first retry's wait (full jitter, doubled per failure, at most 30).
-        timeout: seconds without a byte before a request fails.
-        storage_options: client options of an object store or fsspec filesystem (endpoint, credentials...).
-        headers: extra HTTP(S) request headers (e.g. ``Authorization``).
         read_ahead: blocks a reader thread keeps ready (0: no thread); default :attr:`Source.prefetch` (8).
+
+    Keyword Args:
+        block_size (int | None): bytes per read (default 1 MiB).
+        retries (int | None): network failures allowed without progress before giving up (see :mod:`tarindex._retry`).
+        backoff (float | None): upper bound in seconds of the first retry's wait (full jitter, doubled per failure, at most 30).
+        timeout (float | None): seconds without a byte before a request fails.
+        storage_options (Mapping[str, Any] | None): client options of an object store or fsspec filesystem (endpoint, credentials...).
+        headers (Mapping[str, str] | None): extra HTTP(S) request headers (e.g. ``Authorization``).
 
     Raises:
         ShardNotFoundError: a local shard does not exist (remote ones fail on first read).
     """
-    opts = (options or SourceOptions()).with_(
-        block_size=block_size,
-        retries=retries,
-        backoff=backoff,
-        timeout=timeout,
-        storage_options=dict(storage_options) if storage_options is not None else None,
-        headers=dict(headers) if headers is not None else None,
-    )
-    source = _open(url, opts)
+    if aliases or options is None:  # the options as given otherwise: a stream opens each shard with its own
+        options = SourceOptions.given(options, call="open_source", **aliases)
+    source = _open(url if isinstance(url, ShardRef) else ShardRef.of(url), options)
     if read_ahead is not None:
         source.prefetch = read_ahead
     return source
 
 
-def _open(url: str, options: SourceOptions) -> Source:
-    ref = ShardRef.of(url)
+def _open(ref: ShardRef, options: SourceOptions) -> Source:
+    url = ref.name
     if ref.kind == "stdin":
         return StdinSource(url, block_size=options.block_size)
     if ref.kind == "pipe":

@@ -24,8 +24,9 @@ from click.testing import CliRunner
 
 import tarindex
 from conftest import py_tar, tarfile_members
+from tarindex._codecs import codec_of, detect, looks_like_shard
 from tarindex.cli.main import main
-from tarindex.compression import ArchiveEnd, Limits, codec_of, detect, limits, looks_like_shard, set_limits
+from tarindex.compression import ArchiveEnd, Limits, limits, set_limits
 from tarindex.errors import CorruptArchiveError, DecompressionLimitError, UnsupportedCompressionError
 from tarindex.scan import scan_shard
 from tarindex.zstd import decompress_frames

@@ -29,6 +29,7 @@ import yaml
 from test_docs import DOCS, ROOT, Block, blocks
 
 import tarindex
+import tarindex.options
 from tarindex.cli.main import COMMANDS
 from tarindex.options import SourceOptions
 
@@ -55,7 +56,17 @@ _SHORT = {dotted.rsplit(".", 1)[-1]: obj for dotted, obj in PUBLIC.items()}  # I
 
 
 def _parameters(obj: Callable[..., Any]) -> dict[str, inspect.Parameter]:
-    return dict(inspect.signature(obj).parameters)
+    """The parameters of ``obj``; a ``**kwargs: Unpack[SomeTypedDict]`` of ``tarindex.options`` stands for the
+    typed dict's keys (keyword-only, ``None`` by default), so that they are checked as the other keywords are."""
+    found: dict[str, inspect.Parameter] = {}
+    for name, param in inspect.signature(obj).parameters.items():
+        typed = re.fullmatch(r"Unpack\[(\w+)\]", str(param.annotation)) if param.kind is param.VAR_KEYWORD else None
+        if typed is None:
+            found[name] = param
+            continue
+        for key in getattr(tarindex.options, typed.group(1)).__annotations__:
+            found[key] = inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=None)
+    return found
 
 
 def _takes_any_keyword(obj: Callable[..., Any]) -> bool:

@@ -91,7 +91,7 @@ def _keys_of(batch: list[dict]) -> list[str]:
 
 
 def test_counter_based_draws_match_the_reference() -> None:
-    from tarindex._split import Draws, _bits
+    from tarindex._epochs import Draws, _bits
 
     draws = Draws(0xDEADBEEF12345678)
     for step in (0, 1, 4095, 4096, 4097, 10_000, 3):  # block edges, and back to an earlier block
@@ -111,7 +111,7 @@ def test_counter_based_draws_match_the_reference() -> None:
     ],
 )
 def test_vectorised_picks_match_the_scalar_ones(cumulative: list[float]) -> None:
-    from tarindex._split import Draws, pick
+    from tarindex._epochs import Draws, pick
 
     draws = Draws(12345)
     want = [pick(draws, s, cumulative) for s in range(100, 5100)]

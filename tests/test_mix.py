@@ -15,7 +15,7 @@ import torch.utils.data
 import tarindex
 from conftest import make_shard_set, open_files
 from tarindex import StateError, TarStream
-from tarindex._split import Draws, pick, stream_key
+from tarindex._epochs import Draws, pick, stream_key
 
 
 @pytest.fixture(scope="module")

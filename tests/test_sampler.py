@@ -298,9 +298,9 @@ def test_state_round_trip_and_errors() -> None:
     assert state["consumed"] == 2 and state["num_replicas"] == 2 and state["epoch"] == 0
     with pytest.raises(ValueError, match=r"consumed must be in \[0, 6\], got 7"):
         s.state_dict(consumed=7)
-    with pytest.raises(SamplerStateError, match="seed=4, this sampler has seed=5"):
+    with pytest.raises(SamplerStateError, match="seed=4, this ShardSampler has seed=5"):
         ShardSampler(data, 2, 1, seed=5).load_state_dict(state)
-    with pytest.raises(SamplerStateError, match="total_samples=12, this sampler has total_samples=13"):
+    with pytest.raises(SamplerStateError, match="total_samples=12, this ShardSampler has total_samples=13"):
         ShardSampler(Shards([3, 4, 6]), 2, 1, seed=4).load_state_dict(state)
     with pytest.raises(SamplerStateError, match="ShardSampler state has no 'epoch'"):
         ShardSampler(data, 2, 1, seed=4).load_state_dict({"format": 1})
@@ -316,10 +316,31 @@ def test_state_round_trip_and_errors() -> None:
         ShardSampler(data, 1, 0, chunk_shards=0)
     with pytest.raises(ValueError, match="block_samples must be >= 1, got 0"):
         ShardSampler(data, 1, 0, block_samples=0)
-    with pytest.raises(SamplerStateError, match="block_samples=1, this sampler has block_samples=2"):
+    with pytest.raises(SamplerStateError, match="block_samples=1, this ShardSampler has block_samples=2"):
         ShardSampler(data, 2, 1, seed=4, block_samples=2).load_state_dict(state)
     with pytest.raises(ValueError, match="shard sizes must be >= 0, got -1 for shard 1"):
         ShardSampler(Shards([2, -1]), 1, 0)
+
+
+def test_state_layout_is_the_saved_one_and_older_states_load() -> None:
+    """A ShardSampler state keeps its layout (format and the config's fields at the top level, no kind), so
+    the states saved before load, one without ``elastic`` (saved before the option existed) too."""
+    data = Shards([3, 4, 5])
+    s = ShardSampler(data, 2, 1, seed=4)
+    rest = list(s)
+    saved = {
+        "format": 1, "epoch": 0, "seed": 4, "shuffle": True, "chunk_shards": 4, "block_samples": 1, "drop_last": False,
+        "total_samples": 12, "num_shards": 3, "num_replicas": 2, "rank": 1, "plan": [[0, 12]], "consumed": 2,
+    }  # fmt: skip
+    assert s.state_dict(consumed=2) == {**saved, "elastic": False}
+    for state in (saved, {**saved, "elastic": False}):
+        resumed = ShardSampler(data, 2, 1, seed=4)
+        resumed.load_state_dict(state)
+        assert list(resumed) == rest[2:]
+    with pytest.raises(SamplerStateError, match="ShardSampler state is for elastic=False, this ShardSampler has elastic=True"):
+        ShardSampler(data, 2, 1, seed=4, elastic=True).load_state_dict(saved)
+    with pytest.raises(SamplerStateError, match="ShardSampler state has no 'seed'"):
+        ShardSampler(data, 2, 1, seed=4).load_state_dict({k: v for k, v in saved.items() if k != "seed"})
 
 
 def test_per_rank_counts_list() -> None:

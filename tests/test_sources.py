@@ -47,6 +47,9 @@ def test_each_kind_of_name_opens_its_source(shard: Path) -> None:
     assert isinstance(open_source("-"), StdinSource)
     assert isinstance(open_source("http://127.0.0.1:1/x.tar"), HTTPSource)
     assert [ShardRef.of(u).local for u in ("-", "pipe:cat x", "s3://b/k", "data/x.tar")] == [False, False, False, True]
+    for name, kind in ((f"file://{shard}", FileSource), (f"pipe:cat {shard}", PipeSource)):  # a ShardRef opens as its name
+        with open_source(ShardRef.of(name)) as src:
+            assert isinstance(src, kind) and b"".join(bytes(c) for c in src) == shard.read_bytes()
 
 
 def test_file_source_reads_large_blocks(shard: Path) -> None:

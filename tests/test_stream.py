@@ -661,9 +661,10 @@ def _reader_threads(sample: dict) -> int:
 
 
 def _policy(sample: dict) -> int | None:
-    from tarindex.stream import read_ahead_for
+    from tarindex._shardwalk import read_ahead_for
+    from tarindex.naming import ShardRef
 
-    return read_ahead_for(sample["__url__"], None)
+    return read_ahead_for(ShardRef.of(sample["__url__"]), None)
 
 
 def test_read_ahead_thread_policy(shards: list[Path]) -> None:

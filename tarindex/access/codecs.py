@@ -4,7 +4,7 @@ stored (plain, zstd, gzip), how its random reader is made over the compressed sh
 :data:`RANDOM` is the table (a registry row -> its random reader); :func:`codec` answers "which codec is this shard?" from its index entry
 (``ShardInfo.compression``) or, for a shard read without an index, from its first bytes. Adding a codec is
 a row in :mod:`tarindex._codecs`, its random reader here (its reader module beside
-:mod:`tarindex.zstd_random` and :mod:`tarindex.gzip_random`), and its name in :func:`tarindex.compression.detect`.
+:mod:`tarindex.zstd_random` and :mod:`tarindex.gzip_random`), and its name in :func:`tarindex._codecs.detect`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import BinaryIO, Protocol
 import numpy as np
 
 from .._cache import FileCache
-from .._codecs import BY_ENTRY, GZIP, TAR, ZSTD, Codec, of_name
-from ..compression import detect
+from .._codecs import BY_ENTRY, GZIP, TAR, ZSTD, Codec, detect, of_name
 from ..errors import CorruptFrameError, IndexFormatError, RandomAccessError
 from ..gzip import random_access_refused
 from ..gzip_random import GzipShardReader, SeekPoints

@@ -26,8 +26,7 @@ import lmdb
 import numpy as np
 
 from .._atomic import alive, clean_stale, commit, temp_name, write_error
-from .._codecs import GZIP, ZSTD
-from ..compression import HEAD_BYTES, looks_like_index, looks_like_shard
+from .._codecs import GZIP, HEAD_BYTES, ZSTD, looks_like_index, looks_like_shard
 from ..errors import IndexFormatError, OverwriteError, TarIndexError, WriteError
 from ..tables import MAX_EXTS
 from .format import (

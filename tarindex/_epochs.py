@@ -1,5 +1,10 @@
-"""Who reads which shard: rank and worker discovery, per-epoch shard order, the shuffle buffer,
-and :class:`EpochRun`, one reader's epoch as a resumable state machine.
+"""Epochs and slots: who reads which shard when, and one reader's epoch as a resumable run.
+
+Rank and worker discovery (:class:`Slot`), per-epoch shard order and dealing, counter-based random draws
+(:class:`Draws`, shared by ``mix``, the samplers and ``pack``), :class:`EpochRun` (one reader's epoch as a state
+machine of plain data: work items, passes, the shuffle buffer), its saved position checked (:func:`run_state`),
+a stream's epoch resumed on the same or another layout (:func:`run_for`, :func:`checked_states`), and
+:class:`SharedEpoch` (the epoch a persistent DataLoader worker reads at the start of each iteration).
 
 No torch import at module level: :func:`worker_slot` imports it only when it
 is already loaded (a DataLoader worker, a process with ``torch.distributed``).
@@ -9,6 +14,8 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import multiprocessing
+import multiprocessing.context
 import os
 import random
 import sys
@@ -19,8 +26,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._state import decode_rows, encode_rows, flag, integer
-from .errors import StateError
+from ._state import decode_rows, encode_rows, flag, integer, reader_states
+from .errors import StateError, counted
 
 __all__ = [
     "AFTER",
@@ -31,14 +38,19 @@ __all__ = [
     "EpochRun",
     "Item",
     "RunState",
+    "SharedEpoch",
     "Slot",
+    "checked_states",
     "deal_rest",
+    "idle_readers",
     "pick",
+    "run_for",
     "run_state",
     "shard_order",
     "shards_for_slot",
     "stream_key",
     "worker_info",
+    "worker_quota",
     "worker_slot",
 ]
 
@@ -65,6 +77,41 @@ class Slot:
     def count(self) -> int:
         """All readers of the epoch."""
         return self.world_size * self.num_workers
+
+
+class SharedEpoch:
+    """An epoch number in shared memory: DataLoader workers (persistent ones too) read the value
+    the main process last set, at the start of each iteration.
+
+    The value crosses into worker processes when they start (fork, or pickling while spawning);
+    any other pickle or copy carries the number only.
+    """
+
+    def __init__(self, value: int = 0) -> None:
+        self._shared: Any = multiprocessing.RawValue("q", value)
+
+    @property
+    def value(self) -> int:
+        """The epoch."""
+        return int(self._shared.value)
+
+    @value.setter
+    def value(self, epoch: int) -> None:
+        self._shared.value = epoch
+
+    def __getstate__(self) -> dict[str, Any]:
+        if multiprocessing.context.get_spawning_popen() is not None:  # a worker being started: share the memory
+            return {"shared": self._shared}
+        return {"value": self.value}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "shared" in state:
+            self._shared = state["shared"]
+        else:
+            self._shared = multiprocessing.RawValue("q", int(state["value"]))
+
+    def __repr__(self) -> str:
+        return f"SharedEpoch({self.value})"
 
 
 def worker_slot(rank: int | None = None, world_size: int | None = None) -> Slot:
@@ -475,3 +522,101 @@ def deal_rest(runs: list[EpochRun], index: int, count: int) -> tuple[list[Item],
         base, extra = divmod(quota, count)
         quota = base + (index < extra)
     return mine, quota
+
+
+# -- a stream's epoch: quotas, idle readers, resuming on the same or another layout ------------------------
+
+
+def worker_quota(epoch_size: int | None, slot: Slot) -> int | None:
+    """The samples ``slot`` yields of a rank's ``epoch_size`` (split evenly over the rank's workers, the first
+    ones taking one more), or ``None`` without an ``epoch_size``."""
+    if epoch_size is None:
+        return None
+    base, extra = divmod(epoch_size, slot.num_workers)
+    return base + (slot.worker < extra)
+
+
+def idle_readers(n_shards: int, slot: Slot, *, fill: bool) -> str | None:
+    """What to warn when ``n_shards`` shards leave some of ``slot``'s epoch's readers without a shard of their
+    own (``fill``: each reads one shard again), else ``None``; said by the first reader only."""
+    if n_shards >= slot.count or slot.index != 0:
+        return None
+    idle = slot.count - n_shards
+    if fill:
+        policy = "it reads one shard again" if idle == 1 else "each reads one shard again"
+    else:
+        policy = "it yields nothing" if idle == 1 else "they yield nothing"
+    return (
+        f"{counted(n_shards, 'shard')} for {counted(slot.world_size, 'rank')} x {counted(slot.num_workers, 'worker')}: "
+        f"{counted(idle, 'reader')} {'has no shard of its' if idle == 1 else 'have no shard of their'} own, {policy}"
+    )
+
+
+NewRun = Callable[[Slot, bool], EpochRun]
+"""``new_run(slot, resumed)``: a fresh run of the epoch for ``slot`` (``resumed``: drawing from a stream of its own)."""
+
+
+def run_for(states: list[dict[str, Any]], slot: Slot, new_run: NewRun, position: Callable[[Mapping[str, Any]], RunState]) -> EpochRun:
+    """``slot``'s run of an epoch: fresh without ``states`` (loaded states of that epoch, each checked when
+    loaded); with the saved layout (ranks, workers), continued from this reader's state; on another layout,
+    the share :func:`deal_rest` gives it of what every saved reader had left.
+
+    Raises:
+        StateError: the states do not hold this reader's (same layout), or not every reader's (another one).
+    """
+    if not states:
+        return new_run(slot, False)
+    layouts = {(st["slot"][1], st["slot"][3]) for st in states}
+    if layouts == {(slot.world_size, slot.num_workers)}:
+        mine = [st for st in states if (st["slot"][0], st["slot"][2]) == (slot.rank, slot.worker)]
+        if len(mine) != 1:
+            raise StateError(
+                f"TarStream states for {counted(slot.world_size, 'rank')} x {counted(slot.num_workers, 'worker')} have "
+                f"{len(mine)} for rank {slot.rank} worker {slot.worker} (expected 1)"
+            )
+        run = new_run(slot, False)
+        run.restore(position(mine[0]))
+        return run
+    old = sorted(states, key=lambda st: (st["slot"][0], st["slot"][2]))
+    world, workers = old[0]["slot"][1], old[0]["slot"][3]
+    have = [(st["slot"][0], st["slot"][2]) for st in old]
+    if len(old) != world * workers or have != [(r, w) for r in range(world) for w in range(workers)]:
+        raise StateError(
+            f"TarStream states cover readers {have[:8]}{'...' if len(have) > 8 else ''} of {counted(world, 'rank')} x "
+            f"{counted(workers, 'worker')}: resuming on another number of ranks or workers needs the state of every "
+            "reader of the interrupted epoch (tarindex.stream_states)"
+        )
+    runs = []
+    for st in old:
+        r = new_run(Slot(st["slot"][0], world, st["slot"][2], workers), False)
+        r.restore(position(st))
+        runs.append(r)
+    run = new_run(slot, True)
+    run.queue, run.quota = deal_rest(runs, slot.index, slot.count)
+    return run
+
+
+def checked_states(
+    state_dict: Any, config: Mapping[str, Any], position: Callable[[Mapping[str, Any]], RunState]
+) -> tuple[list[dict[str, Any]], int]:
+    """The TarStream states in ``state_dict`` and their epoch, each field checked against the stream
+    (``config``, slot, epoch, ``position``: :func:`run_state`) before anything changes.
+
+    Raises:
+        StateError: the first field that is missing, of the wrong type or out of range, states of
+            several epochs or layouts, two states of one reader.
+    """
+    layouts, readers = set(), set()
+
+    def check(st: Mapping[str, Any], slot: tuple[int, int, int, int]) -> None:
+        rank, world, worker, workers = slot
+        position(st)
+        layouts.add((world, workers))
+        if (rank, worker) in readers:
+            raise StateError(f"two TarStream states of rank {rank} worker {worker}")
+        readers.add((rank, worker))
+
+    states, epoch = reader_states(state_dict, "TarStream", config, check)
+    if len(layouts) != 1:
+        raise StateError(f"TarStream states of several layouts (ranks, workers): {sorted(layouts)}")
+    return states, epoch
