@@ -2,22 +2,25 @@
 _zstdread.c, _resample.c) as :class:`Speedups`, or ``None``. One place decides.
 
 Each fast path it provides has a pure-Python reference beside it, used when the extension is not built
-or ``TARINDEX_PURE_PYTHON`` is set in the environment. The ``Protocol`` classes below say what Python
-needs from each C type; ``_speedups.pyi`` declares the module itself, and ``tests/test_native.py`` checks
-both against the compiled module. The extension imports no Python module: the error classes it raises
+or ``TARINDEX_PURE_PYTHON`` is set in the environment. ``_speedups.pyi`` declares the module and its types,
+once (``tests/test_native.py`` checks it against the compiled module); :class:`Speedups` is what Python
+needs from the module, in those types. The extension imports no Python module: the error classes it raises
 are handed to it here, once (``init``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import IndexFormatError
 
-__all__ = ["SPEEDUPS", "FrameCacheC", "PackerC", "ReaderC", "ReaderConfig", "Speedups", "ZstdReaderC"]
+if TYPE_CHECKING:  # the C types as _speedups.pyi declares them
+    from ._speedups import FrameCache, Packer, Reader, ZstdReader
+
+__all__ = ["SPEEDUPS", "ReaderConfig", "Speedups"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,69 +51,17 @@ class ReaderConfig:
     """The index's ``BlockSource``: ``check()``, ``check_seconds``, ``check_every``, per-shard ``bounds``."""
 
 
-class ReaderC(Protocol):
-    """``Reader``: one sample's members, read with one ``pread`` (reference: ``TarDataset._read_py``)."""
-
-    def read(self, i: int, /) -> dict[str, Any]: ...
-    def read_batch(self, indices: Sequence[int], max_in_flight: int, coalesce_gap: int, /) -> list[dict[str, Any]]: ...
-
-
-class PackerC(Protocol):
-    """``Packer``: the fused walk of plain tar headers and webdataset grouping (reference: ``grouping.TablePacker``)."""
-
-    def scan(self, buf: Any, pos: int, base: int, limit: int = ..., max_member: int = ..., /) -> tuple[int, int, int]: ...
-    def scan_file(
-        self, fd: int, offset: int, size: int, limit: int, buf: Any, pos: int, max_member: int = ..., /
-    ) -> tuple[int, int, int]: ...
-    def scan_fd(
-        self, fd: int, timeout_ms: int, remaining: int, limit: int, buf: Any, pos: int, base: int, max_member: int = ..., /
-    ) -> tuple[int, bytes, int, int, int, int, bool]: ...
-    def add(self, name: str, header_offset: int, offset: int, size: int, data: bytes = ..., /) -> None: ...
-    def take(self) -> tuple[list[int], list[dict[str, Any]]]: ...
-    def finish(self) -> tuple[bytearray, bytearray, bytearray, bytearray, bytearray, bytearray, list[str], list[str]]: ...
-    # (in sample-dict mode finish() returns None: those samples come through take())
-
-
-class FrameCacheC(Protocol):
-    """``FrameCache``: this process's ring of decompressed zstd frames (reference: ``zstd_random.FrameCache``)."""
-
-    max_bytes: int
-
-    @property
-    def limit(self) -> int: ...
-    @property
-    def bytes(self) -> int: ...
-    @property
-    def decompressed(self) -> int: ...
-    def clear(self) -> None: ...
-    def __len__(self) -> int: ...
-
-
-class ZstdReaderC(Protocol):
-    """``ZstdReader``: random reads of a zstd shard through its frame table (reference: ``zstd_random.ZstdShardReader``)."""
-
-    @property
-    def fd(self) -> int: ...
-    @property
-    def path(self) -> str: ...
-    @property
-    def size(self) -> int: ...
-    def fileno(self) -> None: ...
-    def read_at(self, offset: int, size: int, /) -> bytes: ...
-    def close(self) -> None: ...
-
-
 class Speedups(Protocol):
     """What Python needs from the extension module: its types (as constructors) and functions."""
 
     @property
-    def Reader(self) -> Callable[..., ReaderC]: ...  # the C type's name
+    def Reader(self) -> Callable[..., Reader]: ...  # the C type's name
     @property
-    def Packer(self) -> Callable[..., PackerC]: ...
+    def Packer(self) -> Callable[..., Packer]: ...
     @property
-    def FrameCache(self) -> Callable[[int], FrameCacheC]: ...
+    def FrameCache(self) -> Callable[[int], FrameCache]: ...
     @property
-    def ZstdReader(self) -> Callable[..., ZstdReaderC]: ...
+    def ZstdReader(self) -> Callable[..., ZstdReader]: ...
 
     def scan_headers(
         self, buf: Any, pos: int, base: int, with_data: bool, limit: int, /

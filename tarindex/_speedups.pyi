@@ -1,7 +1,7 @@
 """Types of the optional C extension (tarindex/_speedups.c, _batchio.c, _tarscan.c, _zstdread.c, _resample.c).
 
 Checked against the compiled module by tests/test_native.py (every name, and the number of arguments of
-every function and method); tarindex._native states what Python needs from each type as a Protocol.
+every function and method); tarindex._native types the loaded module with these classes.
 """
 
 from collections.abc import Callable, Sequence
