@@ -14,7 +14,8 @@
  * reads its tables (fds: int32 per shard, -1 when no plain descriptor is open;
  * handles: a list, the read_at object or None) without a call, counts each read
  * in its busy table (uint32 per shard) from before it looks at the tables until
- * the read is done, asks opener.open(shard) for a shard that is not open, and
+ * the read is done, asks opener.open(shard) for a shard that is not open (which
+ * resolves the shard's name in urls too: a shard's first read is read here), and
  * calls opener.reap() after a read while closed handles wait for their reads
  * (busy[n_shards] != 0). The opener closes no handle whose count is not zero.
  *
@@ -63,7 +64,7 @@ typedef struct {
                                      * the index sample each run starts at */
     Py_ssize_t nruns;
     PyObject *exts;     /* tuple of str */
-    PyObject *urls;     /* list of str, None until a shard's name is resolved (by the fallback); its length never changes */
+    PyObject *urls;     /* list of str, None until a shard's name is resolved (by its handle's open); its length never changes */
     PyObject *opener;   /* the ShardOpener: owns the tables below and every handle */
     PyObject *open;     /* opener.open(shard) -> handle (an int fd or an object with read_at) */
     PyObject *reap;     /* opener.reap(): close the handles whose reads have ended */
@@ -892,6 +893,11 @@ static int shard_handle(Reader *self, uint32_t shard, PyObject **handle) {
     return (int)v;
 }
 
+/* Whether the shard's name (the sample's __url__) is resolved: its handle's open resolves it (the handle table's
+ * opener, tarindex.access.open.IndexOpener, reads the shard's record through tarindex.naming.ShardNames), so it
+ * is after shard_handle. */
+static inline int named(const Reader *self, uint32_t shard) { return PyList_GET_ITEM(self->urls, shard) != Py_None; }
+
 static PyObject *Reader_read(Reader *self, PyObject *arg) {
     if (!self->fds || !self->busy || !self->handles) {
         PyErr_SetString(PyExc_RuntimeError, "Reader is not initialised");
@@ -925,19 +931,19 @@ static PyObject *Reader_read(Reader *self, PyObject *arg) {
         return NULL;
     }
 
-    if ((Py_ssize_t)r.shard >= PyList_GET_SIZE(self->urls) || PyList_GET_ITEM(self->urls, r.shard) == Py_None) {
-        /* the shard's name is not resolved yet (its record is read on first use): the Python path resolves it */
+    if ((Py_ssize_t)r.shard >= PyList_GET_SIZE(self->urls)) { /* a shard the index lacks: the Python path names it */
         PyObject *index = given ? Py_NewRef(arg) : PyLong_FromSsize_t(i), *out = index ? PyObject_CallOneArg(self->fallback, index) : NULL;
         Py_XDECREF(index);
         return out;
     }
-    __builtin_prefetch(PyList_GET_ITEM(self->urls, r.shard), 1); /* the sample's __url__, written after the read: in
-                                                                    * cache by then, not one more miss (one str per shard) */
     PyObject *handle = NULL, *out = NULL;
     /* From here to the end of the read, the opener closes no handle of this shard (other threads may evict
      * it meanwhile: it is closed once the count is back to zero). */
     self->busy[r.shard]++;
     int fd = r.nm > READER_MAX_MEMBERS ? -3 : shard_handle(self, r.shard, &handle);
+    if (fd >= -1 && !named(self, r.shard)) fd = -3; /* the open left the name unresolved: the Python path reads it */
+    else __builtin_prefetch(PyList_GET_ITEM(self->urls, r.shard), 1); /* the sample's __url__, written after the read:
+                                                                         * in cache by then, not one more miss */
     PyObject *index = fd == -2 ? NULL : given ? Py_NewRef(arg) : PyLong_FromSsize_t(i);
     if (index) {
         if (fd == -3)
@@ -995,16 +1001,14 @@ static int batch_plan(Reader *self, PyObject *arg, Record *r, BatchItem *it) {
     }
     int loaded = load(self, self->rview ? to_index(self, i) : i, r);
     if (loaded == -1) return -1;
-    if (loaded == -2 || r->nm > READER_MAX_MEMBERS || (Py_ssize_t)r->shard >= PyList_GET_SIZE(self->urls) ||
-        PyList_GET_ITEM(self->urls, r->shard) == Py_None)
-        return 0;
+    if (loaded == -2 || r->nm > READER_MAX_MEMBERS || (Py_ssize_t)r->shard >= PyList_GET_SIZE(self->urls)) return 0;
     PyObject *handle = NULL;
     self->busy[r->shard]++;
     it->counted = 1;
     int fd = shard_handle(self, r->shard, &handle);
     if (fd == -2) return -1;
-    if (fd == -1) {
-        Py_DECREF(handle); /* a read_at object (zstd, gzip, a URL): read alone */
+    if (fd == -1 || !named(self, r->shard)) {
+        Py_XDECREF(handle); /* a read_at object (zstd, gzip, a URL), or a name left unresolved: read alone */
         return 0;
     }
     it->index = asked >= 0 && PyLong_CheckExact(arg) ? Py_NewRef(arg) : PyLong_FromSsize_t(i);

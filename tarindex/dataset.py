@@ -13,10 +13,9 @@ from . import _args, _native
 from ._localbatch import read_ranges
 from ._process import FORK
 from ._readcheck import check_sample
-from .access.codecs import Indexed, ZstdCache
+from .access.codecs import ZstdCache
 from .access.handles import HandleTable
-from .access.open import OpenOptions, open_random
-from .access.reader import RandomReader
+from .access.open import IndexOpener, OpenOptions
 from .decode import DecodeMode, Decoder, Image, failure
 from .errors import (
     CorruptArchiveError,
@@ -227,9 +226,9 @@ class TarDataset:
         ix = self.index
         self._blocks = ix.blocks()  # keeps the index's map open while this process reads from it
         self._exts = ix.exts
-        self._opener = HandleTable(len(self.urls), self._open_handle, self.max_open_files)
-        self._checked = Checked(len(self.urls))
-        self._open_options = OpenOptions(self.options, self.verify, ZstdCache(self.zstd_cache_dir, self.zstd_cache_bytes))
+        options = OpenOptions(self.options, self.verify, ZstdCache(self.zstd_cache_dir, self.zstd_cache_bytes))
+        opener = IndexOpener(self.urls, ix, options, Checked(len(self.urls)))
+        self._opener = HandleTable(len(self.urls), opener, self.max_open_files)  # it opens shards through `opener`
         self._global_walks: dict[int, tuple[int, list[tuple[int, dict[str, str]]]]] = {}  # see _globals_at
         self._modes = bytearray(len(self.urls))  # per shard: how a batch reads it (_localbatch)
         self._fast: Any = None
@@ -255,9 +254,6 @@ class TarDataset:
         # readers check the fork generation themselves (the C one hands a stale call to _read_py).
         self.read = self._fast.read if self._fast is not None else self._read_py  # type: ignore[method-assign]
         self._choose_item()
-
-    def _open_handle(self, shard: int) -> RandomReader:
-        return open_random(self.urls[shard], Indexed(self.index, shard), self._open_options, checked=self._checked)
 
     def close(self) -> None:
         """Close this process's shard files (they reopen on demand); a file being read closes when its read ends."""

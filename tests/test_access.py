@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,32 @@ def test_dataset_stream_and_verify_open_shards_through_the_one_path(tmp_path: Pa
 
     verify_index(index)
     assert opened == [ds.urls[0], ds.urls[1]]
+
+
+def test_ds_i_opens_a_shard_with_no_call_back_up_a_layer(tmp_path: Path, impl: str) -> None:
+    """The handle table opens a shard through the :class:`~tarindex.access.open.IndexOpener` the dataset gave
+    it, never through a call back into ``dataset``; the C reader reads the shard's first sample itself."""
+    paths = make_shard_set(tmp_path, n_shards=2, per=6)
+    ds = TarDataset(build_index([str(p) for p in paths], index=tmp_path / "x.tarindex").path)
+    assert ds[0]["__key__"] == "s00i000"
+    callers: list[tuple[str, str]] = []  # open_random's caller, and who called that
+    modules: set[str] = set()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        modules.add(frame.f_globals.get("__name__", ""))
+        if frame.f_code.co_name == "open_random" and frame.f_back is not None and frame.f_back.f_back is not None:
+            callers.append((frame.f_back.f_code.co_qualname, frame.f_back.f_back.f_globals["__name__"]))
+
+    sys.setprofile(profile)
+    try:
+        sample = ds[7]  # shard 1's first read: its open
+    finally:
+        sys.setprofile(None)
+    assert sample["__key__"] == "s01i001" and sample["__url__"] == ds.urls[1]
+    assert callers == [("IndexOpener.__call__", "tarindex.access.handles")]
+    assert ("tarindex.dataset" in modules) == (impl == "python")  # the Python reader is dataset's; the C one is not
 
 
 def test_a_zstd_and_a_gzip_shard_read_at_random_give_the_tar_bytes(tmp_path: Path) -> None:

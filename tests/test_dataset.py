@@ -49,6 +49,33 @@ def test_read_paths_agree(built: tuple[list[Path], TarDataset], read_path: str) 
     assert [ds.read(i) for i in range(len(ds))] == [ds._read_py(i) for i in range(len(ds))]
 
 
+@pytest.mark.parametrize("zstd", [False, True])
+def test_a_shards_first_read_is_the_read_paths_own(tmp_path: Path, read_path: str, zstd: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C reader reads a shard's first sample itself (its handle's open resolves the shard's name), by
+    ``ds[i]`` and in a batch: no read is handed to the Python path, and the bytes are tarfile's."""
+    plain = make_shard_set(tmp_path / "data", n_shards=3, per=5)
+    shards = [p.with_suffix(".tar.zst") for p in plain] if zstd else plain
+    for p, z in zip(plain, shards):
+        if zstd:
+            tarindex.compress_shard(p, z, frame_size=1024)
+    expected = [{**e, "__url__": str(shards[k // 5])} for k, e in enumerate(_oracle(plain))]
+    ds = TarDataset(build_index([str(p) for p in shards], index=tmp_path / "i.tarindex", workers=1).path)
+    handed: list[int] = []
+    real = TarDataset._read_py
+
+    def counted(self: TarDataset, i: int) -> dict:
+        handed.append(i)
+        return real(self, i)
+
+    monkeypatch.setattr(TarDataset, "_read_py", counted)
+    got = [ds[7], ds[0], *ds.__getitems__([12, 1, 8])]  # shards 1 and 0 first read by ds[i], shard 2 in a batch
+    assert [_strip(s) for s in got] == [expected[i] for i in (7, 0, 12, 1, 8)]
+    if read_path == "c":
+        assert handed == []
+    else:  # the reference reads each ds[i] (a batch of local shards: its ranges read together, zstd's sample by sample)
+        assert handed == ([7, 0, 12, 1, 8] if zstd else [7, 0])
+
+
 def _strip(sample: dict) -> dict:
     return {k: v for k, v in sample.items() if k != "__index__"}
 

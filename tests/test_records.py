@@ -188,25 +188,35 @@ def test_c_reader_reads_what_was_encoded(samples: list[Sample]) -> None:
         expected = {"__key__": key.decode("utf-8", "surrogateescape"), "__url__": urls[shard], "__index__": i}
         expected.update({exts[e]: data[mo : mo + ms] for e, mo, ms in members})
         assert got == expected
-    # a shard whose name is not resolved yet (None): its reads go to the Python path, which resolves it
+    # a shard whose name is not resolved yet (None): its handle's open resolves it (as TarDataset's does), and
+    # its first read is the C reader's too; an open that leaves it unresolved hands the read to the Python path
     names: list[str | None] = [None] * len(urls)
+    opened: list[int] = []
+
+    def open_naming(shard: int) -> _Shard:
+        opened.append(shard)
+        if shard != 0:
+            names[shard] = urls[shard]
+        return _Shard(shard, table, exts)
+
     handed: list[int] = []
 
     def resolve(i: int) -> Any:
         handed.append(i)
-        names[samples[i][0]] = urls[samples[i][0]]
         return {"resolved": i}
 
+    opener = HandleTable(len(urls), open_naming, len(urls))
     reader = SPEEDUPS.Reader(_config(lambda b: blocks[b].view, per, len(samples), exts, names, opener, resolve))
-    first = {}
     for i, sample in enumerate(samples):
         got = reader.read(i)
-        if sample[0] not in first:
-            first[sample[0]] = i
+        if sample[0] == 0:
             assert got == {"resolved": i}
         else:
-            assert got["__url__"] == urls[sample[0]]
-    assert handed == sorted(first.values())
+            assert got["__url__"] == urls[sample[0]] and got["__index__"] == i
+    read = list(dict.fromkeys(s[0] for s in samples))  # the shards read, in the order first read
+    assert opened == read  # each opened once, by its first read
+    assert handed == [i for i, s in enumerate(samples) if s[0] == 0]
+    assert names == [urls[k] if k in read and k != 0 else None for k in range(len(urls))]
 
 
 def test_a_damaged_record_in_the_c_reader_is_the_python_error() -> None:

@@ -1,10 +1,10 @@
 """The modules a main flow crosses: ``python tools/walks.py [--dir DIR]``.
 
-Three walks, each traced with ``sys.setprofile`` after every tarindex module is imported (so import-time code
+Four walks, each traced with ``sys.setprofile`` after every tarindex module is imported (so import-time code
 does not count) and the object made: "the first ds[i]" (the first ``ds[i]`` of a ``TarDataset`` over a zstd
 shard, which reads the index's records, opens, checks and reads the shard), "ds[i] opening a second shard" (the
 index already read and one sample of the first shard read: the first read of the second shard, the walk of
-opening a shard) and "stream a shard" (iterating a ``TarStream`` over a plain tar). Prints,
+opening a shard), the same over plain tar shards, and "stream a shard" (iterating a ``TarStream`` over a plain tar). Prints,
 per walk, how many tarindex modules run a Python function during it, and which. The figures are recorded in
 docs/design.md; a walk that crosses fewer modules is one a newcomer follows in fewer files.
 """
@@ -71,16 +71,20 @@ def main() -> None:
     compress_shard(plain, zst, frame_size=4096)
     compress_shard(plain, zst2, frame_size=4096)
     index = build_index([zst, zst2], index=os.path.join(args.dir, "z.tarindex")).path
+    plain2 = os.path.join(args.dir, "b.tar")
+    _shard(plain2)
+    plain_index = build_index([plain, plain2], index=os.path.join(args.dir, "p.tarindex")).path
     _import_all()
 
-    def first_shard_read() -> TarDataset:
+    def first_shard_read(index: str = index) -> TarDataset:
         ds = TarDataset(index)
         ds[3]
         return ds
 
     walks: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {  # (made outside the trace, traced)
         "the first ds[i]": (lambda: TarDataset(index), lambda ds: ds[3]),
-        "ds[i] opening a second shard": (first_shard_read, lambda ds: ds[len(ds) - 3]),
+        "ds[i] opening a second shard": (first_shard_read, lambda ds: ds[-3]),  # a sample of the second shard
+        "ds[i] opening a second plain shard": (functools.partial(first_shard_read, plain_index), lambda ds: ds[-3]),
         "stream a shard": (lambda: TarStream(plain), list),
     }
     for name, (make, walk) in walks.items():
