@@ -46,6 +46,7 @@ _PLAIN = struct.Struct("100s24x12s12x8sB188xB")  # name, size and checksum field
 _TAILS: dict[str, bytes] = {}  # _tail
 _NOT_PLAIN = b"/"  # _tail of an extension a name field does not show by itself (no extension is "/")
 _CHECKSUMS: dict[bytes, int] = {}  # _expected
+_SIZE_FIELDS: dict[int, bytes] = {}  # _size_field
 _PAX_FIELDS = struct.Struct("124x12s12x8sB")  # a PAX header's size field, checksum field and type
 _SIZES = {b"%011o\x00" % n: n for n in range(BLOCK)}  # PAX sizes in the common spelling: records of one block
 _TOUCHY = re.compile(rb"path=|size=|GNU\.sparse")  # what a PAX record that renames or resizes holds (_inert)
@@ -93,12 +94,21 @@ def _plain_agrees(buf: bytes, key: bytes, members: Sequence[tuple[int, int, int]
         name, size_field, chk, typ, ustar_prefix = _PLAIN.unpack_from(buf, own)
         header = buf[own:mo]
         if (
-            tail is _NOT_PLAIN or typ not in _REGULAR or ustar_prefix or size_field != b"%011o\x00" % ms or name != (prefix + tail).ljust(100, b"\x00")
+            tail is _NOT_PLAIN or typ not in _REGULAR or ustar_prefix or size_field != (_SIZE_FIELDS.get(ms) or _size_field(ms)) or name != (prefix + tail).ljust(100, b"\x00")
             or not header.isascii() or (_adler32(header) & 0xFFFF) != (_CHECKSUMS.get(chk) or _expected(chk))
         ):  # fmt: skip
             return False
         pos = mo + ms
     return True
+
+
+def _size_field(size: int) -> bytes:
+    """A size field as the common writers spell it (11 octal digits and a NUL), kept in ``_SIZE_FIELDS`` (emptied
+    past 65,536)."""
+    if len(_SIZE_FIELDS) >= 65536:
+        _SIZE_FIELDS.clear()
+    got = _SIZE_FIELDS[size] = b"%011o\x00" % size
+    return got
 
 
 def _expected(field: bytes) -> int:

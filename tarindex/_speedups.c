@@ -677,50 +677,15 @@ static int name_agrees(const char *key, size_t klen, const unsigned char *name, 
     return 1;
 }
 
-/* Whether the n bytes at a and b are the same, eight at a time; both are readable up to n rounded up to 8
- * (bytes past n are masked off). */
-static inline int same(const unsigned char *a, const char *b, size_t n) {
-    uint64_t x, y, diff = 0;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        memcpy(&x, a + i, 8);
-        memcpy(&y, b + i, 8);
-        diff |= x ^ y;
-    }
-    if (i < n) {
-        memcpy(&x, a + i, 8);
-        memcpy(&y, b + i, 8);
-        diff |= (x ^ y) & (~0ULL >> (8 * (8 - (n - i)))); /* little-endian: the first n - i bytes */
-    }
-    return diff == 0;
-}
-
-/* The common shape, field by field: a member's own header with no extension header before it, a regular
- * file whose name field holds exactly key.ext (the key's `klen` bytes in key, read up to 256 bytes, then the
- * extension's Tail, then a NUL unless the name fills the field; no ustar prefix), its size field and
- * checksum field spelled as GNU tar, tarfile and webdataset spell them (tar_plain_size, tar_plain_chksum:
- * 11 octal digits and a NUL; 6 digits, a NUL and a space; read without a loop and compared as numbers), the
- * checksum the sum tar_header_sum (_tarcore.c) makes. 1: the header says what the record says; 0: not shown
- * here (tar_step reads the header: another spelling, a prefix, an extension in other letter case, a
- * difference). */
-static int plain_header_agrees(const unsigned char *h, const char *key, size_t klen, const Tail *t, uint64_t size) {
-    size_t n = klen + t->len;
-    unsigned char typ = h[156];
-    uint64_t got, stored;
-    if (!t->len || n > 100 || !(typ == '0' || typ == 0 || typ == '7') || (h[345] && memcmp(h + 257, "ustar\0", 6) == 0) ||
-        !same(h, key, klen) || !same(h + klen, t->bytes, t->len + (n < 100)))
-        return 0;
-    return tar_plain_size(h + 124, &got) && got == size && tar_plain_chksum(h + 148, &stored) && stored == tar_header_sum(h);
-}
-
 static int readcheck_on = 1; /* _readcheck(False): tools/bench_readcheck.py measures the check's cost against reads without it */
 
 /* Every read checks the headers it holds: whether each member's headers in the sample's bytes say what
  * record r says (a regular file whose data starts where the record says, of the record's size and name, every
  * checksum valid): a plain header directly after the previous member's data, or after one PAX header whose
- * records cannot rename or resize it (tar_pax_inert, _tarcore.c: not parsed), field by field
- * (plain_header_agrees), any other shape with tar_step (_tarcore.c: PAX and GNU long names and PAX sizes
- * applied, a directory or link between members skipped). Member k's
+ * records cannot rename or resize it, field by field in one call (tar_plain_member, _tarcore.c: the records
+ * searched, not parsed; the name as key + the extension's Tail, the size, both checksums), any other shape
+ * with tar_step (_tarcore.c: PAX and GNU long names and PAX sizes applied, a directory or link between
+ * members skipped). Member k's
  * headers lie in its gap: the bytes from the end of member k-1's data (0 for k = 0) to its own data, at
  * base + that offset, or, when `gaps` is given (a sample read straight into its members' bytes), one gap
  * after the other in `gaps`. 1: they agree; 0: not shown here (the read goes to the Python path, whose
@@ -729,9 +694,10 @@ static int headers_agree(Reader *self, const Record *r, const unsigned char *bas
     if (!readcheck_on) return 1;
     uint64_t pos = 0, acc = 0;
     tar_member m;
-    char key[256];
-    size_t klen = key_bytes(r, key, sizeof key);
-    if (r->nm == 0 || klen > sizeof key) return 0; /* the Python check compares these */
+    char key[256 + 2 * TAIL_MAX]; /* the key, then each member's tail in turn (tar_expect: its name) */
+    size_t klen = key_bytes(r, key, 256);
+    if (r->nm == 0 || klen > 256) return 0; /* the Python check compares these */
+    memset(key + klen, 0, 2 * TAIL_MAX); /* what tar_plain_member reads past a tail's NUL */
     if (r->suffix || !r->digits ? !plain_key(key, klen) : !r->plain_prefix || (klen >= 2 && key[0] == '_' && key[1] == '_'))
         return 0; /* a key of prefix + digits: plain as its block's prefix is (the digits hold no '/' or '.') */
     for (Py_ssize_t k = 0; k < r->nm; k++) {
@@ -739,9 +705,10 @@ static int headers_agree(Reader *self, const Record *r, const unsigned char *bas
         const unsigned char *g = gaps ? gaps + acc : base + pos;
         size_t at = (size_t)(round512(pos) - pos), need;
         acc += len;
-        size_t skip = 0;
-        if ((len - at == TAR_BLOCK || (len - at > TAR_BLOCK && tar_pax_inert(g + at, (size_t)(len - at), &skip) && len - at - skip == TAR_BLOCK)) &&
-            plain_header_agrees(g + at + skip, key, klen, &self->tails[r->ext[k]], r->ms[k])) {
+        const Tail *t = &self->tails[r->ext[k]];
+        memcpy(key + klen, t->bytes, TAIL_MAX);
+        tar_expect want = {(const unsigned char *)key, klen + t->len, r->ms[k]};
+        if (t->len && at <= len && tar_plain_member(g + at, (size_t)(len - at), &want)) {
             pos = mo + r->ms[k]; /* a plain header, alone or after a PAX header that changes neither its name nor its size */
             continue;
         }

@@ -62,26 +62,33 @@ static uint64_t header_sum_sse2(const unsigned char *h) {
 #endif
 
 #if TAR_SUM_AVX2
-__attribute__((target("avx2"))) static uint64_t header_sum_avx2(const unsigned char *h) {
+__attribute__((target("avx2"))) static inline uint64_t header_sum_avx2(const unsigned char *h) {
     const __m256i zero = _mm256_setzero_si256();
     __m256i a = zero, b = zero;
 #pragma GCC unroll 8
-    for (int i = 0; i < TAR_BLOCK; i += 64) {
-        a = _mm256_add_epi64(a, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(h + i)), zero));
-        b = _mm256_add_epi64(b, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(h + i + 32)), zero));
+    for (int i = 0; i < TAR_BLOCK; i += 64) { /* zero first: the bytes are the operand a load folds into */
+        a = _mm256_add_epi64(a, _mm256_sad_epu8(zero, _mm256_loadu_si256((const __m256i *)(h + i))));
+        b = _mm256_add_epi64(b, _mm256_sad_epu8(zero, _mm256_loadu_si256((const __m256i *)(h + i + 32))));
+        __asm__("" : "+x"(a), "+x"(b)); /* one add after another (reassociated, the sums spill to the stack) */
     }
     a = _mm256_add_epi64(a, b);
     __m128i s = _mm_add_epi64(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-    s = _mm_sub_epi64(s, _mm_sad_epu8(_mm_loadl_epi64((const __m128i *)(h + 148)), _mm_setzero_si128())); /* less the field */
+    s = _mm_sub_epi64(s, _mm_sad_epu8(_mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)(h + 148)))); /* less the field */
     return (uint64_t)_mm_cvtsi128_si64(s) + (uint64_t)_mm_extract_epi64(s, 1) + 8 * 32;
+}
+#endif
+
+#if TAR_SUM_AVX2
+static inline int has_avx2(void) {
+    static int avx2 = -1; /* asked once: every thread finds the same answer */
+    if (__builtin_expect(avx2 < 0, 0)) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return avx2;
 }
 #endif
 
 uint64_t tar_header_sum(const unsigned char *h) {
 #if TAR_SUM_AVX2
-    static int avx2 = -1; /* asked once: every thread finds the same answer */
-    if (__builtin_expect(avx2 < 0, 0)) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-    if (avx2) return header_sum_avx2(h);
+    if (has_avx2()) return header_sum_avx2(h);
 #endif
 #ifdef __SSE2__
     return header_sum_sse2(h);
@@ -123,24 +130,51 @@ static int pax_size(const unsigned char *v, size_t n, uint64_t *out) {
 
 /* Whether the n bytes of PAX records at d may set a name or a size: a '=' after "path" or "size" (the key and
  * its '=' side by side, wherever they are), or a 'G' followed by "NU.sparse" (GNU.sparse.*). Conservative:
- * a value that holds such bytes counts too. With SSE2, one pass sixteen bytes at a time finds every '=' and
- * 'G' (d is readable up to n rounded up to TAR_BLOCK: the records' padding). */
-static int pax_touchy(const unsigned char *d, size_t n) {
+ * a value that holds such bytes counts too. With SSE2 (wide: AVX2), one pass sixteen (thirty-two) bytes a
+ * step marks every '=' four bytes after a 'p' or an 's' and every 'G' before an 'N' (pax_marks), and only
+ * those are compared (d is readable from 4 bytes before it up to 32 bytes past n rounded up to TAR_BLOCK:
+ * the PAX header, the records' padding, the member's own header). */
+static inline int pax_hit(const unsigned char *d, size_t n, size_t j) {
+    return d[j] == '=' ? j >= 4 && (memcmp(d + j - 4, "path", 4) == 0 || memcmp(d + j - 4, "size", 4) == 0)
+                       : n - j >= 10 && memcmp(d + j, "GNU.sparse", 10) == 0;
+}
+
 #ifdef __SSE2__
-    const __m128i eq = _mm_set1_epi8('='), g = _mm_set1_epi8('G');
-    for (size_t i = 0; i < n; i += 16) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(d + i));
-        unsigned hits = (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, eq), _mm_cmpeq_epi8(v, g)));
-        if (n - i < 16) hits &= (1u << (n - i)) - 1; /* the padding after the records */
-        for (; hits; hits &= hits - 1) {
-            size_t j = i + (size_t)__builtin_ctz(hits);
-            if (d[j] == '=' ? j >= 4 && (memcmp(d + j - 4, "path", 4) == 0 || memcmp(d + j - 4, "size", 4) == 0)
-                            : n - j >= 10 && memcmp(d + j, "GNU.sparse", 10) == 0)
-                return 1;
-        }
+static inline uint32_t pax_marks_sse2(const unsigned char *d) {
+    __m128i v = _mm_loadu_si128((const __m128i *)d), k = _mm_loadu_si128((const __m128i *)(d - 4)), after = _mm_loadu_si128((const __m128i *)(d + 1));
+    __m128i key = _mm_and_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('=')), _mm_or_si128(_mm_cmpeq_epi8(k, _mm_set1_epi8('p')), _mm_cmpeq_epi8(k, _mm_set1_epi8('s'))));
+    __m128i gnu = _mm_and_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('G')), _mm_cmpeq_epi8(after, _mm_set1_epi8('N')));
+    return (uint32_t)_mm_movemask_epi8(_mm_or_si128(key, gnu));
+}
+#endif
+
+#if TAR_SUM_AVX2
+__attribute__((target("avx2"))) static inline uint32_t pax_marks_avx2(const unsigned char *d) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)d), k = _mm256_loadu_si256((const __m256i *)(d - 4)),
+            after = _mm256_loadu_si256((const __m256i *)(d + 1));
+    __m256i key = _mm256_and_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('=')),
+                                   _mm256_or_si256(_mm256_cmpeq_epi8(k, _mm256_set1_epi8('p')), _mm256_cmpeq_epi8(k, _mm256_set1_epi8('s'))));
+    __m256i gnu = _mm256_and_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('G')), _mm256_cmpeq_epi8(after, _mm256_set1_epi8('N')));
+    return (uint32_t)_mm256_movemask_epi8(_mm256_or_si256(key, gnu));
+}
+#endif
+
+static inline __attribute__((always_inline)) int pax_touchy(const unsigned char *d, size_t n, int wide) {
+#ifdef __SSE2__
+    const size_t step = wide ? 32 : 16;
+    for (size_t i = 0; i < n; i += step) {
+#if TAR_SUM_AVX2
+        uint32_t hits = wide ? pax_marks_avx2(d + i) : pax_marks_sse2(d + i);
+#else
+        uint32_t hits = pax_marks_sse2(d + i);
+#endif
+        if (n - i < step) hits &= (1u << (n - i)) - 1; /* the padding after the records */
+        for (; hits; hits &= hits - 1)
+            if (pax_hit(d, n, i + (size_t)__builtin_ctz(hits))) return 1;
     }
     return 0;
 #else
+    (void)wide;
     const unsigned char *end = d + n, *p = d;
     while (p < end && (p = memchr(p, '=', (size_t)(end - p))) != NULL) {
         if (p - d >= 4 && (memcmp(p - 4, "path", 4) == 0 || memcmp(p - 4, "size", 4) == 0)) return 1;
@@ -152,14 +186,108 @@ static int pax_touchy(const unsigned char *d, size_t n) {
 #endif
 }
 
-int tar_pax_inert(const unsigned char *p, size_t avail, size_t *skip) {
-    uint64_t size;
-    if (avail < TAR_BLOCK || p[156] != 'x' || !verified(p, &size)) return 0;
-    uint64_t padded = (size + TAR_BLOCK - 1) & ~(uint64_t)(TAR_BLOCK - 1);
-    if (padded > avail - TAR_BLOCK || pax_touchy(p + TAR_BLOCK, (size_t)size)) return 0;
-    *skip = TAR_BLOCK + (size_t)padded;
-    return 1;
+/* Whether the n bytes at a and b are the same, eight at a time; both are readable up to n rounded up to 8
+ * (bytes past n are masked off). */
+static inline int same(const unsigned char *a, const unsigned char *b, size_t n) {
+    uint64_t x, y, diff = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        diff |= x ^ y;
+    }
+    if (i < n) {
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        diff |= (x ^ y) & (~0ULL >> (8 * (8 - (n - i)))); /* little-endian: the first n - i bytes */
+    }
+    return diff == 0;
 }
+
+/* A member's own header as tar_plain_member takes it, all but its checksum: a regular type, the name field
+ * exactly the expected name (and a NUL after it unless it fills the field), no ustar prefix, the size field
+ * as the common writers spell it and equal to the expected size; *stored: the checksum field's value. */
+static inline __attribute__((always_inline)) int own_fields(const unsigned char *h, const tar_expect *e, uint64_t *stored) {
+    unsigned char typ = h[156];
+    uint64_t got;
+    return e->len <= 100 && (typ == '0' || typ == 0 || typ == '7') && !(h[345] && memcmp(h + 257, "ustar\0", 6) == 0) &&
+           same(h, e->name, e->len + (e->len < 100)) && tar_plain_size(h + 124, &got) && got == e->size && tar_plain_chksum(h + 148, stored);
+}
+
+/* A PAX 'x' header's fields as tar_plain_member takes them, all but its checksum: the size field spelled
+ * plainly, its records padded to `padded` bytes; *size: their length, *stored: the checksum field's value. */
+static inline __attribute__((always_inline)) int pax_fields(const unsigned char *p, size_t padded, uint64_t *size, uint64_t *stored) {
+    return p[156] == 'x' && tar_plain_size(p + 124, size) && ((*size + TAR_BLOCK - 1) & ~(uint64_t)(TAR_BLOCK - 1)) == padded &&
+           tar_plain_chksum(p + 148, stored);
+}
+
+#if TAR_SUM_AVX2
+/* Two headers' sums in one pass (a PAX header and the member's own): one sum in flight for each, one
+ * reduction for both. */
+__attribute__((target("avx2"))) static inline void header_sums_avx2(const unsigned char *a, const unsigned char *b, uint64_t *sa, uint64_t *sb) {
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i a0 = zero, b0 = zero;
+#pragma GCC unroll 16
+    for (int i = 0; i < TAR_BLOCK; i += 32) { /* zero first: the bytes are the operand a load folds into */
+        a0 = _mm256_add_epi64(a0, _mm256_sad_epu8(zero, _mm256_loadu_si256((const __m256i *)(a + i))));
+        b0 = _mm256_add_epi64(b0, _mm256_sad_epu8(zero, _mm256_loadu_si256((const __m256i *)(b + i))));
+        __asm__("" : "+x"(a0), "+x"(b0)); /* one add after another (reassociated, the sums spill to the stack) */
+    }
+    const __m128i z = _mm_setzero_si128();
+    __m128i x = _mm_add_epi64(_mm256_castsi256_si128(a0), _mm256_extracti128_si256(a0, 1));
+    __m128i y = _mm_add_epi64(_mm256_castsi256_si128(b0), _mm256_extracti128_si256(b0, 1));
+    x = _mm_sub_epi64(x, _mm_sad_epu8(z, _mm_loadl_epi64((const __m128i *)(a + 148)))); /* less the fields */
+    y = _mm_sub_epi64(y, _mm_sad_epu8(z, _mm_loadl_epi64((const __m128i *)(b + 148))));
+    __m128i s = _mm_add_epi64(_mm_unpacklo_epi64(x, y), _mm_unpackhi_epi64(x, y)); /* a's sum, b's sum */
+    *sa = (uint64_t)_mm_cvtsi128_si64(s) + 8 * 32;
+    *sb = (uint64_t)_mm_extract_epi64(s, 1) + 8 * 32;
+}
+#endif
+
+/* tar_plain_member's body, made twice (wide: AVX2's sums and search, else SSE2's or the plain loop's): the
+ * own header's fields first (a member of another shape leaves before any sum), then the sums, then the PAX
+ * records' search. */
+static inline __attribute__((always_inline)) int plain_member(const unsigned char *g, size_t len, const tar_expect *e, int wide) {
+    const unsigned char *h = g + len - TAR_BLOCK;
+    uint64_t own, pax, size, a, b;
+    if (len < TAR_BLOCK || !own_fields(h, e, &own)) return 0;
+#if TAR_SUM_AVX2
+    if (wide) {
+        if (len == TAR_BLOCK) return header_sum_avx2(h) == own;
+        if (!pax_fields(g, len - 2 * TAR_BLOCK, &size, &pax)) return 0;
+        header_sums_avx2(g, h, &a, &b);
+        return a == pax && b == own && !pax_touchy(g + TAR_BLOCK, (size_t)size, 1);
+    }
+#endif
+    (void)wide;
+    if (len == TAR_BLOCK) return tar_header_sum(h) == own;
+    if (!pax_fields(g, len - 2 * TAR_BLOCK, &size, &pax)) return 0;
+    a = tar_header_sum(g);
+    b = tar_header_sum(h);
+    return a == pax && b == own && !pax_touchy(g + TAR_BLOCK, (size_t)size, 0);
+}
+
+static int plain_member_base(const unsigned char *g, size_t len, const tar_expect *e) {
+    return plain_member(g, len, e, 0);
+}
+
+#if TAR_SUM_AVX2
+__attribute__((target("avx2"))) static int plain_member_avx2(const unsigned char *g, size_t len, const tar_expect *e) {
+    return plain_member(g, len, e, 1);
+}
+#endif
+
+/* The first call picks the body for this CPU (every thread picks the same) and calls it. */
+static int plain_member_pick(const unsigned char *g, size_t len, const tar_expect *e) {
+#if TAR_SUM_AVX2
+    tar_plain_member = has_avx2() ? plain_member_avx2 : plain_member_base;
+#else
+    tar_plain_member = plain_member_base;
+#endif
+    return tar_plain_member(g, len, e);
+}
+
+int (*tar_plain_member)(const unsigned char *g, size_t len, const tar_expect *e) = plain_member_pick;
 
 typedef struct {
     const unsigned char *path;

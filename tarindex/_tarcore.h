@@ -37,12 +37,25 @@ typedef struct {
  * any window: then defer). Reads nothing past p + avail. */
 int tar_step(const unsigned char *p, size_t avail, tar_member *m, size_t *need);
 
-/* Whether p holds a PAX 'x' header (checksum valid, a plain octal size) and its records, all within `avail`
- * bytes, whose records cannot rename or resize the member after it: none holds "path=", "size=" or
- * "GNU.sparse" (a record that sets one holds its key and '=' side by side). Then *skip is the bytes they take
- * (the header and its padded records) and the member's own header follows. The records are not parsed: the
- * read check's fast path for webdataset's TarWriter and GNU tar --format=posix, which write only times there. */
-int tar_pax_inert(const unsigned char *p, size_t avail, size_t *skip);
+/* What the read check expects of a member (tar_plain_member): its name (key, '.', extension: len bytes,
+ * readable up to len + 1 rounded up to 8, with a NUL after them) and its data's size. */
+typedef struct {
+    const unsigned char *name;
+    size_t len;
+    uint64_t size;
+} tar_expect;
+
+/* Whether the `len` bytes at g are a member's headers in the read check's common shape, saying what e says:
+ * its own header alone (len 512), or after one PAX 'x' header whose records (its size field's length, padded
+ * to the len - 1024 bytes between) cannot rename or resize it: none holds "path=", "size=" or "GNU.sparse" (a
+ * record that sets one holds its key and '=' side by side; the records are searched, not parsed: webdataset's
+ * TarWriter and GNU tar --format=posix write only times there). The own header: a regular file whose name
+ * field holds exactly the name (a NUL after it unless it fills the field; no ustar prefix); both headers'
+ * size and checksum fields spelled as GNU tar, tarfile and webdataset spell them (tar_plain_size,
+ * tar_plain_chksum), the size the expected one, each checksum the sum tar_header_sum makes (both sums in one
+ * pass). 0: not shown here (another shape or spelling, or a difference: tar_step reads the headers). A
+ * pointer: the body for this CPU (AVX2 or not), picked at the first call. */
+extern int (*tar_plain_member)(const unsigned char *g, size_t len, const tar_expect *e);
 
 /* The header checksum's unsigned sum (the checksum field counted as spaces): AVX2 where the CPU has it,
  * else SSE2 (every x86-64), else eight bytes at a time. */
@@ -50,13 +63,13 @@ uint64_t tar_header_sum(const unsigned char *h);
 
 /* Eight octal digit values, one a byte in reading order (little-endian), as a number: adjacent digits,
  * then pairs, then quads, combined in place (no lane overflows: 63, 4095, 2**24 - 1). */
-static inline uint64_t tar_octal8(uint64_t x) {
+static inline __attribute__((always_inline)) uint64_t tar_octal8(uint64_t x) {
     x = (x * 8 + (x >> 8)) & 0x00FF00FF00FF00FFULL;
     x = (x * 64 + (x >> 16)) & 0x0000FFFF0000FFFFULL;
     return (x * 4096 + (x >> 32)) & 0xFFFFFFFFULL;
 }
 
-static inline uint64_t tar_load64(const unsigned char *p) {
+static inline __attribute__((always_inline)) uint64_t tar_load64(const unsigned char *p) {
     uint64_t v;
     memcpy(&v, p, 8); /* little-endian hosts, as octal8 reads it */
     return v;
@@ -64,7 +77,7 @@ static inline uint64_t tar_load64(const unsigned char *p) {
 
 /* A checksum field as GNU tar, tarfile and webdataset spell it ("%06o\0 ": six octal digits, a NUL, a
  * space): 1 and its value, without a loop; 0 for any other spelling (tar_octal reads those). */
-static inline int tar_plain_chksum(const unsigned char *f, uint64_t *out) {
+static inline __attribute__((always_inline)) int tar_plain_chksum(const unsigned char *f, uint64_t *out) {
     uint64_t x = tar_load64(f), digits = x & 0xFFFFFFFFFFFFULL;
     if ((x >> 48) != 0x2000 || ((digits & 0xF8F8F8F8F8F8ULL) ^ 0x303030303030ULL)) return 0;
     *out = tar_octal8((digits - 0x303030303030ULL) << 16);
@@ -73,7 +86,7 @@ static inline int tar_plain_chksum(const unsigned char *f, uint64_t *out) {
 
 /* A size field as they spell it ("%011o\0": eleven octal digits and a NUL, below 2**33): 1 and its value;
  * 0 for any other spelling. */
-static inline int tar_plain_size(const unsigned char *f, uint64_t *out) {
+static inline __attribute__((always_inline)) int tar_plain_size(const unsigned char *f, uint64_t *out) {
     uint64_t hi = tar_load64(f), lo = tar_load64(f + 4) >> 32; /* digits 1-8; digits 9-11 and the NUL */
     if (((hi & 0xF8F8F8F8F8F8F8F8ULL) ^ 0x3030303030303030ULL) | ((lo & 0xFFF8F8F8ULL) ^ 0x303030ULL)) return 0;
     *out = tar_octal8(hi - 0x3030303030303030ULL) << 9 | tar_octal8((lo - 0x303030ULL) << 40);

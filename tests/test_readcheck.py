@@ -440,10 +440,10 @@ def test_a_header_summing_to_its_checksum_plus_65521_is_stale(impl: str, tmp_pat
     assert "bad header checksum" in str(error) and f"at offset {at}" in str(error)
 
 
-@pytest.mark.parametrize("pad", [0, 3, 9, 14, 15, 16, 17, 40])
+@pytest.mark.parametrize("pad", [0, 3, 9, 14, 15, 16, 17, 18, 19, 40, 47, 48, 49, 50, 51])
 def test_a_path_record_anywhere_in_the_pax_records_is_read(pad: int, impl: str, tmp_path: Path) -> None:
-    """``path=`` after a record of ``pad`` bytes of value (the key and its ``=`` on either side of each 16-byte
-    step of the C search), or inside another record's value: the records are parsed, the member reads as tarfile
+    """``path=`` after a record of ``pad`` bytes of value (the key and its ``=`` on either side of each 16- and
+    32-byte step of the C search: SSE2, AVX2), or inside another record's value: the records are parsed, the member reads as tarfile
     extracts it, and the path changed there (the ustar header as before) is stale."""
     shard = _pax_shard(tmp_path / "d", lambda name, size: {"comment": "c" * pad + " path=" + name + " .", "path": name})
     ds = _built(shard)
@@ -456,6 +456,40 @@ def test_a_path_record_anywhere_in_the_pax_records_is_read(pad: int, impl: str, 
     ds = TarDataset(ds.index_path)
     assert "member 2: the shard has no member" in str(_no_other_bytes(ds, MIDDLE, shard, offset))
     assert ds[MIDDLE + 1]["txt"] == _caption(MIDDLE + 1)
+
+
+@pytest.mark.parametrize("pad", [0, 1, 15, 16, 17, 47, 48, 49])
+def test_a_gnu_sparse_record_anywhere_in_the_pax_records_is_read(pad: int, impl: str, tmp_path: Path) -> None:
+    """A record's key turned into ``GNU.sparse.name`` (a sparse member, which tarindex skips, renamed as tarfile
+    reads it) after a record of ``pad`` bytes of value: its ``G`` and ``N`` on either side of each 16- and 32-byte
+    step of the C search. The records are parsed and the read is stale."""
+    shard = _pax_shard(tmp_path / "d", lambda name, size: {"comment": "c" * pad, "XNU.sparse.name": name})
+    ds = _built(shard)
+    assert check_dataset(ds, expected_samples(shard)) == N
+    offset = ds.index.record(MIDDLE)[1]
+    name = f"{MIDDLE:06d}.txt"
+    old = b"XNU.sparse.name=" + name.encode()
+    _in_place(shard, _pax_edit(shard, name, old, b"GNU.sparse.name=" + f"{MIDDLE + 900:06d}.txt".encode()), restore_mtime=True)
+    assert _members(shard)[f"{MIDDLE + 900:06d}.txt"].size == 700  # what tarfile reads now
+    ds = TarDataset(ds.index_path)
+    assert "member 2: the shard has no member" in str(_no_other_bytes(ds, MIDDLE, shard, offset))
+    assert ds[MIDDLE + 1]["txt"] == _caption(MIDDLE + 1)
+
+
+@pytest.mark.parametrize("pad", [480, 2000])
+def test_a_path_record_after_the_first_block_of_pax_records_is_read(pad: int, impl: str, tmp_path: Path) -> None:
+    """PAX records of more than one block (a long comment, then ``path=`` near or past the first block's end):
+    the member reads as tarfile extracts it, and the path changed there (the ustar header as before) is stale."""
+    shard = _pax_shard(tmp_path / "d", lambda name, size: {"comment": "c" * pad, "path": name})
+    ds = _built(shard)
+    assert check_dataset(ds, expected_samples(shard)) == N
+    offset = ds.index.record(MIDDLE)[1]
+    name = f"{MIDDLE:06d}.txt"
+    old = b" path=" + name.encode() + b"\n"
+    _in_place(shard, _pax_edit(shard, name, old, b" path=" + f"{MIDDLE + 900:06d}.txt\n".encode()), restore_mtime=True)
+    assert _members(shard)[f"{MIDDLE + 900:06d}.txt"].size == 700
+    ds = TarDataset(ds.index_path)
+    assert "member 2: the shard has no member" in str(_no_other_bytes(ds, MIDDLE, shard, offset))
 
 
 @pytest.mark.parametrize("records", [{"comment": "path= size= GNU.sparse"}, {"comment": "x" * 60 + "GNU.sparse"}, {"GNU.sparseness": "1"}])
