@@ -15,10 +15,13 @@ import contextlib
 import hashlib
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._atomic import atomic_write, write_error
 from ._cache import FileCache
+
+if TYPE_CHECKING:
+    from .objstore import Remote
 
 __all__ = ["BlockCache", "CachedReader"]
 
@@ -107,7 +110,7 @@ class BlockCache:
 class CachedReader:
     """A remote reader (``read_at``) whose ranges are looked up in, and added to, a :class:`BlockCache`."""
 
-    def __init__(self, inner: Any, cache: BlockCache, identity: str) -> None:
+    def __init__(self, inner: Remote, cache: BlockCache, identity: str) -> None:
         self.inner = inner
         self.cache = cache
         self.identity = identity

@@ -12,7 +12,7 @@ A row names the codec (as :func:`detect` names it and as an index entry records 
 ``ShardInfo.compression``), gives its stream walk (the decompression of a shard's bytes read in order, which
 streaming, building and rewriting use) and says what the index keeps of it (a frame table, seek points).
 Modules above this layer attach their per-codec step to the rows: the index scan of a local file
-(:data:`tarindex.scan.LOCAL_SCANS`) and the random reader (:data:`tarindex.access.codecs.CODECS`); a test
+(:data:`tarindex.scan.LOCAL_SCANS`) and the random reader (:data:`tarindex.access.codecs.RANDOM`); a test
 checks that every row has both. No other module compares codec names: it asks this table.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .compression import ArchiveEnd
@@ -189,10 +189,11 @@ class Codec:
     """Whether many samples of one shard are read in one pass over it rather than one by one (each
     random read would decompress from a seek point)."""
 
-    @property
-    def compressed(self) -> bool:
-        """Whether the stored bytes are not the tar itself."""
-        return self.walk is not None
+    compressed: bool = field(init=False)
+    """Whether the stored bytes are not the tar itself (a field, so that asking it runs no code)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compressed", self.walk is not None)
 
 
 # A codec's module is imported when its walk first runs: detection (below the index reader, the CLI's `info`,

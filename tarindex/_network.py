@@ -24,6 +24,7 @@ from typing import Any, BinaryIO
 from urllib.parse import unquote, urljoin, urlsplit
 
 from ._process import FORK
+from ._ranges import ReadAt
 from ._retry import RETRYABLE_STATUS, Transient, parse_retry_after
 from ._source import Source, _reads
 from .errors import NO_RANGES, ShardNotFoundError, SourceError, StaleIndexError, TarIndexError
@@ -802,7 +803,7 @@ class RangeReader:
         return read_many([(self, offset, size) for offset, size in ranges], self.options)
 
     @staticmethod
-    def fetch_many(requests: Sequence[tuple[Any, int, int]], max_in_flight: int) -> list[bytes]:
+    def fetch_many(requests: Sequence[tuple[ReadAt, int, int]], max_in_flight: int) -> list[bytes]:
         """``read_at`` of every ``(reader, offset, size)``, at most ``max_in_flight`` at once, in order.
 
         Raises:
