@@ -2,7 +2,7 @@
 
 Each range a remote read fetched (a sample's bytes) is one entry, named by a digest of the shard's
 identity (URL, size, ETag or modification time) and the range, so a changed object never hits old
-entries. Entries are written atomically (temporary name, rename) by :class:`tarindex._cache.FileCache`,
+entries. Entries are written atomically (temporary name, rename) by :class:`tarindex._filecache.FileCache`,
 whose directory, marker and lock this cache shares; a counter of the bytes in use, updated under the
 lock, keeps the bound without listing the directory on every write: when a write would pass the
 bound, the least recently used entries are deleted down to 90% of it (one listing per tenth of the
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ._atomic import atomic_write, write_error
-from ._cache import FileCache
+from ._filecache import FileCache
 
 if TYPE_CHECKING:
     from .objstore import Remote

@@ -1,4 +1,5 @@
-"""Object stores and other remote shards: listing for globs, ranged reads, concurrent coalesced batches.
+"""Object stores and other remote shards: listing for globs, ranged reads, concurrent coalesced batches,
+sequential sources (:class:`ObjectSource`, :class:`FsspecSource`).
 
 ``s3://``, ``gs://`` and ``az://`` go through :mod:`obstore` (Rust ``object_store``: concurrent
 requests without the GIL, ~20x the throughput of fsspec's ``cat_ranges`` here; see docs/design.md),
@@ -25,11 +26,11 @@ import threading
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeAlias, TypeGuard
 
 from . import hub
 from ._blockcache import BlockCache, CachedReader
-from ._network import FsspecSource, RangeReader, _Retrying
+from ._http import RangeReader, _Retrying
 from ._process import FORK
 from ._ranges import coalesce
 from ._retry import RETRYABLE_STATUS, Transient
@@ -698,6 +699,37 @@ class ObjectSource(_Retrying):
             modified = meta.get("last_modified")
             self.mtime_ns = int(modified.timestamp()) * 1_000_000_000 if modified is not None else 0
         return _Body(iter(result.stream(min_chunk_size=self.block_size)), self.url, start)
+
+
+class FsspecSource(_Retrying):
+    """Any other ``scheme://`` through :mod:`fsspec` (``s3://``, ``gs://``, ...), reopened at the byte reached."""
+
+    def __init__(self, url: str, options: SourceOptions | None = None) -> None:
+        super().__init__(url, options)
+        self.storage_options = dict(self.options.storage_options)
+
+    def _open_at(self, start: int) -> BinaryIO:
+        try:
+            import fsspec  # optional
+        except ImportError as exc:
+            raise SourceError(self.url, 0, "fsspec is not installed: pip install 'tarindex[s3]'") from exc
+        try:
+            fs, path = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        except (ImportError, ValueError) as exc:
+            raise SourceError(self.url, 0, f"no fsspec filesystem for this URL ({exc})") from exc
+        try:
+            if start == 0:
+                info = fs.info(path)
+                self.size = info.get("size")
+                modified = info.get("LastModified") or info.get("mtime")
+                if hasattr(modified, "timestamp"):
+                    self.mtime_ns = int(modified.timestamp() * 1e9)
+            f: BinaryIO = fs.open(path, "rb", block_size=self.block_size)
+        except FileNotFoundError as exc:
+            raise ShardNotFoundError(f"{self.url}: no such shard") from exc
+        if start:
+            f.seek(start)
+        return f
 
 
 def open_stream(url: str, options: SourceOptions) -> _Retrying:

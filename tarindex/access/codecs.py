@@ -16,8 +16,8 @@ from typing import BinaryIO, Protocol
 
 import numpy as np
 
-from .._cache import FileCache
 from .._codecs import BY_ENTRY, GZIP, TAR, ZSTD, Codec, detect, of_name
+from .._filecache import FileCache
 from ..compression import limits
 from ..errors import CorruptFrameError, IndexFormatError, RandomAccessError
 from ..gzip import random_access_refused
