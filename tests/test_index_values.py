@@ -105,6 +105,7 @@ CASES: dict[str, tuple[str, tuple[bytes, Callable[[bytes], bytes]], str]] = {
     "n_buckets=2**63": ("plain", meta(n_buckets=1 << 63), r"bad n_buckets"),
     "n_buckets=2": ("plain", meta(n_buckets=2), r"bad n_buckets"),  # in range (10 samples: 1 bucket), but lookups would miss theirs
     "block_samples=2**70": ("plain", meta(block_samples=1 << 70), r"bad block_samples"),
+    "block_samples=0": ("plain", meta(block_samples=0), r"bad block_samples"),  # no division by it before the check
     "block_samples=1, n_samples=2**40": (
         "plain", meta(block_samples=1, n_samples=N40, n_blocks=N40, sample_bytes=5, n_buckets=-(-N40 // 182)),
         r"bad n_blocks: 1099511627776 record blocks of 1 samples for 1099511627776 samples, the file holds another number",
