@@ -59,8 +59,8 @@ def shard_list(urls: Any, allow_commands: bool) -> ShardList:
     try:
         check_commands(reader.path, reader.shards, allow_commands)
         refs = [ShardRef.of(shard_name(reader.path, info)) for info in reader.shards]
-        starts = [int(x) for x in reader.shard_starts().tolist()]
         infos = list(reader.shards)
+        starts = [int(x) for x in reader.checked_starts(range(len(infos)), infos).tolist()]
     finally:
         if reader is not urls:
             reader.close()
