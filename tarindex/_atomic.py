@@ -104,7 +104,7 @@ def write_error(target: Path, exc: BaseException) -> WriteError:
         except OSError:
             pass
         else:
-            if st.f_bavail * st.f_frsize < _NEARLY_FULL:
+            if st.f_blocks and st.f_bavail * st.f_frsize < _NEARLY_FULL:  # (no blocks at all: /proc, not a full disk)
                 cause += f"; the disk is full ({st.f_bavail * st.f_frsize} bytes free)"
     return WriteError(str(target), cause)
 

@@ -13,10 +13,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ._codecs import looks_like_shard, sniff_file
 from .index.reader import IndexReader
 from .naming import ShardRef, check_commands, shard_name
-from .shards import INDEX_SUFFIX, expand_shards
+from .shards import expand_shards, given_index
 from .tables import ShardInfo
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
@@ -51,17 +50,17 @@ def shard_list(urls: Any, allow_commands: bool) -> ShardList:
     if isinstance(urls, IndexReader):
         reader = urls
     elif isinstance(urls, (str, os.PathLike)):
-        p = os.fspath(urls)
-        if p.endswith(INDEX_SUFFIX) or (os.path.isfile(p) and not looks_like_shard(sniff_file(p))):  # by content: .tgz too
-            reader = IndexReader(os.path.abspath(p))
+        given = given_index(urls)  # by content (a .tgz shard is a shard) and name (a damaged x.tar too)
+        if given is not None:
+            reader = IndexReader(given)
     if reader is None:  # paths made absolute now: a later os.chdir (Hydra) does not move the stream
         refs = [ShardRef.of(u) for u in expand_shards(urls)]
         return _listed([ShardRef.of(os.path.abspath(r.name)) if r.local else r for r in refs])
     try:
         check_commands(reader.path, reader.shards, allow_commands)
         refs = [ShardRef.of(shard_name(reader.path, info)) for info in reader.shards]
-        starts = [int(x) for x in reader.shard_starts().tolist()]
         infos = list(reader.shards)
+        starts = [int(x) for x in reader.checked_starts(range(len(infos)), infos).tolist()]
     finally:
         if reader is not urls:
             reader.close()

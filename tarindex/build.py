@@ -245,12 +245,17 @@ def _stopped_on_error(pool: Executor) -> Iterator[Executor]:
     try:
         yield pool
     except BaseException:
+        # the pool's manager thread closes its wake-up pipe as it ends, a pipe concurrent.futures' exit hook writes
+        # to while the thread runs: joined below (shutdown forgets it), or a traceback follows the error at exit
+        manager = getattr(pool, "_executor_manager_thread", None)
         pool.shutdown(wait=False, cancel_futures=True)
         processes = list((getattr(pool, "_processes", None) or {}).values())  # no public way to stop workers (3.14 adds one)
         for process in processes:
             process.kill()
         for process in processes:
             process.join(5)
+        if manager is not None:
+            manager.join(5)
         raise
     pool.shutdown(wait=True)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ import numpy as np
 from . import _native
 from ._atomic import atomic_write
 from ._codecs import BY_ENTRY
-from .errors import ExportError, shown
+from .errors import ExportError, OverwriteError, shown
 from .index.merge import relative_path
 from .index.reader import IndexReader
 from .naming import shard_name
@@ -30,6 +32,37 @@ DALI_VERSION = "v1.2"
 """The index version DALI's ``wds2idx`` writes (DALI reads ``v1.1`` and ``v1.2``)."""
 _SPACE = re.compile(rb"\s")
 _SPACES = b" \t\n\r\x0b\x0c"  # what _SPACE matches
+_WIDS_KIND = "wids-shard-index-v1"
+_WIDS_HEAD = re.compile(rb'"__kind__"\s*:\s*"' + _WIDS_KIND.encode() + rb'"')
+
+
+def _check_output(path: Path, replaceable: Callable[[bytes], bool], what: str) -> None:
+    """Refuse to write ``path`` over a file an export did not write (a shard or the index named by mistake):
+    replaced are nothing, an empty file, and a file whose first 4 KiB ``replaceable`` accepts.
+
+    Raises:
+        OverwriteError: naming the file and what to do.
+    """
+    try:
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            return
+        with open(path, "rb") as f:
+            head = f.read(4096) if stat.S_ISREG(st.st_mode) else None
+    except FileNotFoundError:
+        return
+    except OSError as exc:  # a directory, unreadable: not an earlier export
+        raise OverwriteError(f"{path}: exists and cannot be read ({exc.strerror or exc}); refusing to overwrite it") from exc
+    if head is None or not replaceable(head):
+        raise OverwriteError(f"{path}: exists and is not {what}; refusing to overwrite it: remove it first, or choose another path")
+
+
+def _is_dali(head: bytes) -> bool:
+    return head.startswith(b"v1.")
+
+
+def _is_wids(head: bytes) -> bool:
+    return head.lstrip().startswith(b"{") and _WIDS_HEAD.search(head) is not None
 
 
 def _open(index: str | os.PathLike[str]) -> IndexReader:
@@ -63,6 +96,7 @@ def export_dali(index: str | os.PathLike[str], directory: str | os.PathLike[str]
         IndexNotFoundError, IndexFormatError: ``index`` is missing or not an index.
         ExportError: a compressed shard, a shard without samples, a key or extension with white space (DALI's
             format separates fields by it), or two shards that would get the same index file name.
+        OverwriteError: an index file's name holds a file that is not a DALI index (nothing is written).
     """
     reader = _open(index)
     out = Path(directory)
@@ -76,6 +110,8 @@ def export_dali(index: str | os.PathLike[str], directory: str | os.PathLike[str]
             if target in files:
                 raise ExportError(name, f"would get the same DALI index file {target} as {files[target]}")
             files[target] = name
+        for target in files:  # all checked before any is written
+            _check_output(out / target, _is_dali, "a DALI index file")
         paths = []
         for i, (target, name) in enumerate(files.items()):
             data = _dali_bytes(reader, i, name)
@@ -153,6 +189,8 @@ def export_wids(index: str | os.PathLike[str], path: str | os.PathLike[str], *, 
     Raises:
         IndexNotFoundError, IndexFormatError: ``index`` is missing or not an index.
         ExportError: a compressed shard.
+        OverwriteError: ``path`` holds a file that is not a wids shard list (a shard or the index named by
+            mistake, any other file).
     """
     reader = _open(index)
     out = Path(path)
@@ -164,13 +202,14 @@ def export_wids(index: str | os.PathLike[str], path: str | os.PathLike[str], *, 
             url = relative_path(shard, where) if info.kind == "file" else shard
             shards.append({"url": url, "nsamples": info.n_samples, "filesize": info.size})
         desc = {
-            "__kind__": "wids-shard-index-v1",
+            "__kind__": _WIDS_KIND,
             "wids_version": 1,
             "name": name if name is not None else reader.path.name.removesuffix(".tarindex"),
             "shardlist": shards,
         }
     finally:
         reader.close()
+    _check_output(out, _is_wids, "a wids shard list")
     with atomic_write(out) as f:
         f.write((json.dumps(desc, indent=2) + "\n").encode())
     return out

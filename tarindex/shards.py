@@ -268,11 +268,17 @@ def fingerprint_stream(size: int, head: bytes, tail: bytes) -> str:
 
 
 def given_index(source: object) -> Path | None:
-    """``source`` as an absolute path when it names an index file (``*.tarindex``, or a regular file that is not a
-    shard by its content: a ``.tgz`` shard is a shard), else ``None`` (shards, to look for their index)."""
+    """``source`` as an absolute path when it names an index file (``*.tarindex``, an LMDB file by its content, or
+    a regular file that is not a shard by its content nor by its name: a ``.tgz`` shard is a shard), else ``None``
+    (shards, to look for their index). A damaged file with a shard's name (an empty or garbled ``x.tar``) is a
+    shard, so that reading it names the tar problem rather than "not an LMDB file"."""
     if not isinstance(source, (str, os.PathLike)):
         return None
     p = Path(source)
-    if p.suffix == INDEX_SUFFIX or (p.is_file() and not looks_like_shard(sniff_file(p))):
+    if p.suffix == INDEX_SUFFIX:
         return p.absolute()
+    if p.is_file():
+        head = sniff_file(p)
+        if looks_like_index(head) or not (looks_like_shard(head) or p.name.endswith(SHARD_SUFFIXES)):
+            return p.absolute()
     return None

@@ -22,7 +22,9 @@ fsspec ones in :mod:`tarindex.objstore`, and all of them are reached through her
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import resource
 import signal
 import stat
 import subprocess
@@ -37,7 +39,7 @@ from ._http import HTTPSource as HTTPSource
 from ._http import RangeReader as RangeReader
 from ._sourcebase import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE
 from ._sourcebase import Source, _reads
-from .errors import NotRegularFileError, ShardNotFoundError, SourceError
+from .errors import DescriptorLimitError, NotRegularFileError, ShardNotFoundError, SourceError
 from .naming import ShardRef
 from .objstore import FsspecSource as FsspecSource
 from .objstore import open_stream
@@ -93,6 +95,13 @@ class FileSource(Source):
             raise ShardNotFoundError(f"{url}: no such shard") from exc
         except IsADirectoryError as exc:
             raise ShardNotFoundError(f"{url}: is a directory, not a shard") from exc
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            raise DescriptorLimitError(
+                f"{url}: cannot open: the process is out of file descriptors (ulimit -n: {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}), "
+                f"and a stream holds its shard open; raise the limit (ulimit -n) or stream fewer shards at once ({exc.strerror})"
+            ) from exc
         self.size = st.st_size
         self.mtime_ns = st.st_mtime_ns
         self.device = st.st_dev

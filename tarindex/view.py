@@ -111,7 +111,8 @@ def view_of(reader: IndexReader, named: list[str]) -> tuple[View | None, list[st
     missing = [s for s, r in zip(named, wanted) if r not in numbers]
     if missing:
         return None, missing
-    return View(named, [numbers[r] for r in wanted], reader.shard_starts(), reader.build_id), []
+    shards = [numbers[r] for r in wanted]
+    return View(named, shards, reader.checked_starts(shards), reader.build_id), []
 
 
 def _shard_paths(reader: IndexReader) -> list[str]:

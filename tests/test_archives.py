@@ -294,6 +294,28 @@ def test_a_damaged_single_shard_is_named_as_a_tar(damage: str, match: str, impl:
         TarDataset(shard)
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "match"),
+    [
+        ("x.tar", b"", r"empty file, not a tar archive at offset 0"),
+        ("x.tar", b"hello world\n", r"truncated header \(12 of 512 bytes\) at offset 0"),
+        ("x.tar", bytes(range(256)) * 16, r"bad header checksum \(expected \d+, got .*\); not a tar archive or corrupt at offset 0"),
+        ("x.tar.zst", b"hello\n", r"truncated header \(6 of 512 bytes\) at offset 0"),
+    ],
+)
+def test_a_garbled_file_with_a_shard_name_is_named_as_a_tar(name: str, content: bytes, match: str, impl: str, tmp_path: Path) -> None:
+    """An empty, text or garbage file named as a shard (``x.tar``) is not an LMDB file either: TarStream reads
+    it as the shard its name says and the walk names the problem, where it was taken for an index ("not a
+    tarindex index (not an LMDB file: 0 bytes)")."""
+    shard = tmp_path / name
+    shard.write_bytes(content)
+    for given in (shard, str(shard)):
+        with pytest.raises(CorruptArchiveError, match=rf"^{re.escape(str(shard))}: {match}"):
+            list(TarStream(given))
+    with pytest.raises(IndexNotFoundError, match="no index beside these shards"):
+        TarDataset(shard)
+
+
 def test_an_index_and_junk_stay_what_they_were(tmp_path: Path) -> None:
     shard = tmp_path / "a.tar"
     shard.write_bytes(archive(*GOOD))

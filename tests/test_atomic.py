@@ -212,3 +212,15 @@ def test_replaced_names_exactly_the_targets_whose_file_is_the_one_written(tmp_pa
     other.write_bytes(b"someone else's")
     os.replace(other, target)
     assert target not in replaced()
+
+
+def test_a_write_into_a_file_system_without_blocks_is_not_called_a_full_disk(tmp_path: Path) -> None:
+    """``get -o /proc/x``: /proc has no blocks (0 free, 0 in all), so the cause is the write's own, not "the
+    disk is full (0 bytes free)"."""
+    shards = make_shard_set(tmp_path, n_shards=1, per=2)
+    index = tarindex.build_index(shards, workers=1).path
+    assert os.statvfs("/proc").f_blocks == 0
+    key = tarindex.TarDataset(index)[0]["__key__"]
+    result = CliRunner().invoke(main, ["get", str(index), key, "--ext", "bin", "-o", "/proc/x"])
+    assert result.exit_code == 1 and result.output.startswith("tarindex: error: /proc/x: cannot write (")
+    assert "disk is full" not in result.output and result.output.count("\n") == 1, result.output

@@ -266,6 +266,31 @@ def test_compress_several_files_into_a_directory_in_parallel(tmp_path: Path) -> 
     assert code == 2 and "expected IN... OUT" in err
 
 
+def test_compress_never_overwrites_another_file_unless_forced(tmp_path: Path, impl: str) -> None:
+    """``compress d/a.tar d/b.tar`` (a typo for in place) or any existing file as OUT is refused in one line,
+    the file unchanged, as ``zstd`` refuses; so is an output in a directory that exists, before any file is
+    written. In place (OUT is IN) and ``-f`` replace."""
+    shards = _make_shards(tmp_path, n=3)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("notes\n")
+    for out in (shards[1], notes):
+        before = out.read_bytes()
+        code, _, err = _run("compress", str(shards[0]), str(out))
+        assert code == 1 and err == f"tarindex: error: {out}: exists; refusing to overwrite it with {shards[0]}: pass -f (--force) to replace it, or choose another output\n"
+        assert out.read_bytes() == before
+    (tmp_path / "z").mkdir()
+    taken = tmp_path / "z" / "train-000002.tar.zst"
+    taken.write_bytes(b"mine")
+    code, _, err = _run("compress", str(tmp_path / "train-*.tar"), str(tmp_path / "z"), "-w", "1")
+    assert code == 1 and f"{taken}: exists; refusing" in err and sorted(os.listdir(tmp_path / "z")) == ["train-000002.tar.zst"]
+    code, _, err = _run("compress", str(tmp_path / "train-*.tar"), str(tmp_path / "z"), "-f", "-q")
+    assert code == 0, err
+    assert subprocess.run(["zstd", "-dc", str(taken)], capture_output=True, check=True).stdout == shards[2].read_bytes()
+    plain = shards[0].read_bytes()
+    code, _, err = _run("compress", str(shards[0]), str(shards[0]), "-q")  # in place
+    assert code == 0 and subprocess.run(["zstd", "-dc", str(shards[0])], capture_output=True, check=True).stdout == plain, err
+
+
 def test_outputs_into_a_missing_directory_are_refused_unless_parents(tmp_path: Path) -> None:
     shards = _make_shards(tmp_path, n=2)
     pattern = str(tmp_path / "train-*.tar")

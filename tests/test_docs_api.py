@@ -240,7 +240,7 @@ def test_written_signatures_match_the_code(page: str) -> None:
 
 def test_the_signature_check_sees_a_wrong_signature() -> None:
     """The checker itself: a parameter renamed, one left out, a wrong default and a lost ``*`` are each named."""
-    ok = Written("x", "verify_index", ["path", "*", "deep=False", "allow_commands=False", "progress=None"])
+    ok = Written("x", "verify_index", ["path", "*", "deep=False", "allow_commands=False", "progress=None", "shards=None"])
     assert signature_mismatches(ok) == []
     bad = Written("x", "verify_index", ["path", "deep=True", "allow_command=False"])
     problems = "; ".join(signature_mismatches(bad))

@@ -170,3 +170,32 @@ def test_the_export_command(tmp_path: Path) -> None:
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert proc.returncode == 1 and proc.stderr.startswith("tarindex: error: ") and proc.stderr.count("\n") == 1
+
+
+def test_an_export_never_overwrites_a_file_it_did_not_write(tmp_path: Path, impl: str) -> None:
+    """``--wids`` naming a shard, the index or any other file (a typo) is refused in one line and the file is
+    unchanged; so is a DALI index file's name taken by another file, before any index file is written. An
+    earlier export's files (and empty files) are replaced: running an export again works."""
+    paths = make_shard_set(tmp_path, n_shards=2, per=3)
+    index = tarindex.build_index(paths).path
+    notes = tmp_path / "notes.txt"
+    notes.write_text("notes\n")
+    for target in (paths[1], index, notes):
+        before = target.read_bytes()
+        result = CliRunner().invoke(main, ["export", str(index), "--wids", str(target)])
+        assert result.exit_code == 1, result.output
+        assert result.output == f"tarindex: error: {target}: exists and is not a wids shard list; refusing to overwrite it: remove it first, or choose another path\n"
+        assert target.read_bytes() == before
+    listing = tmp_path / "w.json"
+    for _ in range(2):
+        assert CliRunner().invoke(main, ["export", str(index), "--wids", str(listing)]).exit_code == 0
+    assert json.loads(listing.read_text())["shardlist"][0]["nsamples"] == 3
+    dali = tmp_path / "dali"
+    dali.mkdir()
+    (dali / "train-000001.idx").write_bytes(b"mine\n")
+    with pytest.raises(tarindex.OverwriteError, match=r"train-000001\.idx: exists and is not a DALI index file"):
+        tarindex.export_dali(index, dali)
+    assert os.listdir(dali) == ["train-000001.idx"] and (dali / "train-000001.idx").read_bytes() == b"mine\n"
+    (dali / "train-000001.idx").unlink()
+    for _ in range(2):
+        assert len(tarindex.export_dali(index, dali)) == 2

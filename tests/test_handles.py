@@ -236,3 +236,38 @@ def test_out_of_descriptors_with_nothing_to_close_is_a_named_error(tmp_path: Pat
         "shard file tarindex could close; raise the limit (ulimit -n) or hold fewer files open elsewhere (Too many open files)",
         "s00i000",
     ]
+
+
+_STREAMS_OUT_OF_DESCRIPTORS = """
+import os, resource, sys
+import tarindex
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:  # every descriptor taken by something else
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+for fd in held[-4:]:  # a few left: the first streams open their shards, the next one finds none
+    os.close(fd)
+try:
+    sum(1 for _ in tarindex.mix([tarindex.TarStream(sys.argv[1]) for _ in range(8)]))
+except tarindex.DescriptorLimitError as exc:
+    print(type(exc).__name__, isinstance(exc, OSError), exc)
+"""
+
+
+def test_streams_out_of_descriptors_are_a_named_error(tmp_path: Path, impl: str) -> None:
+    """A ``mix`` of more streams than the process has descriptors for (each stream holds its shard open while
+    it reads): a DescriptorLimitError (an OSError) naming the shard and the limit, not a bare ``OSError``."""
+    import subprocess
+    import sys
+
+    paths = make_shard_set(tmp_path / "d", n_shards=2, per=2)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _STREAMS_OUT_OF_DESCRIPTORS, str(paths[0])], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == (
+        f"DescriptorLimitError True {paths[0]}: cannot open: the process is out of file descriptors (ulimit -n: 64), and a "
+        "stream holds its shard open; raise the limit (ulimit -n) or stream fewer shards at once (Too many open files)\n"
+    )

@@ -118,6 +118,7 @@ CASES: dict[str, tuple[str, Edit | list[Edit], str]] = {
     "n_buckets=2**63": ("plain", meta(n_buckets=1 << 63), r"bad n_buckets"),
     "n_buckets=2": ("plain", meta(n_buckets=2), r"bad n_buckets"),  # in range (10 samples: 1 bucket), but lookups would miss theirs
     "block_samples=2**70": ("plain", meta(block_samples=1 << 70), r"bad block_samples"),
+    "block_samples=0": ("plain", meta(block_samples=0), r"bad block_samples"),  # no division by it before the check
     "block_samples=1, n_samples=2**40": (
         "plain", meta(block_samples=1, n_samples=N40, n_blocks=N40, sample_bytes=5, n_buckets=-(-N40 // 182)),
         r"bad n_blocks: 1099511627776 record blocks of 1 samples for 1099511627776 samples, the file holds another number",
@@ -206,3 +207,33 @@ def test_more_than_65536_extensions_over_an_index_is_a_named_build_error(tmp_pat
     second = _tar_of_extensions(tmp_path / "a-000001.tar", 40_000, 30_000)
     with pytest.raises(IndexFormatError, match=r"a-000001.tar: the index would hold 70,000 distinct extensions with this shard; an index holds at most 65,536"):
         tarindex.build_index([str(first), str(second)], workers=1)
+
+
+def test_a_start_table_that_disagrees_with_the_shard_records_is_index_format_error(indexes: dict[str, Path], impl: str) -> None:
+    """A start table rewritten (checksum recomputed) to move shard 1's start from 5 to 7, still ascending: the
+    view of one shard read shard 1's last 3 samples as all of it, and a stream of the index numbered shard
+    1's samples 7.. (``__index__`` not TarDataset's). Both compare the counts with the shard records first."""
+    from tarindex.index.format import START_KEY
+
+    plain = indexes["plain"]
+    hostile = plain.with_name("train.tarindex")
+    assert hostile == plain  # the index beside the shards: the one a pattern opens
+    original = plain.read_bytes()
+
+    def shifted(payload: bytes) -> bytes:
+        starts = np.frombuffer(payload, "<u8").copy()
+        starts[1] += 2
+        return starts.tobytes()
+
+    try:
+        reseal(plain, plain.with_name("shifted.tarindex"), (START_KEY, shifted)).replace(plain)
+        message = rf"^{plain}: shard records block 0 is damaged \(shard \d has 5 samples, the start table says otherwise\); rebuild the index$"
+        with pytest.raises(IndexFormatError, match=message):
+            tarindex.TarDataset(str(plain.with_name("train-000001.tar")))
+        with pytest.raises(IndexFormatError, match=message):
+            tarindex.TarStream(plain)
+    finally:
+        plain.write_bytes(original)
+    assert [s["__key__"] for s in tarindex.TarDataset(str(plain.with_name("train-000001.tar")))] == [
+        s["__key__"] for s in tarindex.TarStream(plain.with_name("train-000001.tar"))
+    ]

@@ -90,3 +90,23 @@ def test_progress_counts_each_shard_and_the_bytes_read_in_full(tmp_path: Path) -
     assert str(verify_index(index, deep=True)) == f"{index}: 3 shards ok (deep)"
     one = build_index([str(shards[0])], index=tmp_path / "one.tarindex").path
     assert str(verify_index(one)) == f"{one}: 1 shard ok"
+
+
+def test_the_command_checks_the_shards_named_and_only_them(tmp_path: Path, impl: str) -> None:
+    """``tarindex verify d/train-000002.tar`` checks that shard (and says 1 shard), not every shard of the
+    index beside it: a damaged shard not named does not fail it; naming it, or the index, does."""
+    from click.testing import CliRunner
+
+    from tarindex.cli.main import main
+
+    paths = make_shard_set(tmp_path, n_shards=3, per=4)
+    build_index(paths, workers=1)
+    paths[0].write_bytes(paths[0].read_bytes()[:2048])
+    for deep in ([], ["--deep"]):
+        result = CliRunner().invoke(main, ["verify", str(paths[2]), *deep])
+        assert result.exit_code == 0 and result.output.endswith(": 1 shard ok" + (" (deep)\n" if deep else "\n")), result.output
+        result = CliRunner().invoke(main, ["verify", str(tmp_path / "train-{000001..000002}.tar"), *deep])
+        assert result.exit_code == 0 and result.output.endswith(": 2 shards ok" + (" (deep)\n" if deep else "\n")), result.output
+        for named in (str(tmp_path / "train-*.tar"), str(tmp_path / "train.tarindex")):
+            result = CliRunner().invoke(main, ["verify", named, *deep])
+            assert result.exit_code == 1 and f"{paths[0]}: shard changed since it was indexed (size" in result.output, result.output

@@ -51,15 +51,16 @@ def _compress_one(job: tuple[str, str], level: int, frame_size: int) -> tuple[in
 )
 @click.option("-w", "--workers", type=click.IntRange(1), default=None, help="Files compressed at once (default: CPU count).")
 @click.option("-p", "--parents", is_flag=True, help="Make OUT's directory (or the directory OUT) when it does not exist; without it, a missing directory is refused.")
+@click.option("-f", "--force", is_flag=True, help="Replace outputs that exist (without it, an existing output other than IN itself is refused).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def command(paths: tuple[str, ...], level: int, frame_size: int, workers: int | None, parents: bool, quiet: bool) -> None:
+def command(paths: tuple[str, ...], level: int, frame_size: int, workers: int | None, parents: bool, force: bool, quiet: bool) -> None:
     """Rewrite tar shards IN (plain, zstd or gzip) as seekable zstd with sample-aligned frames.
 
     'compress IN OUT' writes the file OUT. With several IN, a glob or brace pattern ('d/*.tar'), or an OUT
     that is a directory (or ends with /), each file is written into the directory OUT as NAME.tar.zst
     (.tar, .tar.gz, .tgz, .tar.zst replaced), -w files at a time. Each output ends with a seek table (zstd
     seekable format); 'zstd -d' gives back the tar byte for byte. OUT may be IN (recompress in place;
-    rebuild the index after).
+    rebuild the index after); any other output that exists is refused unless -f, as zstd does.
     """
     from ..errors import counted
     from ..shards import expand_shards
@@ -87,6 +88,8 @@ def command(paths: tuple[str, ...], level: int, frame_size: int, workers: int | 
     else:
         check_parent(out, parents)
         jobs = [(sources[0], out)]
+    if not force:
+        _refuse_overwrites(jobs)
     sizes = [os.path.getsize(src) for src, _ in jobs]
     n = min(workers or os.cpu_count() or 1, len(jobs))
     start = time.monotonic()
@@ -111,6 +114,25 @@ def command(paths: tuple[str, ...], level: int, frame_size: int, workers: int | 
             f"{shown_path(out)}: {counted(len(jobs), 'file')} compressed, {human(d)} -> {human(c)} ({c / max(d, 1):.1%}) "
             f"in {time.monotonic() - start:.1f} s"
         )
+
+
+def _refuse_overwrites(jobs: list[tuple[str, str]]) -> None:
+    """Refuse an output that exists, is not empty and is not its input (a shard or any file named by mistake,
+    ``compress d/a.tar d/b.tar``), before anything is written.
+
+    Raises:
+        OverwriteError: naming the first such output.
+    """
+    from ..errors import OverwriteError
+
+    for src, dst in jobs:
+        try:
+            st = os.stat(dst)
+        except FileNotFoundError:
+            continue
+        if os.path.samestat(st, os.stat(src)) or (st.st_size == 0 and not os.path.isdir(dst)):
+            continue
+        raise OverwriteError(f"{dst}: exists; refusing to overwrite it with {src}: pass -f (--force) to replace it, or choose another output")
 
 
 def _in_workers(jobs: list[tuple[str, str]], sizes: list[int], n: int, level: int, frame_size: int, bar: Bar, done: list[tuple[int, int, int]]) -> None:

@@ -82,7 +82,7 @@ def check_meta(path: Path, raw: Any) -> dict[str, Any]:
             for name, ok in (
                 ("block_samples", 0 < b <= _MAX_U32),  # a block header's n is a u32
                 ("shard_block", 0 < meta["shard_block"] <= _MAX_U32),
-                ("n_blocks", meta["n_blocks"] == -(-n // b)),
+                ("n_blocks", b > 0 and meta["n_blocks"] == -(-n // b)),  # b checked above, but every row is computed
                 ("sample_bytes", meta["sample_bytes"] == max(1, (max(n - 1, 0).bit_length() + 7) // 8)),  # as written
                 ("n_buckets", meta["n_buckets"] in _bucket_counts(n, meta["sample_bytes"])),
                 ("exts", _are_exts(meta.get("exts"))),

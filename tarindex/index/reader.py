@@ -16,7 +16,7 @@ import os
 import time
 import weakref
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any, overload
@@ -534,6 +534,25 @@ class IndexReader:
             found = self.__dict__["_starts"] = starts.copy()
         return found
 
+    def checked_starts(self, shards: Iterable[int], infos: Sequence[ShardInfo] | None = None) -> np.ndarray:
+        """:meth:`shard_starts`, with the sample count of each of ``shards`` compared with its record (each is
+        checked on its own; a crafted start table would shift sample numbers from one shard to another).
+        ``infos``: the records of all shards, when the caller has read them already.
+
+        Raises:
+            IndexFormatError: the table is damaged, or disagrees with a shard's record.
+        """
+        starts = self.shard_starts()
+        records = self.shards if infos is None else infos
+        for shard in shards:
+            info = records[shard]
+            if info.n_samples != int(starts[shard + 1] - starts[shard]):
+                raise IndexFormatError(
+                    f"{self.path}: shard records block {shard // self.meta['shard_block']} is damaged "
+                    f"(shard {shard} has {info.n_samples} samples, the start table says otherwise); rebuild the index"
+                )
+        return starts
+
     # -- samples -------------------------------------------------------------
     def record(self, i: int) -> tuple[int, int, int, list[tuple[str, int, int]], str]:
         """Sample ``i``'s record: ``(shard, offset, size, members, key)``.
@@ -622,13 +641,8 @@ class IndexReader:
         Raises:
             IndexFormatError: the records of the shard are damaged or name another shard.
         """
-        starts = self.shard_starts()
-        info = self.shards[shard]  # its block is checked on its own: here against the start table
-        if info.n_samples != int(starts[shard + 1] - starts[shard]):
-            raise IndexFormatError(
-                f"{self.path}: shard records block {shard // self.meta['shard_block']} is damaged "
-                f"(shard {shard} has {info.n_samples} samples, the start table says otherwise); rebuild the index"
-            )
+        starts = self.checked_starts([shard])
+        info = self.shards[shard]
         cols = self.decode(int(starts[shard]), int(starts[shard + 1]))
         if len(cols) and bool((cols.shard != shard).any()):
             raise IndexFormatError(f"{self.path}: a record of shard {shard} names another shard; rebuild the index")
