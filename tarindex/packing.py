@@ -42,6 +42,7 @@ from .errors import CorruptArchiveError, PackError, ShardNotFoundError, TarIndex
 from .grouping import iter_samples
 from .identity import check_shard, current_info
 from .index.merge import placed, relative_path
+from .index.meta import read_meta
 from .index.reader import IndexReader
 from .index.writer import IndexWriter
 from .naming import ShardRef, shard_name
@@ -102,6 +103,9 @@ class _Options:
     level: int
     frame_size: int
     resume: bool
+    replace: bool = False
+    """Whether a file at an output name may be written over (``force``, or the output index says a pack of this
+    pattern wrote it): else only a complete shard is kept there and any other file is refused."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +150,7 @@ def pack(
     level: int = 3,
     frame_size: int = 8 << 10,
     resume: bool = True,
+    force: bool = False,
     progress: Progress | None = None,
     tmpdir: str | os.PathLike[str] | None = None,
     options: SourceOptions | None = None,
@@ -187,6 +192,9 @@ def pack(
         level: zstd level (``.tar.zst`` output).
         frame_size: uncompressed bytes per zstd frame (``.tar.zst`` output).
         resume: keep the complete shards of an earlier run of this pack (``False``: write every shard).
+        force: replace the files at the output names and the output index whoever wrote them. Without it, a
+            pack writes over only what a pack of this output pattern wrote (its index says so); any other file
+            there, shard or not, is refused, and so is an output index a pack of this pattern did not write.
         progress: called as each shard is done with its samples and bytes (uncompressed tar) and the number of
             samples the pack writes in all.
         tmpdir: where a shuffle of shards keeps its bucket files, and where the index of input shards that have
@@ -198,7 +206,7 @@ def pack(
         ValueError: a bad option, an output pattern without one ``%d``-style number or with another suffix,
             directories or lists mixed with shards, ``label`` without directories.
         PackError: an input cannot be read or changed while it was packed, two files would be one member, an
-            output names an input.
+            output names an input, a file at an output name or the output index is not this pack's (``force``).
         ListError: a list file that does not parse.
         ShardNotFoundError, CorruptArchiveError: an input shard is missing or damaged.
         WriteError: a shard or the index cannot be written.
@@ -211,8 +219,9 @@ def pack(
         raise ValueError("no sources given")
     kinds = [source_kind(s) for s in items]
     out_index = Path(index) if index is not None else default_index_path([pattern % 0, pattern % 1])
+    replace = force or _packed_by(out_index, pattern)
     spec = _Spec(
-        pattern, out_index, _Options(compress, level, frame_size, resume), frozenset(e.lower() for e in exts) if exts is not None else None,
+        pattern, out_index, _Options(compress, level, frame_size, resume, replace), frozenset(e.lower() for e in exts) if exts is not None else None,
         key_test(keys), label, shuffle, seed, maxcount, maxsize, memory, Path(tmpdir) if tmpdir is not None else out_index.absolute().parent,
         options,
     )  # fmt: skip
@@ -250,6 +259,43 @@ def _pattern(output: str | os.PathLike[str]) -> tuple[str, Compress]:
     raise ValueError(f"output {pattern!r}: shard names must end in .tar (plain) or .tar.zst (seekable zstd)")
 
 
+def _packed_by(out_index: Path, pattern: str) -> bool:
+    """Whether the index at ``out_index`` was written by a pack of ``pattern`` (its meta's ``packed``), so that its
+    shards may be written over; ``False`` when there is none.
+
+    Raises:
+        PackError: a file is there that is not such an index (an index ``build`` wrote, a pack of another
+            pattern's, or not an index at all): replacing it would lose it.
+    """
+    if not os.path.lexists(out_index):
+        return False
+    try:
+        packed = read_meta(out_index).get("packed")
+    except (TarIndexError, OSError):
+        packed = None
+    if packed != os.path.abspath(pattern):
+        raise PackError(
+            out_index,
+            f"exists and is not the index of an earlier pack of {pattern!r}; choose another --index or output, "
+            "or pass force=True (tarindex pack --force) to replace it and the files at the output names",
+        )
+    return True
+
+
+def _may_write(path: str, opts: _Options) -> None:
+    """Refuse to write a shard over a file at ``path`` that this pack may not replace (:attr:`_Options.replace`).
+
+    Raises:
+        PackError: the file is there and is not a shard an earlier pack of this pattern wrote.
+    """
+    if not opts.replace and os.path.lexists(path):
+        raise PackError(
+            path,
+            "exists and is not a shard an earlier pack of this output pattern wrote (no index of that pack lists "
+            "it); remove it, choose another output, or pass force=True (tarindex pack --force) to replace it",
+        )
+
+
 class _Runner:
     """Runs jobs in order: in this process, local processes (threads for object-store inputs) or an executor."""
 
@@ -284,7 +330,7 @@ def _written(results: Iterable[tuple[ShardInfo, ShardTable, bool]], out_index: P
     written: list[str] = []
     samples = total = 0
     index_dir = out_index.absolute().parent
-    with IndexWriter(out_index) as writer:
+    with IndexWriter(out_index, packed=os.path.abspath(pattern)) as writer:
         for info, table, wrote in results:
             nbytes = int(table.sample_size.sum()) if table.n_samples else 0
             writer.add(placed(info, relative_path(info.path, index_dir), "file"), table)
@@ -450,6 +496,7 @@ def _write_shard(path: str, opts: _Options, fill: Callable[[ShardOut], None], in
     kept = _complete(path, opts, fill, inputs_mtime) if opts.resume else None
     if kept is not None:
         return (*kept, False)
+    _may_write(path, opts)
     out = ShardOut(path, compress=opts.compress, level=opts.level, frame_size=opts.frame_size)
     try:
         fill(out)
@@ -980,6 +1027,8 @@ def _gather(
                 inputs.check(path)
                 clean_stale(Path(path))
                 kept = resume and os.path.exists(path) and os.stat(path).st_mtime_ns >= newest
+                if not kept:
+                    _may_write(path, spec.opts)
                 out = ShardOut(None if kept else path, compress=spec.opts.compress, level=spec.opts.level, frame_size=spec.opts.frame_size)
             out.add(key, members)  # type: ignore[union-attr]  # made with the first sample
         if out is not None:

@@ -210,6 +210,7 @@ def _edited(index: Path, out: Path, edit: Any) -> Path:
         ("block_samples", 7, "bad n_blocks"),
         ("part", [3, 2], "bad part"),
         ("build_id", None, "bad build_id"),
+        ("packed", 5, "bad packed"),
     ],
 )
 def test_edited_meta_is_refused(built: tuple[list[Path], Path], tmp_path: Path, field: str, value: Any, message: str) -> None:

@@ -500,6 +500,53 @@ def test_a_shard_that_is_not_what_the_pack_writes_is_written_again(tmp_path: Pat
     assert none.written == none.shards
 
 
+def _bytes_of(paths: list[Path]) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in paths}
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_pack_never_writes_over_files_it_did_not_write(tmp_path: Path, shuffle: bool) -> None:
+    _tree(tmp_path / "src")
+    theirs = make_shard_set(tmp_path / "d", n_shards=3, per=4)  # train-00000{0..2}.tar, indexed by build
+    index = tarindex.build_index([str(p) for p in theirs]).path
+    before = _bytes_of([*theirs, Path(index)])
+    pattern = str(tmp_path / "d" / "train-%06d.tar")
+    sources: list[str] | Path = [str(p) for p in make_shard_set(tmp_path / "in", n_shards=2, per=5)] if shuffle else tmp_path / "src"
+    with pytest.raises(PackError, match=r"train\.tarindex: exists and is not the index of an earlier pack of"):
+        tarindex.pack(sources, pattern, maxcount=10, shuffle=shuffle)
+    assert _bytes_of(list(before)) == before
+    notes = tmp_path / "n" / "notes-000000.tar"  # no index there: a file at an output name
+    notes.parent.mkdir()
+    notes.write_bytes(b"my notes")
+    with pytest.raises(PackError, match=r"notes-000000\.tar: exists and is not a shard an earlier pack of this output pattern wrote"):
+        tarindex.pack(sources, str(tmp_path / "n" / "notes-%06d.tar"), maxcount=10, shuffle=shuffle)
+    assert notes.read_bytes() == b"my notes"
+    with pytest.raises(PackError, match="is not the index of an earlier pack"):  # an index another pattern's pack wrote
+        tarindex.pack(sources, str(tmp_path / "d" / "other-%06d.tar"), index=index, maxcount=10, shuffle=shuffle)
+    assert _bytes_of(list(before)) == before
+    forced = tarindex.pack(sources, pattern, maxcount=10, shuffle=shuffle, force=True)
+    assert forced.written == forced.shards and _samples(forced.index) == _samples(
+        tarindex.pack(sources, str(tmp_path / "p" / "x-%d.tar"), maxcount=10, shuffle=shuffle).index
+    )
+    again = tarindex.pack(sources, pattern, maxcount=10, shuffle=shuffle, resume=False)  # its own index now says so
+    assert again.written == again.shards
+
+
+def test_the_command_refuses_a_file_it_did_not_write_in_one_line_and_force_replaces_it(tmp_path: Path) -> None:
+    _tree(tmp_path / "src")
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "x-0.tar").write_bytes(b"not mine")
+    argv = [sys.executable, "-m", "tarindex.cli.main", "pack", str(tmp_path / "src"), "-o", str(tmp_path / "o" / "x-%d.tar"), "-q"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"tarindex: error: {tmp_path / 'o' / 'x-0.tar'}: exists and is not a shard")
+    assert (tmp_path / "o" / "x-0.tar").read_bytes() == b"not mine"
+    forced = subprocess.run([*argv, "--force"], capture_output=True, text=True, env=env)
+    assert forced.returncode == 0, forced.stderr
+    assert tarfile_members(tmp_path / "o" / "x-0.tar")
+
+
 def test_a_shuffle_resumes_too(tmp_path: Path) -> None:
     paths = [str(p) for p in make_shard_set(tmp_path / "in", n_shards=3, per=6)]
     pattern = str(tmp_path / "o" / "s-%d.tar")

@@ -52,6 +52,7 @@ def _keys(ctx: click.Context, param: click.Parameter, value: str | None) -> froz
 @click.option("--level", type=click.IntRange(-7, 22), default=3, show_default=True, help="zstd level (.tar.zst output).")
 @click.option("--frame-size", type=click.IntRange(1), default=8 << 10, show_default=True, metavar="BYTES", help="Uncompressed bytes per zstd frame (.tar.zst output).")
 @click.option("--no-resume", "no_resume", is_flag=True, help="Write every shard, even those an interrupted run of this pack completed.")
+@click.option("--force", is_flag=True, help="Replace the files at the output names and the output index, whoever wrote them (default: only an earlier pack of this pattern's).")
 @click.option("--tmpdir", type=click.Path(file_okay=False), default=None, help="Bucket files of --shuffle, index of input shards (default: the output's directory).")
 @click.option(
     "-H", "--header", "headers", multiple=True, callback=_headers, metavar="'NAME: VALUE'",
@@ -78,6 +79,7 @@ def command(
     level: int,
     frame_size: int,
     no_resume: bool,
+    force: bool,
     tmpdir: str | None,
     headers: dict[str, str],
     storage_options: dict[str, Any],
@@ -110,7 +112,7 @@ def command(
             report = pack(
                 sources, output, index=index, maxcount=maxcount, maxsize=maxsize, workers=workers, exts=exts, keys=keys,
                 label=label, shuffle=shuffle, seed=seed, memory=memory, level=level, frame_size=frame_size,
-                resume=not no_resume, progress=progress, tmpdir=tmpdir, options=options,
+                resume=not no_resume, force=force, progress=progress, tmpdir=tmpdir, options=options,
             )  # fmt: skip
     except ValueError as exc:
         if isinstance(exc, TarIndexError):  # bad data: one line, exit 1 (cli/main.py)

@@ -88,6 +88,7 @@ def check_meta(path: Path, raw: Any) -> dict[str, Any]:
                 ("exts", _are_exts(meta.get("exts"))),
                 ("build_id", isinstance(meta.get("build_id"), str)),
                 ("part", _is_part(meta.get("part"))),
+                ("packed", meta.get("packed") is None or isinstance(meta["packed"], str)),  # a pack's output pattern
                 ("url_shards", meta["url_shards"] + meta["command_shards"] <= meta["n_shards"]),
                 ("zstd_samples", meta["zstd_samples"] <= n and (meta["zstd_frames"] > 0) == (meta["zstd_samples"] > 0)),
                 *_content_checks(meta),

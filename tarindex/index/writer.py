@@ -151,11 +151,14 @@ class IndexWriter:
         path: the index file.
         part: ``(K, N)`` when this index holds the K-th of N slices of a shard list
             (recorded, so merges order the parts by it).
+        packed: the output pattern of the pack that writes the index and its shards (recorded: a later pack of
+            the same pattern may write over them, :func:`tarindex.pack`).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, part: tuple[int, int] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, part: tuple[int, int] | None = None, packed: str | None = None) -> None:
         self.path = Path(path)
         self.part = part
+        self.packed = packed
         self._infos: list[ShardInfo] = []
         self._starts: list[int] = [0]
         self._exts: dict[str, int] = {}
@@ -478,6 +481,7 @@ class IndexWriter:
             "build_id": uuid.uuid4().hex,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "part": list(self.part) if self.part else None,
+            **({"packed": self.packed} if self.packed is not None else {}),
             "exts": list(self._exts),
             "n_samples": n,
             "n_members": self._n_members,
