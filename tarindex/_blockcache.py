@@ -2,7 +2,7 @@
 
 Each range a remote read fetched (a sample's bytes) is one entry, named by a digest of the shard's
 identity (URL, size, ETag or modification time) and the range, so a changed object never hits old
-entries. Entries are written atomically (temporary name, rename) by :class:`tarindex._cache.FileCache`,
+entries. Entries are written atomically (temporary name, rename) by :class:`tarindex._filecache.FileCache`,
 whose directory, marker and lock this cache shares; a counter of the bytes in use, updated under the
 lock, keeps the bound without listing the directory on every write: when a write would pass the
 bound, the least recently used entries are deleted down to 90% of it (one listing per tenth of the
@@ -15,10 +15,13 @@ import contextlib
 import hashlib
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._atomic import atomic_write, write_error
-from ._cache import FileCache
+from ._filecache import FileCache
+
+if TYPE_CHECKING:
+    from .objstore import Remote
 
 __all__ = ["BlockCache", "CachedReader"]
 
@@ -107,7 +110,7 @@ class BlockCache:
 class CachedReader:
     """A remote reader (``read_at``) whose ranges are looked up in, and added to, a :class:`BlockCache`."""
 
-    def __init__(self, inner: Any, cache: BlockCache, identity: str) -> None:
+    def __init__(self, inner: Remote, cache: BlockCache, identity: str) -> None:
         self.inner = inner
         self.cache = cache
         self.identity = identity

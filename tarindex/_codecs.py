@@ -12,7 +12,7 @@ A row names the codec (as :func:`detect` names it and as an index entry records 
 ``ShardInfo.compression``), gives its stream walk (the decompression of a shard's bytes read in order, which
 streaming, building and rewriting use) and says what the index keeps of it (a frame table, seek points).
 Modules above this layer attach their per-codec step to the rows: the index scan of a local file
-(:data:`tarindex.scan.LOCAL_SCANS`) and the random reader (:data:`tarindex.access.codecs.CODECS`); a test
+(:data:`tarindex.scan.LOCAL_SCANS`) and the random reader (:data:`tarindex.access.codecs.RANDOM`); a test
 checks that every row has both. No other module compares codec names: it asks this table.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .compression import ArchiveEnd
@@ -188,11 +188,15 @@ class Codec:
     one_pass: bool = False
     """Whether many samples of one shard are read in one pass over it rather than one by one (each
     random read would decompress from a seek point)."""
+    suffixes: tuple[str, ...] = ()
+    """The name endings of shards in this codec (lower case): a glob's match with one is a shard, unread; what
+    ``tarindex compress`` replaces in an output name; what ``pack`` writes by."""
 
-    @property
-    def compressed(self) -> bool:
-        """Whether the stored bytes are not the tar itself."""
-        return self.walk is not None
+    compressed: bool = field(init=False)
+    """Whether the stored bytes are not the tar itself (a field, so that asking it runs no code)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compressed", self.walk is not None)
 
 
 # A codec's module is imported when its walk first runs: detection (below the index reader, the CLI's `info`,
@@ -212,14 +216,16 @@ def _gzip_walk(chunks: Iterable[Any], path: str, frames: Frames | None, points: 
     return decompress_gzip(chunks, path, end=end) if points is None else decompress_indexed(chunks, path, points, end=end)
 
 
-TAR = Codec("tar", None, None)
-ZSTD = Codec("zstd", "zstd", _zstd_walk, frame_table=True)
-GZIP = Codec("gzip", "gzip", _gzip_walk, one_pass=True)
+TAR = Codec("tar", None, None, suffixes=(".tar",))
+ZSTD = Codec("zstd", "zstd", _zstd_walk, frame_table=True, suffixes=(".tar.zst", ".tar.zstd", ".tzst"))
+GZIP = Codec("gzip", "gzip", _gzip_walk, one_pass=True, suffixes=(".tar.gz", ".tgz"))
 
 CODECS: tuple[Codec, ...] = (TAR, ZSTD, GZIP)
 """The registry: every codec a shard may be stored in."""
 
 _BY_NAME: dict[str, Codec] = {c.name: c for c in CODECS}
+SUFFIXES: tuple[str, ...] = tuple(s for c in CODECS for s in c.suffixes)
+"""Every row's name endings."""
 BY_ENTRY: dict[str | None, Codec] = {c.compression: c for c in CODECS}
 """The row of what an index entry records (``ShardInfo.compression``); a value no row has is not a key."""
 
@@ -231,6 +237,13 @@ def of_head(head: bytes, path: str) -> Codec:
         UnsupportedCompressionError: bzip2, xz, lzma, lzip, lz4 or Unix compress, naming the conversion command.
     """
     return _BY_NAME[codec_of(head, path)]
+
+
+def of_suffix(name: str) -> Codec | None:
+    """The row whose suffix ``name`` ends with (case ignored), or ``None``; a name says what its writer should
+    write, never what a shard is (that is its first bytes, :func:`of_head`)."""
+    lower = name.lower()
+    return next((c for c in CODECS if lower.endswith(c.suffixes)), None)
 
 
 def of_name(name: str) -> Codec | None:

@@ -4,9 +4,18 @@ reader without a batch path of its own has (:class:`ReadsEach`: one ``read_at`` 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
+
+
+class ReadAt(Protocol):
+    """Anything with ``read_at(offset, size)`` and ``close()``: a compressed shard read at random, under the
+    zstd and gzip readers (the full seam is :class:`tarindex.access.reader.RandomReader`)."""
+
+    def read_at(self, offset: int, size: int) -> bytes: ...
+
+    def close(self) -> None: ...
 
 
 def coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int, list[int]]]:

@@ -29,6 +29,10 @@ class Limits:
     padding: int = 1 << 20
     """Decompressed bytes past the end-of-archive marker that are still decompressed."""
 
+    def bound(self, compressed: int) -> int:
+        """The most bytes ``compressed`` bytes may decompress to (what a :class:`Budget` allows a whole stream)."""
+        return max(self.ratio_floor, int(self.max_ratio * compressed))
+
 
 _LIMITS = Limits()
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _native
 from ._atomic import atomic_write
+from ._codecs import BY_ENTRY
 from .errors import ExportError, OverwriteError, shown
 from .index.merge import relative_path
 from .index.reader import IndexReader
@@ -76,7 +77,8 @@ def _plain(reader: IndexReader, i: int, loader: str) -> str:
     """
     info = reader.shards[i]
     name = shard_name(reader.path, info)
-    if info.compression is not None:
+    row = BY_ENTRY.get(info.compression)
+    if row is None or row.compressed:
         raise ExportError(name, f"is a {info.compression} shard; {loader} reads plain tar files (offsets in the index are in the decompressed tar)")
     return name
 

@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ._ranges import ReadsEach
+from ._ranges import ReadAt, ReadsEach
 from .compression import ArchiveEnd, Budget
 from .errors import CorruptDeflateError, IndexFormatError, RandomAccessError, StaleIndexError
 from .gzip import GZIP_MAGIC
@@ -363,7 +363,7 @@ class GzipShardReader(ReadsEach):
         points: its seek points (from the index).
     """
 
-    def __init__(self, path: str, handle: Any, points: SeekPoints) -> None:
+    def __init__(self, path: str, handle: ReadAt, points: SeekPoints) -> None:
         self.path = path
         self.handle = handle
         self.points = points

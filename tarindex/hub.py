@@ -5,7 +5,7 @@ repository) is the file's *resolve* URL, ``{HF_ENDPOINT}/datasets/ORG/NAME/resol
 (``HF_ENDPOINT`` defaults to ``https://huggingface.co``, the revision to ``main``): an ordinary HTTP(S)
 object with ranges, read by :class:`tarindex.sources.RangeReader` and ``HTTPSource`` like any other.
 The Hub answers a resolve URL of a large file with a redirect to its CDN; the token goes to the Hub's
-host only (:mod:`tarindex._network` never sends credentials to another host or scheme).
+host only (:mod:`tarindex._http` never sends credentials to another host or scheme).
 
 The token is the one the Hub's own tools use: ``HF_TOKEN``, else the file ``HF_TOKEN_PATH``, else
 ``$HF_HOME/token`` (``~/.cache/huggingface/token``: what ``huggingface-cli login`` writes); an
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urljoin
 
-from ._network import _http_get, credentials_follow, http_status_error, without_credentials
+from ._http import _http_get, credentials_follow, http_status_error, without_credentials
 from .errors import SourceError
 from .naming import ShardRef
 from .options import SourceOptions

@@ -1,4 +1,5 @@
-"""Object stores and other remote shards: listing for globs, ranged reads, concurrent coalesced batches.
+"""Object stores and other remote shards: listing for globs, ranged reads, concurrent coalesced batches,
+sequential sources (:class:`ObjectSource`, :class:`FsspecSource`).
 
 ``s3://``, ``gs://`` and ``az://`` go through :mod:`obstore` (Rust ``object_store``: concurrent
 requests without the GIL, ~20x the throughput of fsspec's ``cat_ranges`` here; see docs/design.md),
@@ -25,11 +26,11 @@ import threading
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeAlias, TypeGuard
 
 from . import hub
 from ._blockcache import BlockCache, CachedReader
-from ._network import FsspecSource, RangeReader, _Retrying
+from ._http import RangeReader, _Retrying
 from ._process import FORK
 from ._ranges import coalesce
 from ._retry import RETRYABLE_STATUS, Transient
@@ -339,6 +340,13 @@ class FsspecReader(_ObjectReader):
         return {**self.__dict__, "_fs": None, "_gen": -1}
 
 
+Remote: TypeAlias = RangeReader | _ObjectReader
+"""A remote shard's reader: HTTP (:class:`RangeReader`), or an object through obstore or fsspec (:class:`ObjectReader`,
+:class:`FsspecReader`)."""
+AnyRemote: TypeAlias = Remote | CachedReader
+"""What :func:`open_reader` returns: a :data:`Remote`, or one behind the block cache."""
+
+
 def _fsspec_fs(url: str, options: SourceOptions) -> tuple[Any, str]:
     """The fsspec filesystem of ``url`` and the path in it.
 
@@ -361,7 +369,7 @@ def _fsspec_tag(info: Mapping[str, Any]) -> str | None:
     return str(tag) if tag else None
 
 
-def open_reader(url: str, *, size: int, etag: str | None, mtime_ns: int, options: SourceOptions) -> Any:
+def open_reader(url: str, *, size: int, etag: str | None, mtime_ns: int, options: SourceOptions) -> AnyRemote:
     """A random reader (``read_at``) for a remote shard, checked against its index entry.
 
     ``http(s)://``: :class:`RangeReader` (size, and ``Last-Modified`` when both know one, checked at
@@ -391,7 +399,7 @@ def _block_cache(cache_dir: str, cache_bytes: int) -> BlockCache:
     return cache
 
 
-def _open_reader(url: str, *, size: int, etag: str | None, mtime_ns: int, options: SourceOptions) -> Any:
+def _open_reader(url: str, *, size: int, etag: str | None, mtime_ns: int, options: SourceOptions) -> Remote:
     ref = ShardRef.of(url)
     if ref.kind == "hub":  # the file's resolve URL, with the user's token: a plain HTTP(S) object
         url, options = hub.resolve(url, options)
@@ -442,7 +450,7 @@ def _fsspec_options(store: ObjectStore | None, options: SourceOptions) -> Source
     return options.with_(storage_options=keep)
 
 
-def is_remote_reader(handle: Any) -> bool:
+def is_remote_reader(handle: object) -> TypeGuard[AnyRemote]:
     """Whether a shard handle reads over the network (:func:`read_many` batches its reads)."""
     return isinstance(handle, (_ObjectReader, RangeReader, CachedReader))
 
@@ -450,7 +458,7 @@ def is_remote_reader(handle: Any) -> bool:
 # -- batches --------------------------------------------------------------------------------------
 
 
-def read_many(requests: Sequence[tuple[Any, int, int]], options: SourceOptions) -> list[bytes]:
+def read_many(requests: Sequence[tuple[AnyRemote, int, int]], options: SourceOptions) -> list[bytes]:
     """The bytes of every ``(reader, offset, size)``, in order: ranges of one reader closer than
     ``options.coalesce_gap`` fetched by one request, at most ``options.max_in_flight`` requests in flight.
 
@@ -472,16 +480,16 @@ def read_many(requests: Sequence[tuple[Any, int, int]], options: SourceOptions) 
     return [data if data is not None else b"" for data in out]
 
 
-def _inner(reader: Any) -> Any:
+def _inner(reader: AnyRemote) -> Remote:
     return reader.inner if isinstance(reader, CachedReader) else reader
 
 
-def _read_uncached(requests: Sequence[tuple[Any, int, int]], options: SourceOptions) -> list[bytes]:
+def _read_uncached(requests: Sequence[tuple[Remote, int, int]], options: SourceOptions) -> list[bytes]:
     """:func:`read_many` without the cache: coalesced per reader, fetched concurrently."""
     by_reader: dict[int, list[int]] = {}
     for k, (reader, _, _) in enumerate(requests):
         by_reader.setdefault(id(reader), []).append(k)
-    planned: list[tuple[Any, int, int, list[int]]] = []  # reader, start, end, request numbers served
+    planned: list[tuple[Remote, int, int, list[int]]] = []  # reader, start, end, request numbers served
     for ks in by_reader.values():
         reader = requests[ks[0]][0]
         for start, end, members in coalesce([(requests[k][1], requests[k][2]) for k in ks], options.coalesce_gap):
@@ -495,14 +503,14 @@ def _read_uncached(requests: Sequence[tuple[Any, int, int]], options: SourceOpti
     return out
 
 
-def _fetch(planned: Sequence[tuple[Any, int, int, list[int]]], options: SourceOptions) -> list[bytes]:
+def _fetch(planned: Sequence[tuple[Remote, int, int, list[int]]], options: SourceOptions) -> list[bytes]:
     """Fetch each planned ``(reader, start, end, _)`` range, concurrently per kind of reader."""
     out: list[bytes] = [b""] * len(planned)
-    objects = [k for k, p in enumerate(planned) if isinstance(p[0], ObjectReader)]
+    objects = [(k, p[0], p[1], p[2] - p[1]) for k, p in enumerate(planned) if isinstance(p[0], ObjectReader)]
     others = [k for k, p in enumerate(planned) if not isinstance(p[0], ObjectReader)]
     if objects:
-        got = _run(_gather([(planned[k][0], planned[k][1], planned[k][2] - planned[k][1]) for k in objects], options.max_in_flight))
-        for k, data in zip(objects, got):
+        got = _run(_gather([(reader, offset, size) for _, reader, offset, size in objects], options.max_in_flight))
+        for (k, *_), data in zip(objects, got):
             out[k] = data
     if others:
         got = RangeReader.fetch_many([(planned[k][0], planned[k][1], planned[k][2] - planned[k][1]) for k in others], options.max_in_flight)
@@ -691,6 +699,37 @@ class ObjectSource(_Retrying):
             modified = meta.get("last_modified")
             self.mtime_ns = int(modified.timestamp()) * 1_000_000_000 if modified is not None else 0
         return _Body(iter(result.stream(min_chunk_size=self.block_size)), self.url, start)
+
+
+class FsspecSource(_Retrying):
+    """Any other ``scheme://`` through :mod:`fsspec` (``s3://``, ``gs://``, ...), reopened at the byte reached."""
+
+    def __init__(self, url: str, options: SourceOptions | None = None) -> None:
+        super().__init__(url, options)
+        self.storage_options = dict(self.options.storage_options)
+
+    def _open_at(self, start: int) -> BinaryIO:
+        try:
+            import fsspec  # optional
+        except ImportError as exc:
+            raise SourceError(self.url, 0, "fsspec is not installed: pip install 'tarindex[s3]'") from exc
+        try:
+            fs, path = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        except (ImportError, ValueError) as exc:
+            raise SourceError(self.url, 0, f"no fsspec filesystem for this URL ({exc})") from exc
+        try:
+            if start == 0:
+                info = fs.info(path)
+                self.size = info.get("size")
+                modified = info.get("LastModified") or info.get("mtime")
+                if hasattr(modified, "timestamp"):
+                    self.mtime_ns = int(modified.timestamp() * 1e9)
+            f: BinaryIO = fs.open(path, "rb", block_size=self.block_size)
+        except FileNotFoundError as exc:
+            raise ShardNotFoundError(f"{self.url}: no such shard") from exc
+        if start:
+            f.seek(start)
+        return f
 
 
 def open_stream(url: str, options: SourceOptions) -> _Retrying:

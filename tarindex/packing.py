@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ._atomic import alive, clean_stale
-from ._codecs import BY_ENTRY
+from ._codecs import BY_ENTRY, TAR, ZSTD, of_suffix
 from ._epochs import stream_key
 from ._packin import KeyFilter, Sample, add_labels, class_names, key_test, samples_of, select, source_kind
 from ._packout import Compress, FileMember, ShardOut, newest_mtime, same_table
@@ -251,10 +251,10 @@ def _pattern(output: str | os.PathLike[str]) -> tuple[str, Compress]:
         first = second = ""
     if not first or first == second:
         raise ValueError(f"output {pattern!r}: expected a pattern with one %d-style number for the shard, e.g. 'out/train-%06d.tar'")
-    name = first.lower()
-    if name.endswith((".tar.zst", ".tzst")):
+    row = of_suffix(first)  # the writers pack has: plain tar and seekable zstd
+    if row is ZSTD:
         return pattern, "zstd"
-    if name.endswith(".tar"):
+    if row is TAR:
         return pattern, None
     raise ValueError(f"output {pattern!r}: shard names must end in .tar (plain) or .tar.zst (seekable zstd)")
 

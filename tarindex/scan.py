@@ -15,7 +15,7 @@ from typing import Any
 
 from ._codecs import GZIP, HEAD_BYTES, TAR, ZSTD, Codec, of_head, sniffed
 from ._localreads import block_chunks, slow_storage
-from ._source import Source
+from ._sourcebase import Source
 from .compression import ArchiveEnd
 from .errors import (
     CorruptArchiveError,

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ._codecs import HEAD_BYTES, looks_like_index, looks_like_shard, sniff_file
+from ._codecs import HEAD_BYTES, SUFFIXES, looks_like_index, looks_like_shard, sniff_file
 from .errors import NotRegularFileError, PatternError, ShardNotFoundError
 from .naming import ShardRef, as_path
 
@@ -162,8 +162,9 @@ def expand_shards(
     return out
 
 
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd", ".tzst")
-"""Names a glob match is taken as a shard by, unread; any other match is read to tell an index from a shard."""
+SHARD_SUFFIXES = SUFFIXES
+"""Names a glob match is taken as a shard by, unread (the codec registry's suffixes); any other match is read
+to tell an index from a shard."""
 
 
 def is_index_file(path: str) -> bool:

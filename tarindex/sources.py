@@ -11,12 +11,12 @@ A source is iterated once and yields consecutive ``bytes`` chunks of the raw
 stream, blocks of ``block_size`` bytes (never one read per member), read by a
 thread that keeps ``prefetch`` blocks ahead so that reading (which releases
 the GIL) overlaps parsing.
-:func:`iter_archive` adds zstd detection by content and decompression.
+:func:`tarindex.scan.iter_archive` adds the codec's decompression (the codec registry, by content).
 
 This module holds the local sources (file, ``-``, ``pipe:``) and
-:func:`open_source`; the base class is in :mod:`tarindex._source`, the network
-sources (HTTP, fsspec, :class:`RangeReader`) in :mod:`tarindex._network`, and
-all of them are reached through here.
+:func:`open_source`; the base class is in :mod:`tarindex._sourcebase`, the HTTP
+sources (:class:`HTTPSource`, :class:`RangeReader`) in :mod:`tarindex._http`, the object-store and
+fsspec ones in :mod:`tarindex.objstore`, and all of them are reached through here.
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING
 from . import hub
 
 # Re-exported for the package (`X as X`): importers reach every source through this module.
-from ._network import FsspecSource as FsspecSource
-from ._network import HTTPSource as HTTPSource
-from ._network import RangeReader as RangeReader
-from ._source import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE
-from ._source import Source, _reads
+from ._http import HTTPSource as HTTPSource
+from ._http import RangeReader as RangeReader
+from ._sourcebase import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE
+from ._sourcebase import Source, _reads
 from .errors import DescriptorLimitError, NotRegularFileError, ShardNotFoundError, SourceError
 from .naming import ShardRef
+from .objstore import FsspecSource as FsspecSource
 from .objstore import open_stream
 from .options import SourceAliases, SourceOptions
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import IndexFormatError, IndexNotFoundError, PatternError, counted
-from .index.format import SHARDS_PREFIX, numbered, unseal
+from .index.format import SHARDS_PREFIX
 from .index.merge import relative_path
+from .index.pages import numbered
 from .index.reader import IndexReader
 from .naming import ShardRef
 from .shards import INDEX_SUFFIX, default_index_path, expand_shards, given_index, index_candidates
@@ -125,11 +126,10 @@ def _shard_paths(reader: IndexReader) -> list[str]:
     per, n = reader.meta["shard_block"], reader.meta["n_shards"]
     paths: list[str] = []
     for b in range(-(-n // per)):
-        key = numbered(SHARDS_PREFIX, b)
-        raw = reader._get(key)
         try:
-            records = json.loads(bytes(unseal(raw, key, f"{reader.path}: shard records block {b}"))) if raw is not None else None
-        except ValueError:
+            payload = reader._optional(numbered(SHARDS_PREFIX, b), f"{reader.path}: shard records block {b}")
+            records = json.loads(bytes(payload)) if payload is not None else None
+        except ValueError:  # damaged (IndexFormatError is one): decoded below as the reader decodes it
             records = None
         if not isinstance(records, list) or len(records) != min(per, n - b * per) or not all(
             isinstance(r, dict) and isinstance(r.get("path"), str) for r in records

@@ -16,26 +16,18 @@ import functools
 import itertools
 import os
 from collections import OrderedDict
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import zstandard
 
 from . import _native
 from ._process import FORK
-from ._ranges import ReadsEach
+from ._ranges import ReadAt, ReadsEach
 from .errors import CorruptFrameError
 from .zstd import decompress_frame
 
 __all__: list[str] = []  # internal module: its names serve the package, the public API is tarindex.__all__
-
-
-class ReadAt(Protocol):
-    """Anything with ``read_at(offset, size)`` and ``close()``: the compressed shard, read at random."""
-
-    def read_at(self, offset: int, size: int) -> bytes: ...
-
-    def close(self) -> None: ...
 
 
 SEED_BYTES = 4 << 20

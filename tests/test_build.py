@@ -495,7 +495,8 @@ def test_an_index_whose_meta_checksum_starts_with_a_brace_is_rebuilt(tmp_path: P
 
     import lmdb
 
-    from tarindex.index.format import META_KEY, seal, unseal
+    from tarindex.index.format import META_KEY
+    from tarindex.index.pages import seal, unseal
 
     shards = make_shard_set(tmp_path / "d", n_shards=2, per=3)
     index = build_index([str(s) for s in shards], workers=1).path

@@ -1,4 +1,4 @@
-"""Caches own only what they made (tarindex._cache), with the zstd decompressed-shard cache as the user."""
+"""Caches own only what they made (tarindex._filecache), with the zstd decompressed-shard cache as the user."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from test_zstd import zstd_cli
 
 import tarindex
 from conftest import py_tar, tarfile_members
-from tarindex._cache import FileCache
+from tarindex._filecache import FileCache
 from tarindex.errors import TarIndexError
 
 ENTRY = r"[0-9a-f]{4}\.bin"

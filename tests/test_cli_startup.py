@@ -144,7 +144,8 @@ def test_info_counts_the_records_of_an_index_whose_meta_keeps_no_totals(shard_se
     import lmdb
 
     import tarindex
-    from tarindex.index.format import CONTENT_SUMMARY, LATER_CONTENT, META_KEY, seal, unseal
+    from tarindex.index.format import CONTENT_SUMMARY, LATER_CONTENT, META_KEY
+    from tarindex.index.pages import seal, unseal
 
     shards = shard_set(n_shards=3, per=4)
     index = tarindex.build_index([str(s) for s in shards], index=shards[0].parent / "old.tarindex", workers=1).path

@@ -32,7 +32,8 @@ from tarindex.cli.main import main
 from tarindex.errors import CorruptDeflateError, IndexFormatError, RandomAccessError, StaleIndexError
 from tarindex.gzip import decompress_gzip
 from tarindex.gzip_random import SeekPoints
-from tarindex.index.format import GZIP_PREFIX, numbered, seal, unseal
+from tarindex.index.format import GZIP_PREFIX
+from tarindex.index.pages import numbered, seal, unseal
 from tarindex.index.reader import IndexReader
 from tarindex.index.writer import IndexWriter
 from tarindex.scan import scan_shard

@@ -19,7 +19,8 @@ import pytest
 import tarindex
 from conftest import make_shard_set
 from tarindex.errors import IndexChangedError, IndexFormatError, ShardNotFoundError, StaleIndexError, TarIndexError
-from tarindex.index.format import META_KEY, ShardInfo, ShardTable, bucket_keys, seal
+from tarindex.index.format import META_KEY, ShardInfo, ShardTable, bucket_keys
+from tarindex.index.pages import seal
 from tarindex.index.reader import IndexReader
 from tarindex.index.writer import IndexWriter
 from tarindex.scan import scan_shard

@@ -23,18 +23,24 @@ import pytest
 import tarindex
 from conftest import make_shard_set
 from tarindex.errors import IndexFormatError
-from tarindex.index.format import BLOCK_PREFIX, FRAMES_PREFIX, META_KEY, numbered, seal, unseal
+from tarindex.index.format import BLOCK_PREFIX, FRAMES_PREFIX, META_KEY, SHARDS_PREFIX
+from tarindex.index.pages import numbered, seal, unseal
 from tarindex.index.records import Columns, encode_block, parse
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def reseal(index: Path, out: Path, key: bytes, edit: Callable[[bytes], bytes]) -> Path:
-    """A copy of ``index`` whose value under ``key`` went through ``edit`` and was sealed again."""
+Edit = tuple[bytes, Callable[[bytes], bytes]]
+"""A value's key and how its payload is rewritten."""
+
+
+def reseal(index: Path, out: Path, *edits: Edit) -> Path:
+    """A copy of ``index`` whose value under each edit's key went through its ``edit`` and was sealed again."""
     shutil.copyfile(index, out)
     env = lmdb.open(str(out), subdir=False, lock=False, map_size=1 << 30)
     with env.begin(write=True) as txn:
-        txn.put(key, seal(key, edit(bytes(unseal(txn.get(key), key, str(out))))))
+        for key, edit in edits:
+            txn.put(key, seal(key, edit(bytes(unseal(txn.get(key), key, str(out))))))
     env.close()
     return out
 
@@ -73,6 +79,13 @@ def sample3(field: str, value: int) -> Callable[[Columns], Columns]:
     return change
 
 
+def read_whole(payload: bytes) -> bytes:
+    """Shard block 0's first record made to say its frames are too large to read at random."""
+    records = json.loads(payload)
+    records[0]["random_access"] = False
+    return json.dumps(records).encode()
+
+
 def frames(row: int, column: int, value: int) -> tuple[bytes, Callable[[bytes], bytes]]:
     def edit(payload: bytes) -> bytes:
         table = np.frombuffer(payload, "<u8").reshape(-1, 4).copy()
@@ -100,7 +113,7 @@ def indexes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 N40 = 1 << 40
-CASES: dict[str, tuple[str, tuple[bytes, Callable[[bytes], bytes]], str]] = {
+CASES: dict[str, tuple[str, Edit | list[Edit], str]] = {
     "n_buckets=2**70": ("plain", meta(n_buckets=1 << 70), r"bad n_buckets"),
     "n_buckets=2**63": ("plain", meta(n_buckets=1 << 63), r"bad n_buckets"),
     "n_buckets=2": ("plain", meta(n_buckets=2), r"bad n_buckets"),  # in range (10 samples: 1 bucket), but lookups would miss theirs
@@ -120,7 +133,11 @@ CASES: dict[str, tuple[str, tuple[bytes, Callable[[bytes], bytes]], str]] = {
     "record size 2**62": ("plain", record(sample3("size", 1 << 62)), r"the record of sample 3 is damaged \(4611686018427387904 bytes at offset"),
     "record offset 2**63 + 5": ("plain", record(sample3("offset", (1 << 63) + 5)), r"the record of sample 3 is damaged \(\d+ bytes at offset 9223372036854775813 past"),
     "frame past the shard": ("zstd", frames(0, 1, 10**12), r"the frame table of shard 0 is damaged \(frames out of order or past the shard's \d+ bytes\)"),
-    "frame of 2**40 bytes": ("zstd", frames(0, 3, N40), r"the frame table of shard 0 is damaged \(1099511627776 bytes decompressed from \d+, more than"),
+    "frame of 2**40 bytes": ("zstd", frames(0, 3, N40), r"the frame table of shard 0 is damaged \(a frame of 1099511627776 bytes in a shard recorded as read at random \(at most 16777216\)\)"),
+    "frame of 2**40 bytes, read whole": (
+        "zstd", [(numbered(SHARDS_PREFIX, 0), read_whole), frames(0, 3, N40)],
+        r"the frame table of shard 0 is damaged \(1099511627776 bytes decompressed from \d+, more than the 67108864 the scan allows\)",
+    ),
     "frame at 2**62": ("zstd", frames(0, 0, 1 << 62), r"the frame table of shard 0 is damaged \(a value of 4611686018427387904\)"),
 }
 
@@ -143,8 +160,8 @@ print(json.dumps([outcome, grown * 1024]))
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_hostile_value_is_index_format_error_before_any_allocation(indexes: dict[str, Path], tmp_path: Path, impl: str, case: str) -> None:
-    which, (key, edit), message = CASES[case]
-    hostile = reseal(indexes[which], indexes[which].with_name(f"hostile-{tmp_path.name}.tarindex"), key, edit)
+    which, edits, message = CASES[case]
+    hostile = reseal(indexes[which], indexes[which].with_name(f"hostile-{tmp_path.name}.tarindex"), *(edits if isinstance(edits, list) else [edits]))
     try:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         out = subprocess.run([sys.executable, "-c", _PROBE, str(hostile)], capture_output=True, text=True, env=env, timeout=120)
@@ -209,7 +226,7 @@ def test_a_start_table_that_disagrees_with_the_shard_records_is_index_format_err
         return starts.tobytes()
 
     try:
-        reseal(plain, plain.with_name("shifted.tarindex"), START_KEY, shifted).replace(plain)
+        reseal(plain, plain.with_name("shifted.tarindex"), (START_KEY, shifted)).replace(plain)
         message = rf"^{plain}: shard records block 0 is damaged \(shard \d has 5 samples, the start table says otherwise\); rebuild the index$"
         with pytest.raises(IndexFormatError, match=message):
             tarindex.TarDataset(str(plain.with_name("train-000001.tar")))

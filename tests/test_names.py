@@ -17,7 +17,8 @@ import tarindex
 from conftest import make_shard_set, package_lines, tarfile_members
 from tarindex.cli.main import main
 from tarindex.errors import CommandNotAllowedError, IndexFormatError, RandomAccessError, ShardNotFoundError
-from tarindex.index.format import META_KEY, SHARDS_PREFIX, numbered, seal
+from tarindex.index.format import META_KEY, SHARDS_PREFIX
+from tarindex.index.pages import numbered, seal
 from tarindex.naming import ShardRef, as_path
 from tarindex.shards import expand_shards
 

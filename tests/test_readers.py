@@ -1,5 +1,5 @@
 """The RandomReader contract (tarindex.access.reader): every reader ``open_random`` hands out (local file, HTTP,
-object store, hub, zstd, gzip, block-cached) through the same cases, on both backends, against the tar bytes
+object store, hub, fsspec, zstd, gzip, block-cached) through the same cases, on both backends, against the tar bytes
 tarfile wrote."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import fsspec
 import pytest
 from _servers import HTTPServer, S3Server
 from test_hub import repo  # noqa: F401  # the fixture: a repository on the local Hub server
@@ -26,7 +27,7 @@ from tarindex.shard_writer import compress_shard
 
 pytestmark = pytest.mark.usefixtures("impl")  # every reader on both backends
 
-KINDS = ["local", "zstd", "gzip", "http", "s3", "s3-cached", "hub"]
+KINDS = ["local", "zstd", "gzip", "http", "s3", "s3-cached", "hub", "fsspec"]
 
 
 def _opened(name: str, index: Path, options: SourceOptions | None = None) -> tuple[RandomReader, IndexReader]:
@@ -64,6 +65,10 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, 
         name = f"s3://{s3.bucket}/{key}"
         if kind == "s3-cached":
             options = SourceOptions(cache_dir=str(tmp_path / "blocks"))
+    elif kind == "fsspec":  # any other protocol: fsspec's in-memory file system, read through FsspecReader
+        name = f"memory://readers/{tmp_path.name}.tar"
+        fsspec.filesystem("memory").pipe(name, want)
+        request.addfinalizer(lambda: fsspec.filesystem("memory").rm(name))
     else:
         url, paths = request.getfixturevalue("repo")
         name = f"{url}/data/{paths[0].name}"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _servers import FaultProxy, FramingServer, HTTPServer, SchemeServer
 
-from tarindex._network import credentials_follow
+from tarindex._http import credentials_follow
 from tarindex._retry import RetryPolicy, Transient, parse_retry_after
 from tarindex.errors import ShardNotFoundError, SourceError
 from tarindex.options import SourceOptions

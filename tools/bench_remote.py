@@ -250,17 +250,17 @@ def _single_rate(ds: tarindex.TarDataset, order: list[int], seconds: float) -> f
 def _loopback_ab(local: tarindex.TarDataset, plain: Path, rand: list[list[int]], order: list[int], name: str) -> list[Row]:
     """Random access over loopback nginx without delay: http.client (A) and the raw socket path (B), then
     local files, alternated in one process, best of ``ROUNDS`` each (``ds[i]`` and ``__getitems__``)."""
-    from tarindex import _network
+    from tarindex import _http
 
     sides: dict[str, tarindex.TarDataset] = {}
     for label, raw in (("http.client", False), ("raw sockets", True)):
-        _network._RAW, saved = raw, _network._RAW  # read when a shard's reader opens: open them all now
+        _http._RAW, saved = raw, _http._RAW  # read when a shard's reader opens: open them all now
         try:
             ds = sides[label] = tarindex.TarDataset(plain)
             for batch in rand[:2]:
                 ds.__getitems__(batch)
         finally:
-            _network._RAW = saved
+            _http._RAW = saved
     sides["local files"] = local
     best: dict[tuple[str, str], float] = {}
     for _ in range(ROUNDS):

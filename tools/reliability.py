@@ -118,7 +118,8 @@ def edit_shard(index: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     """The first shard record of ``index`` changed by ``edit`` and sealed again (its checksum recomputed)."""
     import lmdb
 
-    from tarindex.index.format import SHARDS_PREFIX, numbered, seal, unseal
+    from tarindex.index.format import SHARDS_PREFIX
+    from tarindex.index.pages import numbered, seal, unseal
 
     key = numbered(SHARDS_PREFIX, 0)
     env = lmdb.open(str(index), subdir=False, lock=False)

@@ -16,8 +16,9 @@ from typing import BinaryIO, Protocol
 
 import numpy as np
 
-from .._cache import FileCache
 from .._codecs import BY_ENTRY, GZIP, TAR, ZSTD, Codec, detect, of_name
+from .._filecache import FileCache
+from ..compression import limits
 from ..errors import CorruptFrameError, IndexFormatError, RandomAccessError
 from ..gzip import random_access_refused
 from ..gzip_random import GzipShardReader, SeekPoints
@@ -100,8 +101,9 @@ def _zstd(name: str, raw: RandomReader, indexed: Indexed | None, cache: ZstdCach
     frames = indexed.index.frame_table(indexed.shard)
     if frames is None:
         raise IndexFormatError(f"{name}: the index has no zstd frame table for this shard; rebuild the index")
-    if indexed.info.random_access:
+    if indexed.info.random_access:  # a read decompresses one frame, within the bound the index reader checked
         return _zstd_reader(name, raw, frames)
+    _check_expansion(indexed, frames)
     largest = int(frames[:, 3].max())
     directory = cache.directory
     if directory is None or raw.fileno() is None:
@@ -115,6 +117,22 @@ def _zstd(name: str, raw: RandomReader, indexed: Indexed | None, cache: ZstdCach
     reader = _cached_copy(name, raw, indexed.info, frames, cache, directory)
     raw.close()
     return reader
+
+
+def _check_expansion(indexed: Indexed, frames: np.ndarray) -> None:
+    """A shard decompressed whole (to the cache) must stay within the expansion its scan allowed.
+
+    Raises:
+        IndexFormatError: the frame table's total exceeds :meth:`tarindex.compression.Limits.bound` of the
+            shard's size (a crafted table: the scan refuses such a shard).
+    """
+    size = indexed.info.size
+    total, bound = int(frames[-1, 2] + frames[-1, 3]) if len(frames) else 0, limits().bound(size)
+    if total > bound:
+        raise IndexFormatError(
+            f"{os.fspath(indexed.index.path)}: the frame table of shard {indexed.shard} is damaged ({total} bytes "
+            f"decompressed from {size}, more than the {bound} the scan allows); rebuild the index"
+        )
 
 
 def _zstd_reader(name: str, raw: RandomReader, frames: np.ndarray) -> RandomReader:

@@ -80,7 +80,7 @@ def open_random(
     raw = open_checked(name, indexed, options)
     try:
         row = codec(indexed, raw)
-        if checked is not None and indexed is not None and row.compression is None and isinstance(raw, LocalReader):
+        if checked is not None and indexed is not None and not row.compressed and isinstance(raw, LocalReader):
             checked.remember(indexed.shard, raw.size, raw.mtime_ns)
         return RANDOM[row](name, raw, indexed, options.zstd_cache)
     except BaseException:

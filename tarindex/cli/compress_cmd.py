@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from .._codecs import SUFFIXES
+
 if TYPE_CHECKING:
     from ._progress import Bar
 
@@ -17,15 +19,12 @@ if TYPE_CHECKING:
 DEFAULT_LEVEL = 3
 DEFAULT_FRAME_SIZE = 8 << 10
 
-_SUFFIXES = (".tar.zst", ".tar.zstd", ".tar.gz", ".tgz", ".tar")
-"""Endings an output name in a directory replaces with ``.tar.zst``."""
-
-
 def output_name(src: str) -> str:
-    """The name ``src`` gets in an output directory: its name with ``.tar``, ``.tar.gz``, ``.tgz`` or
-    ``.tar.zst`` replaced by ``.tar.zst`` (any other name: ``.tar.zst`` appended)."""
+    """The name ``src`` gets in an output directory: its name with a shard's suffix (the codec registry's:
+    ``.tar``, ``.tar.gz``, ``.tgz``, ``.tar.zst``, ``.tar.zstd``, ``.tzst``) replaced by ``.tar.zst`` (any other
+    name: ``.tar.zst`` appended)."""
     name = os.path.basename(src)
-    for suffix in _SUFFIXES:
+    for suffix in SUFFIXES:
         if name.lower().endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)] + ".tar.zst"
     return name + ".tar.zst"

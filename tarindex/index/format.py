@@ -1,17 +1,13 @@
-"""Index layout: LMDB keys, ``FORMAT_VERSION``, sealed values and per-shard records.
+"""Index layout: LMDB keys, ``FORMAT_VERSION``, the sizes of blocks and buckets, and per-shard records.
 
-See ``docs/design.md`` ("Index layout") for the table of keys. Every value but the
-LMDB container's own pages is *sealed*: a little-endian CRC-32 of its key and payload, then the
-payload, so a damaged value is an :class:`~tarindex.errors.IndexFormatError`, never data.
+See ``docs/design.md`` ("Index layout") for the table of keys. How a value is stored under its key (sealed:
+a CRC-32 of key and payload, then the payload) is the index file's, :mod:`tarindex.index.pages`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import zlib
-from typing import Any
 
-from ..errors import IndexFormatError
 from ..tables import ShardInfo, ShardTable
 
 __all__ = [
@@ -28,9 +24,6 @@ __all__ = [
     "bucket_keys",
     "bucket_of",
     "key_hash",
-    "numbered",
-    "seal",
-    "unseal",
 ]
 
 FORMAT_VERSION = 5
@@ -71,36 +64,6 @@ def bucket_keys(sample_bytes: int) -> int:
     (up to 16M samples), 213 for 4 (up to 4G), 182 for 5 (a fixed count would leave a third of every
     page empty once sample numbers outgrow 3 bytes: two buckets a page instead of three)."""
     return BUCKET_BYTES // (2 + sample_bytes)
-
-
-def numbered(prefix: bytes, number: int) -> bytes:
-    """The LMDB key of value ``number`` under ``prefix`` (big-endian, so keys sort by number)."""
-    return prefix + number.to_bytes(8, "big")
-
-
-def seal(key: bytes, payload: bytes | bytearray | memoryview) -> bytes:
-    """``payload`` behind the CRC-32 of its LMDB key and itself (4 bytes, little-endian).
-
-    The key is in the checksum, so a value found under another key (a damaged B-tree) is refused too.
-    """
-    return zlib.crc32(payload, zlib.crc32(key)).to_bytes(4, "little") + bytes(payload)
-
-
-def unseal(raw: Any, key: bytes, where: str) -> memoryview:
-    """The payload of a value sealed under ``key``, its checksum verified (a view, no copy).
-
-    Raises:
-        IndexFormatError: the value is missing, too short, or its checksum does not match.
-    """
-    if raw is None:
-        raise IndexFormatError(f"{where} is missing; rebuild the index")
-    view = memoryview(raw)
-    if len(view) < 4:
-        raise IndexFormatError(f"{where} is damaged (expected at least 4 bytes, got {len(view)}); rebuild the index")
-    expected, got = int.from_bytes(view[:4], "little"), zlib.crc32(view[4:], zlib.crc32(key))
-    if expected != got:
-        raise IndexFormatError(f"{where} is damaged (checksum expected {expected:08x}, got {got:08x}); rebuild the index")
-    return view[4:]
 
 
 def key_hash(key: bytes) -> int:

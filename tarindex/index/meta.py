@@ -22,10 +22,8 @@ from .format import (
     SHARD_SUMMARY,
     START_KEY,
     bucket_keys,
-    numbered,
-    unseal,
 )
-from .pages import IndexFile
+from .pages import IndexFile, numbered, unseal
 
 __all__: list[str] = []  # internal module: the index reader and `tarindex info` use these names
 

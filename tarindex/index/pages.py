@@ -1,4 +1,10 @@
-"""The index file read with ``pread``: LMDB's meta pages and B-tree walked here, the file never mapped.
+"""The index file: its values, each sealed under its key, and the LMDB file read with ``pread`` (LMDB's meta
+pages and B-tree walked here, the file never mapped).
+
+Every value but the LMDB container's own pages is *sealed* (:func:`seal`, :func:`unseal`): a little-endian
+CRC-32 of its key and payload, then the payload, so a damaged value is an
+:class:`~tarindex.errors.IndexFormatError`, never data. Numbered values (record blocks, shard records, frame
+tables, key buckets) are keyed by :func:`numbered`; which keys an index holds is :mod:`tarindex.index.format`.
 
 An index can change under a reader (``cp`` or ``rsync --inplace`` over it, a truncation, a sync
 client): a mapped file then faults (``SIGBUS``) on any page past its new end, and a page read through
@@ -20,13 +26,14 @@ from __future__ import annotations
 import os
 import stat
 import struct
+import zlib
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import IndexFormatError
 
-__all__: list[str] = []  # internal module: the index reader and `tarindex info` use IndexFile
+__all__: list[str] = []  # internal module: the index reader and writer and `tarindex info` use it
 
 _LMDB_MAGIC = 0xBEEFC0DE
 _META = struct.Struct("<II8x8x4xHH8x8x8x8x8x4xHH8x8x8xQQQQ")
@@ -42,6 +49,36 @@ _MAX_DEPTH = 32  # a B-tree of 4 KiB pages this deep holds more than any file; d
 _BRANCHES_KEPT = 1024  # branch pages kept parsed (~100 at 100M samples)
 _LEAVES_KEPT = 2048  # leaf pages kept read (8 MiB: the key table of 1.5M samples)
 _PARSED_LEAF = 16  # a leaf of at most this many nodes is kept parsed (the key table's hold 3)
+
+
+def numbered(prefix: bytes, number: int) -> bytes:
+    """The LMDB key of value ``number`` under ``prefix`` (big-endian, so keys sort by number)."""
+    return prefix + number.to_bytes(8, "big")
+
+
+def seal(key: bytes, payload: bytes | bytearray | memoryview) -> bytes:
+    """``payload`` behind the CRC-32 of its LMDB key and itself (4 bytes, little-endian).
+
+    The key is in the checksum, so a value found under another key (a damaged B-tree) is refused too.
+    """
+    return zlib.crc32(payload, zlib.crc32(key)).to_bytes(4, "little") + bytes(payload)
+
+
+def unseal(raw: bytes | memoryview | None, key: bytes, where: str) -> memoryview:
+    """The payload of a value sealed under ``key``, its checksum verified (a view, no copy).
+
+    Raises:
+        IndexFormatError: the value is missing, too short, or its checksum does not match.
+    """
+    if raw is None:
+        raise IndexFormatError(f"{where} is missing; rebuild the index")
+    view = memoryview(raw)
+    if len(view) < 4:
+        raise IndexFormatError(f"{where} is damaged (expected at least 4 bytes, got {len(view)}); rebuild the index")
+    expected, got = int.from_bytes(view[:4], "little"), zlib.crc32(view[4:], zlib.crc32(key))
+    if expected != got:
+        raise IndexFormatError(f"{where} is damaged (checksum expected {expected:08x}, got {got:08x}); rebuild the index")
+    return view[4:]
 
 
 class IndexFile:

@@ -49,10 +49,8 @@ from .format import (
     bucket_keys,
     bucket_of,
     key_hash,
-    numbered,
-    seal,
 )
-from .pages import IndexFile
+from .pages import IndexFile, numbered, seal
 from .reader import IndexReader
 from .records import Columns, encode_block, parse
 

@@ -6,7 +6,7 @@ thread that keeps ``prefetch`` blocks ahead so that reading (which releases
 the GIL) overlaps parsing. A source that ``walks_direct`` is read by the C walk
 itself instead (:class:`tarindex.tar.DirectSource`). The sources themselves
 are in :mod:`tarindex.sources` (local, ``-``, ``pipe:``) and
-:mod:`tarindex._network` (HTTP, fsspec).
+:mod:`tarindex._http` (HTTP) and :mod:`tarindex.objstore` (object stores, fsspec).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Network sources: HTTP(S) with retries and ``Range`` resume, random reads of URL shards, fsspec URLs.
+"""HTTP(S): sequential sources with retries and ``Range`` resume, random reads of URL shards, batches of ranges.
 
 Every failure goes through the one retry policy (:mod:`tarindex._retry`); every option comes from one
 :class:`~tarindex.options.SourceOptions`. HTTP(S) honours ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY``
@@ -20,17 +20,18 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO
+from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit
 
 from ._process import FORK
+from ._ranges import ReadAt
 from ._retry import RETRYABLE_STATUS, Transient, parse_retry_after
-from ._source import Source, _reads
+from ._sourcebase import Source, _reads
 from .errors import NO_RANGES, ShardNotFoundError, SourceError, StaleIndexError, TarIndexError
 from .naming import ShardRef
 from .options import SourceOptions
 
-__all__ = ["FsspecSource", "HTTPSource", "RangeReader", "credentials_follow", "http_status_error", "without_credentials"]
+__all__ = ["HTTPSource", "RangeReader", "credentials_follow", "http_status_error", "without_credentials"]
 
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _MAX_REDIRECTS = 5
@@ -802,7 +803,7 @@ class RangeReader:
         return read_many([(self, offset, size) for offset, size in ranges], self.options)
 
     @staticmethod
-    def fetch_many(requests: Sequence[tuple[Any, int, int]], max_in_flight: int) -> list[bytes]:
+    def fetch_many(requests: Sequence[tuple[ReadAt, int, int]], max_in_flight: int) -> list[bytes]:
         """``read_at`` of every ``(reader, offset, size)``, at most ``max_in_flight`` at once, in order.
 
         Raises:
@@ -893,34 +894,3 @@ def _http_mtime(resp: http.client.HTTPResponse) -> int:
         return int(email.utils.parsedate_to_datetime(modified).timestamp()) * 1_000_000_000
     except (TypeError, ValueError):
         return 0
-
-
-class FsspecSource(_Retrying):
-    """Any other ``scheme://`` through :mod:`fsspec` (``s3://``, ``gs://``, ...), reopened at the byte reached."""
-
-    def __init__(self, url: str, options: SourceOptions | None = None) -> None:
-        super().__init__(url, options)
-        self.storage_options = dict(self.options.storage_options)
-
-    def _open_at(self, start: int) -> BinaryIO:
-        try:
-            import fsspec  # type: ignore[import-untyped]  # optional, no stubs
-        except ImportError as exc:
-            raise SourceError(self.url, 0, "fsspec is not installed: pip install 'tarindex[s3]'") from exc
-        try:
-            fs, path = fsspec.core.url_to_fs(self.url, **self.storage_options)
-        except (ImportError, ValueError) as exc:
-            raise SourceError(self.url, 0, f"no fsspec filesystem for this URL ({exc})") from exc
-        try:
-            if start == 0:
-                info = fs.info(path)
-                self.size = info.get("size")
-                modified = info.get("LastModified") or info.get("mtime")
-                if hasattr(modified, "timestamp"):
-                    self.mtime_ns = int(modified.timestamp() * 1e9)
-            f: BinaryIO = fs.open(path, "rb", block_size=self.block_size)
-        except FileNotFoundError as exc:
-            raise ShardNotFoundError(f"{self.url}: no such shard") from exc
-        if start:
-            f.seek(start)
-        return f
