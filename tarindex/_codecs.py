@@ -239,6 +239,13 @@ def of_head(head: bytes, path: str) -> Codec:
     return _BY_NAME[codec_of(head, path)]
 
 
+def stores_tar(compression: str | None) -> bool:
+    """Whether an index entry recording ``compression`` (``ShardInfo.compression``) stores its tar as is (its row
+    is not compressed), so that its records are offsets into the stored bytes; ``False`` for a value no row has."""
+    row = BY_ENTRY.get(compression)
+    return row is not None and not row.compressed
+
+
 def of_suffix(name: str) -> Codec | None:
     """The row whose suffix ``name`` ends with (case ignored), or ``None``; a name says what its writer should
     write, never what a shard is (that is its first bytes, :func:`of_head`)."""

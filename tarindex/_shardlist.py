@@ -60,7 +60,7 @@ def shard_list(urls: Any, allow_commands: bool) -> ShardList:
         check_commands(reader.path, reader.shards, allow_commands)
         refs = [ShardRef.of(shard_name(reader.path, info)) for info in reader.shards]
         infos = list(reader.shards)
-        starts = [int(x) for x in reader.checked_starts(range(len(infos)), infos).tolist()]
+        starts = [int(x) for x in reader.checked_starts(range(len(infos)), [info.n_samples for info in infos]).tolist()]
     finally:
         if reader is not urls:
             reader.close()

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _native
 from ._atomic import atomic_write
-from ._codecs import BY_ENTRY
+from ._codecs import stores_tar
 from .errors import ExportError, OverwriteError, shown
 from .index.merge import relative_path
 from .index.reader import IndexReader
@@ -77,8 +77,7 @@ def _plain(reader: IndexReader, i: int, loader: str) -> str:
     """
     info = reader.shards[i]
     name = shard_name(reader.path, info)
-    row = BY_ENTRY.get(info.compression)
-    if row is None or row.compressed:
+    if not stores_tar(info.compression):
         raise ExportError(name, f"is a {info.compression} shard; {loader} reads plain tar files (offsets in the index are in the decompressed tar)")
     return name
 

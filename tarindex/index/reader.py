@@ -23,7 +23,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from .._codecs import BY_ENTRY
+from .._codecs import stores_tar
 from ..errors import IndexChangedError, IndexFormatError, IndexNotFoundError, SampleNotFoundError
 from .format import (
     BLOCK_PREFIX,
@@ -279,7 +279,7 @@ class BlockSource:
             IndexFormatError: the shard record is damaged.
         """
         info = self._shards[shard]
-        found = self.bounds[shard] = max(info.size, 1) if _stored_as_tar(info) else _UNBOUNDED
+        found = self.bounds[shard] = max(info.size, 1) if stores_tar(info.compression) else _UNBOUNDED
         return found
 
     def release(self) -> None:
@@ -534,22 +534,22 @@ class IndexReader:
             found = self.__dict__["_starts"] = starts.copy()
         return found
 
-    def checked_starts(self, shards: Iterable[int], infos: Sequence[ShardInfo] | None = None) -> np.ndarray:
+    def checked_starts(self, shards: Iterable[int], counts: Sequence[object] | None = None) -> np.ndarray:
         """:meth:`shard_starts`, with the sample count of each of ``shards`` compared with its record (each is
         checked on its own; a crafted start table would shift sample numbers from one shard to another).
-        ``infos``: the records of all shards, when the caller has read them already.
+        ``counts``: every shard's recorded sample count, by shard number, when the caller has read the records
+        already (else each of ``shards`` is decoded).
 
         Raises:
             IndexFormatError: the table is damaged, or disagrees with a shard's record.
         """
         starts = self.shard_starts()
-        records = self.shards if infos is None else infos
         for shard in shards:
-            info = records[shard]
-            if info.n_samples != int(starts[shard + 1] - starts[shard]):
+            recorded = self.shards[shard].n_samples if counts is None else counts[shard]
+            if recorded != int(starts[shard + 1] - starts[shard]):
                 raise IndexFormatError(
                     f"{self.path}: shard records block {shard // self.meta['shard_block']} is damaged "
-                    f"(shard {shard} has {info.n_samples} samples, the start table says otherwise); rebuild the index"
+                    f"(shard {shard} has {recorded} samples, the start table says otherwise); rebuild the index"
                 )
         return starts
 
@@ -646,7 +646,7 @@ class IndexReader:
         cols = self.decode(int(starts[shard]), int(starts[shard + 1]))
         if len(cols) and bool((cols.shard != shard).any()):
             raise IndexFormatError(f"{self.path}: a record of shard {shard} names another shard; rebuild the index")
-        if len(cols) and _stored_as_tar(info) and bool((cols.size > info.size).any() or (cols.offset > info.size - cols.size).any()):
+        if len(cols) and stores_tar(info.compression) and bool((cols.size > info.size).any() or (cols.offset > info.size - cols.size).any()):
             raise IndexFormatError(f"{self.path}: a record of shard {shard} lies past its {info.size} bytes; rebuild the index")
         return cols
 
@@ -701,13 +701,6 @@ class IndexReader:
     def file_size(self) -> int:
         """Size of the index file in bytes."""
         return self.path.stat().st_size
-
-
-def _stored_as_tar(info: ShardInfo) -> bool:
-    """Whether the shard's stored bytes are its tar (the registry's row of its entry is not compressed), so that its
-    records are offsets into the stored bytes."""
-    row = BY_ENTRY.get(info.compression)
-    return row is not None and not row.compressed
 
 
 def _frames_wrong(rows: np.ndarray, info: ShardInfo) -> str:
