@@ -125,6 +125,13 @@ typedef struct {
     uint64_t number;
 } Record;
 
+/* A record's key as bytes (key_text): made once per read for the read check and the sample's __key__. */
+#define KEY_MAX 256
+typedef struct {
+    size_t len;               /* the key's length; above KEY_MAX the bytes are not made */
+    char bytes[KEY_MAX + 8];  /* the key, then up to 8 bytes put_digits writes past it */
+} KeyText;
+
 static PyObject *k_key, *k_url, *k_index, *k_read_at;
 static PyObject *IndexFormatError; /* tarindex.errors.IndexFormatError, handed in once by init() */
 
@@ -579,32 +586,69 @@ bad: /* the Python path reads it again and raises the error that names the index
     return -2;
 }
 
-/* The key of a record as str (utf-8, surrogateescape). */
-static PyObject *record_key(const Record *r) {
-    char small[256];
-    Py_ssize_t len = r->plen + (r->suffix ? r->slen : r->digits);
-    char *buf = len <= (Py_ssize_t)sizeof(small) ? small : PyMem_Malloc((size_t)len);
-    if (!buf) return PyErr_NoMemory();
-    memcpy(buf, r->prefix, (size_t)r->plen);
-    if (r->suffix) {
-        memcpy(buf + r->plen, r->suffix, (size_t)r->slen);
-    } else {
-        uint64_t v = r->number;
-        for (int d = r->digits - 1; d >= 0; d--) {
-            buf[r->plen + d] = (char)('0' + v % 10);
-            v /= 10;
-        }
+/* Eight decimal digits of v (below 10**8) as ASCII, the first digit in the lowest byte (little-endian: first
+ * in memory): the two halves of four digits split into pairs, then into digits, all lanes at once (a
+ * multiply and shift divides each lane by 100 for values below 10,000 and by 10 below 100: exact there). */
+static inline uint64_t digits8(uint64_t v) {
+    uint64_t x = v / 10000 | (v % 10000) << 32, q;
+    q = (x * 10486 >> 20) & 0x0000007F0000007FULL;
+    x = q | (x - q * 100) << 16;
+    q = (x * 103 >> 10) & 0x000F000F000F000FULL;
+    x = q | (x - q * 10) << 8;
+    return x + 0x3030303030303030ULL;
+}
+
+/* The `d` decimals of v (d <= 20, v below 10**d) at out, eight at a time; writes up to 8 bytes past them. */
+static void put_digits(char *out, uint64_t v, int d) {
+    uint64_t groups[2]; /* the last eight digits, then the eight before them */
+    int full = d / 8, lead = d % 8;
+    for (int i = 0; i < full; i++) {
+        groups[i] = v % 100000000;
+        v /= 100000000;
     }
-    PyObject *key = PyUnicode_DecodeUTF8(buf, len, "surrogateescape");
-    if (buf != small) PyMem_Free(buf);
+    if (lead) {
+        uint64_t w = digits8(v) >> (8 * (8 - lead)); /* the lead digits, NULs after them */
+        memcpy(out, &w, 8);
+        out += lead;
+    }
+    for (int i = full - 1; i >= 0; i--, out += 8) {
+        uint64_t w = digits8(groups[i]);
+        memcpy(out, &w, 8);
+    }
+}
+
+/* The record's key (prefix + suffix, or prefix + number in `digits` decimals) at buf, which holds its length
+ * + 8 bytes. */
+static void put_key(const Record *r, char *buf) {
+    memcpy(buf, r->prefix, (size_t)r->plen);
+    if (r->suffix) memcpy(buf + r->plen, r->suffix, (size_t)r->slen);
+    else put_digits(buf + r->plen, r->number, r->digits);
+}
+
+/* The record's key into k, once per read: the read check compares its bytes and the sample's __key__ is made
+ * of them. A key longer than KEY_MAX is only measured (len): the check leaves it to the Python path,
+ * record_key spells it apart. */
+static void key_text(const Record *r, KeyText *k) {
+    k->len = (size_t)(r->plen + (r->suffix ? r->slen : r->digits));
+    if (k->len <= KEY_MAX) put_key(r, k->bytes);
+}
+
+/* The key of a record as str (utf-8, surrogateescape), from its text k. */
+static PyObject *record_key(const Record *r, const KeyText *k) {
+    if (k->len <= KEY_MAX) return PyUnicode_DecodeUTF8(k->bytes, (Py_ssize_t)k->len, "surrogateescape");
+    char *buf = PyMem_Malloc(k->len + 8);
+    if (!buf) return PyErr_NoMemory();
+    put_key(r, buf);
+    PyObject *key = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)k->len, "surrogateescape");
+    PyMem_Free(buf);
     return key;
 }
 
-/* A new sample dict with __key__, __url__ and __index__ and member k's bytes from vals[k]
+/* A new sample dict with __key__ (from k), __url__ and __index__ and member k's bytes from vals[k]
  * (references stolen, all of them, also on error); NULL on error. */
-static PyObject *new_sample(Reader *self, const Record *r, PyObject *index, PyObject **vals) {
+static PyObject *new_sample(Reader *self, const Record *r, const KeyText *k, PyObject *index, PyObject **vals) {
     PyObject *d = _PyDict_NewPresized(3 + r->nm);
-    PyObject *key = record_key(r);
+    PyObject *key = record_key(r, k);
     int bad = !d || !key || PyDict_SetItem(d, k_key, key) < 0 ||
               PyDict_SetItem(d, k_url, PyList_GET_ITEM(self->urls, r->shard)) < 0 || PyDict_SetItem(d, k_index, index) < 0;
     Py_XDECREF(key);
@@ -629,27 +673,6 @@ static int slice_members(const Record *r, const char *base, PyObject **vals) {
         }
     }
     return 0;
-}
-
-static const char DIGIT_PAIRS[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-                                     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-                                     "8081828384858687888990919293949596979899";
-
-/* The record's key bytes (prefix + suffix, or prefix + number in `digits` decimals, two at a time) into buf, which holds cap
- * bytes; the key's length (larger than cap: only the first cap bytes are written). */
-static size_t key_bytes(const Record *r, char *buf, size_t cap) {
-    size_t plen = (size_t)r->plen, len = plen + (size_t)(r->suffix ? r->slen : r->digits);
-    if (len > cap) return len;
-    memcpy(buf, r->prefix, plen);
-    if (r->suffix) {
-        memcpy(buf + plen, r->suffix, (size_t)r->slen);
-    } else {
-        uint64_t v = r->number;
-        int d = r->digits;
-        for (; d >= 2; d -= 2, v /= 100) memcpy(buf + plen + (size_t)d - 2, DIGIT_PAIRS + 2 * (v % 100), 2);
-        if (d) buf[plen] = (char)('0' + v % 10);
-    }
-    return len;
 }
 
 /* Whether a key is one the common split makes (the packer's, _tarscan.c): no leading "__", a base name (after
@@ -683,21 +706,19 @@ static int readcheck_on = 1; /* _readcheck(False): tools/bench_readcheck.py meas
  * record r says (a regular file whose data starts where the record says, of the record's size and name, every
  * checksum valid): a plain header directly after the previous member's data, or after one PAX header whose
  * records cannot rename or resize it, field by field in one call (tar_plain_member, _tarcore.c: the records
- * searched, not parsed; the name as key + the extension's Tail, the size, both checksums), any other shape
- * with tar_step (_tarcore.c: PAX and GNU long names and PAX sizes applied, a directory or link between
- * members skipped). Member k's
- * headers lie in its gap: the bytes from the end of member k-1's data (0 for k = 0) to its own data, at
- * base + that offset, or, when `gaps` is given (a sample read straight into its members' bytes), one gap
- * after the other in `gaps`. 1: they agree; 0: not shown here (the read goes to the Python path, whose
- * check judges and names any difference: tarindex._readcheck). */
-static int headers_agree(Reader *self, const Record *r, const unsigned char *base, const unsigned char *gaps) {
+ * searched, not parsed; the name as the key and the extension's Tail, the size, both checksums), any other
+ * shape with tar_step (_tarcore.c: PAX and GNU long names and PAX sizes applied, a directory or link between
+ * members skipped). Member k's headers lie in its gap: the bytes from the end of member k-1's data (0 for
+ * k = 0) to its own data, at base + that offset, or, when `gaps` is given (a sample read straight into its
+ * members' bytes), one gap after the other in `gaps`. 1: they agree; 0: not shown here (the read goes to the
+ * Python path, whose check judges and names any difference: tarindex._readcheck). */
+static int headers_agree(Reader *self, const Record *r, const KeyText *kt, const unsigned char *base, const unsigned char *gaps) {
     if (!readcheck_on) return 1;
     uint64_t pos = 0, acc = 0;
     tar_member m;
-    char key[256 + 2 * TAIL_MAX]; /* the key, then each member's tail in turn (tar_expect: its name) */
-    size_t klen = key_bytes(r, key, 256);
-    if (r->nm == 0 || klen > 256) return 0; /* the Python check compares these */
-    memset(key + klen, 0, 2 * TAIL_MAX); /* what tar_plain_member reads past a tail's NUL */
+    const char *key = kt->bytes;
+    size_t klen = kt->len;
+    if (r->nm == 0 || klen > KEY_MAX) return 0; /* the Python check compares these */
     if (r->suffix || !r->digits ? !plain_key(key, klen) : !r->plain_prefix || (klen >= 2 && key[0] == '_' && key[1] == '_'))
         return 0; /* a key of prefix + digits: plain as its block's prefix is (the digits hold no '/' or '.') */
     for (Py_ssize_t k = 0; k < r->nm; k++) {
@@ -706,8 +727,7 @@ static int headers_agree(Reader *self, const Record *r, const unsigned char *bas
         size_t at = (size_t)(round512(pos) - pos), need;
         acc += len;
         const Tail *t = &self->tails[r->ext[k]];
-        memcpy(key + klen, t->bytes, TAIL_MAX);
-        tar_expect want = {(const unsigned char *)key, klen + t->len, r->ms[k]};
+        tar_expect want = {(const unsigned char *)key, (const unsigned char *)t->bytes, klen, t->len, r->ms[k]};
         if (t->len && at <= len && tar_plain_member(g + at, (size_t)(len - at), &want)) {
             pos = mo + r->ms[k]; /* a plain header, alone or after a PAX header that changes neither its name nor its size */
             continue;
@@ -761,14 +781,16 @@ static PyObject *read_handle(Reader *self, PyObject *handle, const Record *r, Py
             got = (size_t)PyBytes_GET_SIZE(buf);
         }
     }
-    if (!base || got != r->size || !headers_agree(self, r, (const unsigned char *)base, NULL)) {
+    KeyText key;
+    key_text(r, &key);
+    if (!base || got != r->size || !headers_agree(self, r, &key, (const unsigned char *)base, NULL)) {
         Py_DECREF(buf); /* a short read, or headers the Python check must judge: the Python path reads it */
         return PyObject_CallOneArg(self->fallback, index);
     }
     PyObject *vals[READER_MAX_MEMBERS];
     int rc = slice_members(r, base, vals); /* at once: a view in the frame cache lasts until the next zstd read */
     Py_DECREF(buf);
-    return rc < 0 ? NULL : new_sample(self, r, index, vals);
+    return rc < 0 ? NULL : new_sample(self, r, &key, index, vals);
 }
 
 /* pread/preadv until done or error, the GIL released; returns bytes read or -1 (errno in *err). */
@@ -838,6 +860,8 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
             iov[niov++].iov_len = r->size - pos;
         }
     }
+    KeyText key;
+    key_text(r, &key); /* before the read: its stores are in the cache by the time the check loads them */
     int err;
     ssize_t got = read_range(fd, iov, niov, r->offset, &err);
     if (err || got < 0 || (uint64_t)got < r->size) {
@@ -850,7 +874,7 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
         }
         return PyObject_CallOneArg(self->fallback, index); /* a short read: the Python path reports it */
     }
-    if (!headers_agree(self, r, (const unsigned char *)buf, direct ? (const unsigned char *)buf : NULL)) {
+    if (!headers_agree(self, r, &key, (const unsigned char *)buf, direct ? (const unsigned char *)buf : NULL)) {
         PyMem_Free(heap); /* headers the Python check must judge: the Python path reads it */
         if (direct)
             for (Py_ssize_t q = 0; q < r->nm; q++) Py_DECREF(vals[q]);
@@ -858,7 +882,7 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
     }
     int bad = !direct && slice_members(r, buf, vals) < 0;
     PyMem_Free(heap);
-    return bad ? NULL : new_sample(self, r, index, vals);
+    return bad ? NULL : new_sample(self, r, &key, index, vals);
 }
 
 /* The handle of a shard for one read (the caller has counted the read in busy): the descriptor (>= 0), or -1
@@ -1060,7 +1084,9 @@ static PyObject *batch_sample(Reader *self, const Record *r, BatchItem *it, cons
         return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PyList_GET_ITEM(self->urls, r->shard));
     }
     int direct = it->vals != NULL;
-    if (got->got < r->size || !headers_agree(self, r, (const unsigned char *)it->heap, direct ? (const unsigned char *)it->heap : NULL))
+    KeyText key;
+    key_text(r, &key);
+    if (got->got < r->size || !headers_agree(self, r, &key, (const unsigned char *)it->heap, direct ? (const unsigned char *)it->heap : NULL))
         return PyObject_CallOneArg(self->fallback, it->index);
     PyObject *vals[READER_MAX_MEMBERS];
     if (direct) {
@@ -1069,7 +1095,7 @@ static PyObject *batch_sample(Reader *self, const Record *r, BatchItem *it, cons
     } else if (slice_members(r, it->heap, vals) < 0) {
         return NULL;
     }
-    return new_sample(self, r, it->index, vals);
+    return new_sample(self, r, &key, it->index, vals);
 }
 
 static void batch_release(Reader *self, const Record *recs, BatchItem *items, Py_ssize_t n) {
@@ -1235,7 +1261,21 @@ static PyObject *module_readcheck(PyObject *m, PyObject *const *args, Py_ssize_t
     return PyBool_FromLong(readcheck_on);
 }
 
+static PyObject *module_plain_body(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    (void)m;
+    if (nargs != 1 || (args[0] != Py_None && !PyUnicode_Check(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "_plain_body(name) takes one argument, a str or None");
+        return NULL;
+    }
+    const char *name = args[0] == Py_None ? NULL : PyUnicode_AsUTF8(args[0]);
+    if (args[0] != Py_None && !name) return NULL;
+    return PyBool_FromLong(tar_plain_use(name));
+}
+
 static PyMethodDef module_methods[] = {
+    {"_plain_body", (PyCFunction)(void (*)(void))module_plain_body, METH_FASTCALL,
+     "_plain_body(name) -> whether the read check's common-shape body is now the one named ('avx512', 'avx2', 'base'; "
+     "None: the CPU's best): tests compare their decisions"},
     {"_readcheck", (PyCFunction)(void (*)(void))module_readcheck, METH_FASTCALL,
      "_readcheck([on]) -> whether the C reader checks each sample's headers (tools/bench_readcheck.py switches it off to measure it)"},
     {"init", (PyCFunction)(void (*)(void))module_init, METH_VARARGS | METH_KEYWORDS,

@@ -84,6 +84,10 @@ static inline int has_avx2(void) {
     if (__builtin_expect(avx2 < 0, 0)) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
     return avx2;
 }
+
+static inline int has_avx512bw(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
 #endif
 
 uint64_t tar_header_sum(const unsigned char *h) {
@@ -130,9 +134,9 @@ static int pax_size(const unsigned char *v, size_t n, uint64_t *out) {
 
 /* Whether the n bytes of PAX records at d may set a name or a size: a '=' after "path" or "size" (the key and
  * its '=' side by side, wherever they are), or a 'G' followed by "NU.sparse" (GNU.sparse.*). Conservative:
- * a value that holds such bytes counts too. With SSE2 (wide: AVX2), one pass sixteen (thirty-two) bytes a
+ * a value that holds such bytes counts too. With SSE2 (AVX2, AVX-512BW), one pass sixteen (32, 64) bytes a
  * step marks every '=' four bytes after a 'p' or an 's' and every 'G' before an 'N' (pax_marks), and only
- * those are compared (d is readable from 4 bytes before it up to 32 bytes past n rounded up to TAR_BLOCK:
+ * those are compared (d is readable from 4 bytes before it up to 65 bytes past n rounded up to TAR_BLOCK:
  * the PAX header, the records' padding, the member's own header). */
 static inline int pax_hit(const unsigned char *d, size_t n, size_t j) {
     return d[j] == '=' ? j >= 4 && (memcmp(d + j - 4, "path", 4) == 0 || memcmp(d + j - 4, "size", 4) == 0)
@@ -156,6 +160,40 @@ __attribute__((target("avx2"))) static inline uint32_t pax_marks_avx2(const unsi
                                    _mm256_or_si256(_mm256_cmpeq_epi8(k, _mm256_set1_epi8('p')), _mm256_cmpeq_epi8(k, _mm256_set1_epi8('s'))));
     __m256i gnu = _mm256_and_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('G')), _mm256_cmpeq_epi8(after, _mm256_set1_epi8('N')));
     return (uint32_t)_mm256_movemask_epi8(_mm256_or_si256(key, gnu));
+}
+#endif
+
+#if TAR_SUM_AVX2
+/* pax_marks for 64 bytes with AVX-512BW, as a bit mask. */
+__attribute__((target("avx512bw,avx512f"))) static inline uint64_t pax_marks_avx512(const unsigned char *d) {
+    __m512i v = _mm512_loadu_si512((const void *)d), k = _mm512_loadu_si512((const void *)(d - 4)), after = _mm512_loadu_si512((const void *)(d + 1));
+    __mmask64 key = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8('=')) &
+                    (_mm512_cmpeq_epi8_mask(k, _mm512_set1_epi8('p')) | _mm512_cmpeq_epi8_mask(k, _mm512_set1_epi8('s')));
+    __mmask64 gnu = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8('G')) & _mm512_cmpeq_epi8_mask(after, _mm512_set1_epi8('N'));
+    return (uint64_t)(key | gnu);
+}
+
+/* pax_touchy with AVX-512BW: records of up to 128 bytes (times only: webdataset's, GNU tar's) in two fixed
+ * steps and one branch; longer ones 64 bytes a step. */
+__attribute__((target("avx512bw,avx512f"))) static inline int pax_touchy_avx512(const unsigned char *d, size_t n) {
+    if (n <= 128) {
+        uint64_t lo = pax_marks_avx512(d), hi = pax_marks_avx512(d + 64);
+        lo &= n >= 64 ? ~0ULL : (1ULL << n) - 1;
+        hi &= n >= 128 ? ~0ULL : n <= 64 ? 0 : (1ULL << (n - 64)) - 1;
+        if (__builtin_expect((lo | hi) == 0, 1)) return 0;
+        for (; lo; lo &= lo - 1)
+            if (pax_hit(d, n, (size_t)__builtin_ctzll(lo))) return 1;
+        for (; hi; hi &= hi - 1)
+            if (pax_hit(d, n, 64 + (size_t)__builtin_ctzll(hi))) return 1;
+        return 0;
+    }
+    for (size_t i = 0; i < n; i += 64) {
+        uint64_t hits = pax_marks_avx512(d + i);
+        if (n - i < 64) hits &= (1ULL << (n - i)) - 1;
+        for (; hits; hits &= hits - 1)
+            if (pax_hit(d, n, i + (size_t)__builtin_ctzll(hits))) return 1;
+    }
+    return 0;
 }
 #endif
 
@@ -204,14 +242,36 @@ static inline int same(const unsigned char *a, const unsigned char *b, size_t n)
     return diff == 0;
 }
 
+#if TAR_SUM_AVX2
+/* Whether the name field's first n bytes (n <= 64) are e's key, then its tail and NUL: both parts loaded
+ * into one register where they lie (the tail at lane klen, masked lanes neither read nor faulted), one
+ * compare. */
+__attribute__((target("avx512bw,avx512f"))) static inline int name_agrees_avx512(const unsigned char *h, const tar_expect *e, size_t n) {
+    __mmask64 all = n >= 64 ? ~0ULL : (1ULL << n) - 1, key = (1ULL << e->klen) - 1; /* klen < n */
+    __m512i want = _mm512_or_si512(_mm512_maskz_loadu_epi8(key, e->key),
+                                   _mm512_maskz_loadu_epi8(all & ~key, (const void *)((uintptr_t)e->tail - e->klen)));
+    return _mm512_mask_cmpneq_epi8_mask(all, _mm512_maskz_loadu_epi8(all, h), want) == 0;
+}
+#endif
+
 /* A member's own header as tar_plain_member takes it, all but its checksum: a regular type, the name field
  * exactly the expected name (and a NUL after it unless it fills the field), no ustar prefix, the size field
  * as the common writers spell it and equal to the expected size; *stored: the checksum field's value. */
-static inline __attribute__((always_inline)) int own_fields(const unsigned char *h, const tar_expect *e, uint64_t *stored) {
+static inline __attribute__((always_inline)) int own_fields(const unsigned char *h, const tar_expect *e, uint64_t *stored, int wide) {
     unsigned char typ = h[156];
+    size_t len = e->klen + e->tlen, n = len + (len < 100); /* the name and its NUL, unless it fills the field */
     uint64_t got;
-    return e->len <= 100 && (typ == '0' || typ == 0 || typ == '7') && !(h[345] && memcmp(h + 257, "ustar\0", 6) == 0) &&
-           same(h, e->name, e->len + (e->len < 100)) && tar_plain_size(h + 124, &got) && got == e->size && tar_plain_chksum(h + 148, stored);
+    if (len > 100 || !(typ == '0' || typ == 0 || typ == '7') || (h[345] && memcmp(h + 257, "ustar\0", 6) == 0)) return 0;
+#if TAR_SUM_AVX2
+    if (wide == 2 && n <= 64) {
+        if (!name_agrees_avx512(h, e, n)) return 0;
+    } else
+#endif
+    {
+        (void)wide;
+        if (!same(h, e->key, e->klen) || !same(h + e->klen, e->tail, n - e->klen)) return 0;
+    }
+    return tar_plain_size(h + 124, &got) && got == e->size && tar_plain_chksum(h + 148, stored);
 }
 
 /* A PAX 'x' header's fields as tar_plain_member takes them, all but its checksum: the size field spelled
@@ -244,17 +304,56 @@ __attribute__((target("avx2"))) static inline void header_sums_avx2(const unsign
 }
 #endif
 
-/* tar_plain_member's body, made twice (wide: AVX2's sums and search, else SSE2's or the plain loop's): the
- * own header's fields first (a member of another shape leaves before any sum), then the sums, then the PAX
- * records' search. */
+#if TAR_SUM_AVX2
+/* header_sum with AVX-512BW: eight 64-byte steps. */
+__attribute__((target("avx512bw,avx512f,avx2"))) static inline uint64_t header_sum_avx512(const unsigned char *h) {
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i a = zero;
+#pragma GCC unroll 8
+    for (int i = 0; i < TAR_BLOCK; i += 64) {
+        a = _mm512_add_epi64(a, _mm512_sad_epu8(zero, _mm512_loadu_si512((const void *)(h + i))));
+        __asm__("" : "+v"(a)); /* one add after another */
+    }
+    uint64_t field = (uint64_t)_mm_cvtsi128_si64(_mm_sad_epu8(_mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)(h + 148))));
+    return (uint64_t)_mm512_reduce_add_epi64(a) - field + 8 * 32;
+}
+
+/* The two sums of header_sums_avx2 with AVX-512BW: eight 64-byte steps a header. */
+__attribute__((target("avx512bw,avx512f,avx2"))) static inline void header_sums_avx512(const unsigned char *a, const unsigned char *b, uint64_t *sa, uint64_t *sb) {
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i a0 = zero, b0 = zero;
+#pragma GCC unroll 8
+    for (int i = 0; i < TAR_BLOCK; i += 64) {
+        a0 = _mm512_add_epi64(a0, _mm512_sad_epu8(zero, _mm512_loadu_si512((const void *)(a + i))));
+        b0 = _mm512_add_epi64(b0, _mm512_sad_epu8(zero, _mm512_loadu_si512((const void *)(b + i))));
+        __asm__("" : "+v"(a0), "+v"(b0));
+    }
+    __m512i ab = _mm512_add_epi64(_mm512_unpacklo_epi64(a0, b0), _mm512_unpackhi_epi64(a0, b0)); /* a's, b's in turn */
+    __m256i q = _mm256_add_epi64(_mm512_castsi512_si256(ab), _mm512_extracti64x4_epi64(ab, 1));
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)); /* a's sum, b's sum */
+    const __m128i z = _mm_setzero_si128();
+    t = _mm_sub_epi64(t, _mm_unpacklo_epi64(_mm_sad_epu8(z, _mm_loadl_epi64((const __m128i *)(a + 148))),
+                                            _mm_sad_epu8(z, _mm_loadl_epi64((const __m128i *)(b + 148))))); /* less the fields */
+    *sa = (uint64_t)_mm_cvtsi128_si64(t) + 8 * 32;
+    *sb = (uint64_t)_mm_extract_epi64(t, 1) + 8 * 32;
+}
+#endif
+
+/* tar_plain_member's body, made three times (wide 2: AVX-512BW's name compare, sums and search; 1: AVX2's
+ * sums and search; 0: SSE2's or the plain loop's): the own header's fields first (a member of another shape
+ * leaves before any sum), then the sums, then the PAX records' search. */
 static inline __attribute__((always_inline)) int plain_member(const unsigned char *g, size_t len, const tar_expect *e, int wide) {
     const unsigned char *h = g + len - TAR_BLOCK;
     uint64_t own, pax, size, a, b;
-    if (len < TAR_BLOCK || !own_fields(h, e, &own)) return 0;
+    if (len < TAR_BLOCK || !own_fields(h, e, &own, wide)) return 0;
 #if TAR_SUM_AVX2
     if (wide) {
-        if (len == TAR_BLOCK) return header_sum_avx2(h) == own;
+        if (len == TAR_BLOCK) return (wide == 2 ? header_sum_avx512(h) : header_sum_avx2(h)) == own;
         if (!pax_fields(g, len - 2 * TAR_BLOCK, &size, &pax)) return 0;
+        if (wide == 2) {
+            header_sums_avx512(g, h, &a, &b);
+            return a == pax && b == own && !pax_touchy_avx512(g + TAR_BLOCK, (size_t)size);
+        }
         header_sums_avx2(g, h, &a, &b);
         return a == pax && b == own && !pax_touchy(g + TAR_BLOCK, (size_t)size, 1);
     }
@@ -275,12 +374,16 @@ static int plain_member_base(const unsigned char *g, size_t len, const tar_expec
 __attribute__((target("avx2"))) static int plain_member_avx2(const unsigned char *g, size_t len, const tar_expect *e) {
     return plain_member(g, len, e, 1);
 }
+
+__attribute__((target("avx512bw,avx512f,avx2"))) static int plain_member_avx512(const unsigned char *g, size_t len, const tar_expect *e) {
+    return plain_member(g, len, e, 2);
+}
 #endif
 
 /* The first call picks the body for this CPU (every thread picks the same) and calls it. */
 static int plain_member_pick(const unsigned char *g, size_t len, const tar_expect *e) {
 #if TAR_SUM_AVX2
-    tar_plain_member = has_avx2() ? plain_member_avx2 : plain_member_base;
+    tar_plain_member = has_avx512bw() ? plain_member_avx512 : has_avx2() ? plain_member_avx2 : plain_member_base;
 #else
     tar_plain_member = plain_member_base;
 #endif
@@ -288,6 +391,17 @@ static int plain_member_pick(const unsigned char *g, size_t len, const tar_expec
 }
 
 int (*tar_plain_member)(const unsigned char *g, size_t len, const tar_expect *e) = plain_member_pick;
+
+int tar_plain_use(const char *name) {
+    if (!name) tar_plain_member = plain_member_pick;
+    else if (strcmp(name, "base") == 0) tar_plain_member = plain_member_base;
+#if TAR_SUM_AVX2
+    else if (strcmp(name, "avx2") == 0 && has_avx2()) tar_plain_member = plain_member_avx2;
+    else if (strcmp(name, "avx512") == 0 && has_avx512bw()) tar_plain_member = plain_member_avx512;
+#endif
+    else return 0;
+    return 1;
+}
 
 typedef struct {
     const unsigned char *path;

@@ -37,11 +37,14 @@ typedef struct {
  * any window: then defer). Reads nothing past p + avail. */
 int tar_step(const unsigned char *p, size_t avail, tar_member *m, size_t *need);
 
-/* What the read check expects of a member (tar_plain_member): its name (key, '.', extension: len bytes,
- * readable up to len + 1 rounded up to 8, with a NUL after them) and its data's size. */
+/* What the read check expects of a member (tar_plain_member): its name, the sample's key (klen bytes,
+ * readable up to klen rounded up to 8) and then its tail ('.' and the extension: tlen bytes, a NUL after
+ * them, readable up to tlen + 1 rounded up to 8), and its data's size. The two parts are compared where
+ * they lie, never copied together: a name assembled per member would be loaded across the stores that just
+ * made it (a load that spans fresh stores waits for them to reach the cache). */
 typedef struct {
-    const unsigned char *name;
-    size_t len;
+    const unsigned char *key, *tail;
+    size_t klen, tlen;
     uint64_t size;
 } tar_expect;
 
@@ -54,8 +57,13 @@ typedef struct {
  * size and checksum fields spelled as GNU tar, tarfile and webdataset spell them (tar_plain_size,
  * tar_plain_chksum), the size the expected one, each checksum the sum tar_header_sum makes (both sums in one
  * pass). 0: not shown here (another shape or spelling, or a difference: tar_step reads the headers). A
- * pointer: the body for this CPU (AVX2 or not), picked at the first call. */
+ * pointer: the body for this CPU (AVX-512BW, AVX2 or neither), picked at the first call. */
 extern int (*tar_plain_member)(const unsigned char *g, size_t len, const tar_expect *e);
+
+/* tar_plain_member's body by name ("avx512", "avx2", "base": AVX-512BW, AVX2, SSE2 or plain C), for the tests
+ * that compare their decisions; NULL: the CPU's best again (picked at the next call). 1: in use; 0: this CPU
+ * lacks it (nothing changed). */
+int tar_plain_use(const char *name);
 
 /* The header checksum's unsigned sum (the checksum field counted as spaces): AVX2 where the CPU has it,
  * else SSE2 (every x86-64), else eight bytes at a time. */

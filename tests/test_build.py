@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -152,8 +153,13 @@ def test_a_url_build_without_an_index_path_is_a_usage_error(shards: list[Path]) 
     assert f"Error: pipe:cat {shards[0]}: URL shards need an index path: add -o INDEX" in result.stderr
 
 
+def _sigint_default() -> None:
+    """In a CLI child: SIGINT's default action, as a terminal's foreground job has it (a suite started in the
+    background, ``pytest &``, hands its children SIGINT ignored, and the build would never see the Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_130_and_keeps_the_previous_index(shards: list[Path], tmp_path: Path) -> None:
-    import signal
     import subprocess
     import sys
     import time
@@ -166,7 +172,7 @@ def test_ctrl_c_exits_130_and_keeps_the_previous_index(shards: list[Path], tmp_p
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tarindex.cli.main", "build", *map(str, shards), slow, "-o", str(index), "-w", "1"],
-        stderr=subprocess.PIPE, env=env, start_new_session=True,
+        stderr=subprocess.PIPE, env=env, start_new_session=True, preexec_fn=_sigint_default,
     )
     deadline = time.monotonic() + 60
     while not started.exists() and time.monotonic() < deadline:  # the build is under way
@@ -342,7 +348,6 @@ def test_repeated_ctrl_c_during_a_parallel_build_ends_at_once_in_one_line(tmp_pa
     hang, never a worker's traceback: one line and exit 130 (or the build had finished: exit 0), the previous
     index intact or the new one whole, no temporary file, no process left."""
     import random
-    import signal
     import sys
     import time
 
@@ -354,7 +359,7 @@ def test_repeated_ctrl_c_during_a_parallel_build_ends_at_once_in_one_line(tmp_pa
 
     def start(shard: Path) -> subprocess.Popen[bytes]:
         os.utime(shard)  # a changed mtime: the build rewrites the index
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True, preexec_fn=_sigint_default)
         tmp = tmp_path / f".b.tarindex.tmp-{proc.pid}"
         deadline = time.monotonic() + 60
         while not tmp.exists() and proc.poll() is None and time.monotonic() < deadline:  # the build is under way

@@ -218,6 +218,111 @@ def test_members_between_a_samples_members_read_as_tarfile_extracts(impl: str, t
         assert fallbacks.count == 1  # README: judged by the Python check
 
 
+def _edge_shard(root: Path, name_len: int) -> Path:
+    """A tarfile shard of 12 samples whose member names are ``name_len`` bytes long (a key, ".txt" / ".cls")."""
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / f"names-{name_len}.tar"
+    with tarfile.open(out, "w", format=tarfile.GNU_FORMAT) as tf:
+        for i in range(12):
+            key = "k" * (name_len - 10) + f"{i:06d}"
+            for ext, data in (("cls", b"%d" % i), ("txt", _caption(i))):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size, info.mtime = len(data), 1_700_000_000
+                tf.addfile(info, io.BytesIO(data))
+    return out
+
+
+def _edits(shard: Path) -> list[Callable[[bytearray], None]]:
+    """Edits of a PAX-per-member shard that the common-shape check must see: a checksum one off in a member's own
+    header and in its PAX header, a member renamed to another key of the same length, a size field changed and
+    a name made a byte longer (their checksums written again), a PAX record whose key ends in "path" (the records must be parsed: the
+    C header step reads it, as the Python check would)."""
+    members = _members(shard)
+    own = {i: members[f"{i:06d}.txt"].offset_data - 512 for i in range(12)}
+    pax = {i: members[f"{i:06d}.txt"].offset for i in range(12)}
+
+    def checksum(at: int) -> Callable[[bytearray], None]:
+        def edit(data: bytearray) -> None:
+            data[at + 148 : at + 156] = b"%06o\x00 " % (int(data[at + 148 : at + 154], 8) + 1)
+
+        return edit
+
+    def rename(data: bytearray) -> None:
+        data[own[5] : own[5] + 6] = b"000099"
+        _rechecksum(data, own[5])
+
+    def resize(data: bytearray) -> None:
+        data[own[6] + 124 : own[6] + 136] = b"%011o\x00" % (len(_caption(6)) - 1)
+        _rechecksum(data, own[6])
+
+    def lengthen(data: bytearray) -> None:
+        data[own[8] + len(b"000008.txt")] = ord("x")  # the NUL after the name: "000008.txtx" now
+        _rechecksum(data, own[8])
+
+    def pax_path(data: bytearray) -> None:
+        records = data.find(b"mtime=", pax[7] + 512, pax[7] + 1024)
+        assert records > 0
+        data[records : records + 5] = b"xpath"  # "mtime=" becomes "xpath=": a record the C step must parse
+
+    return [checksum(own[3]), checksum(pax[4]), rename, resize, lengthen, pax_path]
+
+
+def _decisions(ds: TarDataset, handed: list[int]) -> list[tuple[object, ...]]:
+    """Each sample's read: the indexes handed to the Python check by it, and what it gave (the bytes or the error)."""
+    out: list[tuple[object, ...]] = []
+    for i in range(len(ds)):
+        del handed[:]
+        try:
+            got: object = sorted(ds[i].items())
+        except StaleIndexError as error:
+            got = str(error)
+        out.append((tuple(handed), got))
+    return out
+
+
+def test_every_body_of_the_c_check_decides_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C check's bodies for the common shape (_tarcore.c: AVX-512BW, AVX2, SSE2; the CPU's best is picked at
+    the first read) take and leave the same reads, and each read gives the same bytes or error: shards of every
+    writer, names whose bytes and NUL fill 63 to 65 bytes (the AVX-512 compare takes up to 64) or the whole
+    100-byte field, and edits of webdataset's and GNU tar's PAX-per-member shards."""
+    from conftest import require_c_extension
+
+    require_c_extension()
+    from tarindex._native import SPEEDUPS
+
+    assert SPEEDUPS is not None
+    bodies = [body for body in ("avx512", "avx2", "base") if SPEEDUPS._plain_body(body)]
+    SPEEDUPS._plain_body(None)
+    handed: list[int] = []
+    real = _Dataset._read_py
+
+    def recorded(ds: TarDataset, i: int) -> dict[str, object]:
+        handed.append(i)
+        return real(ds, i)
+
+    monkeypatch.setattr(_Dataset, "_read_py", recorded)
+    shards = [_shard(writer, tmp_path / writer, n=12) for writer in WRITERS]
+    shards += [_edge_shard(tmp_path / "edges", n) for n in (62, 63, 64, 65, 99, 100)]
+    indexes = [_built(shard).index_path for shard in shards]
+    for writer in ("webdataset", "gnu-tar-pax"):
+        for k, edit in enumerate(_edits(_shard(writer, tmp_path / f"{writer}-edits", n=12))):
+            shard = _shard(writer, tmp_path / f"{writer}-edit{k}", n=12)
+            indexes.append(_built(shard).index_path)
+            _in_place(shard, edit, restore_mtime=True)
+    try:
+        decided = {body: [_decisions(TarDataset(index), handed) for index in indexes] for body in bodies if SPEEDUPS._plain_body(body)}
+    finally:
+        SPEEDUPS._plain_body(None)
+    first = decided[bodies[0]]
+    for body in bodies[1:]:
+        assert decided[body] == first, body
+    handed = [sum(bool(h) for h, _ in reads) for reads in first]
+    stale = [sum(isinstance(got, str) for _, got in reads) for reads in first]
+    plain = len(WRITERS) + 6
+    assert handed[:plain] == stale[:plain] == [0] * plain  # unchanged shards: every read the C check's own
+    assert handed[plain:] == stale[plain:] == [1, 1, 1, 1, 1, 0] * 2  # each edit but the record: one read stale
+
+
 # -- a shard rewritten in place --------------------------------------------------------------------------
 @pytest.mark.parametrize("restore_mtime", [False, True], ids=["mtime-changed", "mtime-restored"])
 @pytest.mark.parametrize("writer", WRITERS)

@@ -219,6 +219,39 @@ def test_c_reader_reads_what_was_encoded(samples: list[Sample]) -> None:
     assert names == [urls[k] if k in read and k != 0 else None for k in range(len(urls))]
 
 
+@pytest.mark.parametrize("prefix", [b"", b"d/x"])
+@pytest.mark.parametrize("digits", range(1, 20))
+def test_c_reader_spells_keys_of_any_number_of_digits(digits: int, prefix: bytes) -> None:
+    """Keys of a prefix and a number in 1 to 19 decimals (a block's key_mode 1), at the edges of their width (0,
+    1, all nines, a one and zeros, a mix): the C reader's ``__key__`` and its read check spell them as the index
+    does, with no read handed to the Python path."""
+    from conftest import require_c_extension
+
+    require_c_extension()
+    from tarindex._native import SPEEDUPS
+
+    assert SPEEDUPS is not None
+    top = 10**digits - 1
+    numbers = sorted({0, 1, top, top - 1, 10 ** (digits - 1), 123456789012345678901 % (top + 1), top // 7})
+    samples: list[Sample] = []
+    for i, v in enumerate(numbers):
+        members = [(0, 512, 100 + i), (1, _round(612 + i) + 512, 7)]
+        samples.append((0, 2**20 + i * 2**12, _round(members[-1][1] + 7), members, prefix + b"%0*d" % (digits, v)))
+    block = parse(memoryview(encode_block(_columns(samples))), 2, len(samples), "test")
+    assert block.mode == 1 and block.digits == digits  # the keys as a prefix and a number
+    exts = ("txt", "cls")
+
+    def fallback(i: int) -> Any:
+        raise AssertionError(f"the C reader handed sample {i} to the Python path")
+
+    table = {(s[0], s[1]): s for s in samples}
+    opener = HandleTable(1, lambda shard: _Shard(shard, table, exts), 1)
+    reader = SPEEDUPS.Reader(_config(lambda b: block.view, len(samples), len(samples), exts, ["s.tar"], opener, fallback))
+    for i, (_, _, _, _, key) in enumerate(samples):
+        assert reader.read(i)["__key__"] == key.decode()
+        assert reader.read_batch([i], 4, 0)[0]["__key__"] == key.decode()
+
+
 def test_a_damaged_record_in_the_c_reader_is_the_python_error() -> None:
     from conftest import require_c_extension
 

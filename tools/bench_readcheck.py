@@ -3,10 +3,13 @@ against the index record (tarindex._readcheck, the C reader's ``headers_agree``)
 check on and off, alternated in one process per lane.
 
 For each set, one process per lane (C; Python with ``TARINDEX_PURE_PYTHON=1``) opens the index, warms it with
-one pass, then runs ``--pairs`` pairs of passes, check on then off (off then on in odd pairs), each pass timing
-a ``ds[i]`` loop over the same random samples and ``ds.__getitems__`` over them in batches of 64. The figure
-is the median over pairs of on / off: the check's cost in units of the same read without it, which a loaded
-machine slows alike. The switch is for this measurement only: ``_speedups._readcheck(False)`` in C, and
+one pass over two lists of random samples, then makes ``pairs`` passes over them in stretches of 512 samples,
+the check on and off in turn from one stretch to the next (the other way round in odd passes): in a stretch, a
+``ds[i]`` loop over 512 of the first list, then ``ds.__getitems__`` in batches of 64 over 512 of the other (no
+sample read twice in a row, so neither finds the other's bytes in the CPU's caches). Each pass gives one quotient, the time a
+sample with the check over the time without it; the figure is their median: the check's cost in units of
+the same read without it, measured over the same seconds (a drift of the machine's speed slows both alike).
+The switch is for this measurement only: ``_speedups._readcheck(False)`` in C, and
 ``tarindex.dataset.check_sample`` replaced by a function that checks nothing in Python (also the C reader's
 Python fallback).
 """
@@ -30,8 +33,10 @@ from tarindex._native import SPEEDUPS
 
 index, reads, pairs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 ds = tarindex.TarDataset(index)
-picks = np.random.default_rng(0).integers(0, len(ds), reads).tolist()
-batches = [picks[k : k + 64] for k in range(0, len(picks), 64)]
+rng = np.random.default_rng(0)
+picks, batched = rng.integers(0, len(ds), reads).tolist(), rng.integers(0, len(ds), reads).tolist()
+CHUNK = 512  # reads per stretch of one setting: on and off take turns every 512 reads (8 batches of 64)
+chunks = [(picks[k : k + CHUNK], batched[k : k + CHUNK]) for k in range(0, reads, CHUNK)]
 check = dataset.check_sample
 
 def switch(on):
@@ -39,22 +44,30 @@ def switch(on):
         SPEEDUPS._readcheck(on)
     dataset.check_sample = check if on else (lambda *args: None)
 
-def passes():
-    t0 = time.perf_counter()
-    for i in picks:
-        ds[i]
-    t1 = time.perf_counter()
-    for b in batches:
-        ds.__getitems__(b)
-    return (t1 - t0) / reads, (time.perf_counter() - t1) / reads
+def one_pass(flip):
+    spent = {True: [0.0, 0.0], False: [0.0, 0.0]}
+    count = {True: 0, False: 0}
+    for c, (chunk, other) in enumerate(chunks):
+        on = (c + flip) % 2 == 0
+        switch(on)
+        t0 = time.perf_counter()
+        for i in chunk:
+            ds[i]
+        t1 = time.perf_counter()
+        for k in range(0, len(other), 64):
+            ds.__getitems__(other[k : k + 64])
+        spent[on][0] += t1 - t0
+        spent[on][1] += time.perf_counter() - t1
+        count[on] += len(chunk)
+    return [[t / count[on] for t in spent[on]] for on in (True, False)]
 
-for i in picks:  # warm: files open, pages cached
+for i in picks + batched:  # warm: files open, pages cached
     ds[i]
 got = {True: [], False: []}
 for p in range(pairs):
-    for on in (True, False) if p % 2 == 0 else (False, True):
-        switch(on)
-        got[on].append(passes())
+    on, off = one_pass(p % 2)
+    got[True].append(on)
+    got[False].append(off)
 switch(True)
 print(json.dumps([got[True], got[False]]))
 """
