@@ -173,42 +173,39 @@ __attribute__((target("avx512bw,avx512f"))) static inline uint64_t pax_marks_avx
     return (uint64_t)(key | gnu);
 }
 
-/* pax_touchy with AVX-512BW: records of up to 128 bytes (times only: webdataset's, GNU tar's) in two fixed
- * steps and one branch; longer ones 64 bytes a step. */
-__attribute__((target("avx512bw,avx512f"))) static inline int pax_touchy_avx512(const unsigned char *d, size_t n) {
-    if (n <= 128) {
-        uint64_t lo = pax_marks_avx512(d), hi = pax_marks_avx512(d + 64);
-        lo &= n >= 64 ? ~0ULL : (1ULL << n) - 1;
-        hi &= n >= 128 ? ~0ULL : n <= 64 ? 0 : (1ULL << (n - 64)) - 1;
-        if (__builtin_expect((lo | hi) == 0, 1)) return 0;
-        for (; lo; lo &= lo - 1)
-            if (pax_hit(d, n, (size_t)__builtin_ctzll(lo))) return 1;
-        for (; hi; hi &= hi - 1)
-            if (pax_hit(d, n, 64 + (size_t)__builtin_ctzll(hi))) return 1;
-        return 0;
-    }
-    for (size_t i = 0; i < n; i += 64) {
-        uint64_t hits = pax_marks_avx512(d + i);
-        if (n - i < 64) hits &= (1ULL << (n - i)) - 1;
-        for (; hits; hits &= hits - 1)
-            if (pax_hit(d, n, i + (size_t)__builtin_ctzll(hits))) return 1;
-    }
+#endif
+
+/* The marks of pax_marks for the 64 bytes at d, a bit a byte: one AVX-512BW step (wide 2), two AVX2 steps (1)
+ * or four SSE2 steps (0). */
+static inline __attribute__((always_inline)) uint64_t pax_marks64(const unsigned char *d, int wide) {
+#if TAR_SUM_AVX2
+    if (wide == 2) return pax_marks_avx512(d);
+    if (wide == 1) return (uint64_t)pax_marks_avx2(d) | (uint64_t)pax_marks_avx2(d + 32) << 32;
+#endif
+    (void)wide;
+    return (uint64_t)pax_marks_sse2(d) | (uint64_t)pax_marks_sse2(d + 16) << 16 | (uint64_t)pax_marks_sse2(d + 32) << 32 |
+           (uint64_t)pax_marks_sse2(d + 48) << 48;
+}
+
+/* Whether any of the marks (bit j: the byte at d + at + j) is a record key that may set a name or a size. */
+static inline int pax_hits(const unsigned char *d, size_t n, size_t at, uint64_t marks) {
+    for (; marks; marks &= marks - 1)
+        if (pax_hit(d, n, at + (size_t)__builtin_ctzll(marks))) return 1;
     return 0;
 }
-#endif
 
 static inline __attribute__((always_inline)) int pax_touchy(const unsigned char *d, size_t n, int wide) {
 #ifdef __SSE2__
-    const size_t step = wide ? 32 : 16;
-    for (size_t i = 0; i < n; i += step) {
-#if TAR_SUM_AVX2
-        uint32_t hits = wide ? pax_marks_avx2(d + i) : pax_marks_sse2(d + i);
-#else
-        uint32_t hits = pax_marks_sse2(d + i);
-#endif
-        if (n - i < step) hits &= (1u << (n - i)) - 1; /* the padding after the records */
-        for (; hits; hits &= hits - 1)
-            if (pax_hit(d, n, i + (size_t)__builtin_ctz(hits))) return 1;
+    if (n <= 128) { /* times only, as webdataset and GNU tar write them: two fixed steps and one branch */
+        uint64_t lo = pax_marks64(d, wide), hi = pax_marks64(d + 64, wide);
+        lo &= n >= 64 ? ~0ULL : (1ULL << n) - 1; /* the padding after the records */
+        hi &= n >= 128 ? ~0ULL : n <= 64 ? 0 : (1ULL << (n - 64)) - 1;
+        return __builtin_expect((lo | hi) != 0, 0) && (pax_hits(d, n, 0, lo) || pax_hits(d, n, 64, hi));
+    }
+    for (size_t i = 0; i < n; i += 64) {
+        uint64_t hits = pax_marks64(d + i, wide);
+        if (n - i < 64) hits &= (1ULL << (n - i)) - 1;
+        if (pax_hits(d, n, i, hits)) return 1;
     }
     return 0;
 #else
@@ -350,12 +347,9 @@ static inline __attribute__((always_inline)) int plain_member(const unsigned cha
     if (wide) {
         if (len == TAR_BLOCK) return (wide == 2 ? header_sum_avx512(h) : header_sum_avx2(h)) == own;
         if (!pax_fields(g, len - 2 * TAR_BLOCK, &size, &pax)) return 0;
-        if (wide == 2) {
-            header_sums_avx512(g, h, &a, &b);
-            return a == pax && b == own && !pax_touchy_avx512(g + TAR_BLOCK, (size_t)size);
-        }
-        header_sums_avx2(g, h, &a, &b);
-        return a == pax && b == own && !pax_touchy(g + TAR_BLOCK, (size_t)size, 1);
+        if (wide == 2) header_sums_avx512(g, h, &a, &b);
+        else header_sums_avx2(g, h, &a, &b);
+        return a == pax && b == own && !pax_touchy(g + TAR_BLOCK, (size_t)size, wide);
     }
 #endif
     (void)wide;

@@ -9,13 +9,14 @@ exactly as ``tarfile`` extracts them. ``verify --deep`` names the first record t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import io
 import os
 import re
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -545,29 +546,66 @@ def test_a_header_summing_to_its_checksum_plus_65521_is_stale(impl: str, tmp_pat
     assert "bad header checksum" in str(error) and f"at offset {at}" in str(error)
 
 
-@pytest.mark.parametrize("pad", [0, 3, 9, 14, 15, 16, 17, 18, 19, 40, 47, 48, 49, 50, 51])
-def test_a_path_record_anywhere_in_the_pax_records_is_read(pad: int, impl: str, tmp_path: Path) -> None:
-    """``path=`` after a record of ``pad`` bytes of value (the key and its ``=`` on either side of each 16- and
-    32-byte step of the C search: SSE2, AVX2), or inside another record's value: the records are parsed, the member reads as tarfile
-    extracts it, and the path changed there (the ustar header as before) is stale."""
-    shard = _pax_shard(tmp_path / "d", lambda name, size: {"comment": "c" * pad + " path=" + name + " .", "path": name})
+def _bodies(impl: str) -> list[str | None]:
+    """The C check's bodies this CPU has (``_speedups._plain_body``), or ``[None]`` in the Python lane."""
+    if impl != "c":
+        return [None]
+    from tarindex._native import SPEEDUPS
+
+    assert SPEEDUPS is not None
+    bodies: list[str | None] = [body for body in ("avx512", "avx2", "base") if SPEEDUPS._plain_body(body)]
+    SPEEDUPS._plain_body(None)
+    return bodies
+
+
+@contextlib.contextmanager
+def _body(name: str | None) -> Iterator[None]:
+    """The C check's body ``name`` in use (None: the CPU's best), the CPU's best again after."""
+    from tarindex._native import SPEEDUPS
+
+    if SPEEDUPS is not None and name is not None:
+        assert SPEEDUPS._plain_body(name)
+    try:
+        yield
+    finally:
+        if SPEEDUPS is not None:
+            SPEEDUPS._plain_body(None)
+
+
+@pytest.mark.parametrize("layout", ["decoy", "alone", "first"])
+@pytest.mark.parametrize("pad", [0, 3, 9, 14, 15, 16, 17, 18, 19, 40, 44, 45, 46, 47, 48, 49, 50, 51, 60, 61, 96, 108, 109, 110, 111, 112, 113, 114, 115, 116])
+def test_a_path_record_anywhere_in_the_pax_records_is_read(pad: int, layout: str, impl: str, tmp_path: Path) -> None:
+    """``path=`` after a record of ``pad`` bytes of value (the key and its ``=`` on either side of each 16-, 32- and
+    64-byte step of the C search: SSE2, AVX2, AVX-512BW, in records of up to 128 bytes and longer ones), alone or
+    after a decoy inside the other record's value, or first, before that record: the records are parsed, the
+    member reads as tarfile extracts it, and the path changed there (the ustar header as before) is stale, with
+    every body of the C check."""
+    comment = "c" * pad + (" path=x ." if layout == "decoy" else "")
+    if layout == "first":
+        shard = _pax_shard(tmp_path / "d", lambda name, size: {"path": name, "comment": comment})
+    else:
+        shard = _pax_shard(tmp_path / "d", lambda name, size: {"comment": comment, "path": name})
     ds = _built(shard)
-    assert check_dataset(ds, expected_samples(shard)) == N
+    for body in _bodies(impl):
+        with _body(body):
+            assert check_dataset(TarDataset(ds.index_path), expected_samples(shard)) == N
     offset = ds.index.record(MIDDLE)[1]
     name = f"{MIDDLE:06d}.txt"
     old = b" path=" + name.encode() + b"\n"  # the record's, not the comment's
     _in_place(shard, _pax_edit(shard, name, old, b" path=" + f"{MIDDLE + 900:06d}.txt\n".encode()), restore_mtime=True)
     assert _members(shard)[f"{MIDDLE + 900:06d}.txt"].size == 700
-    ds = TarDataset(ds.index_path)
-    assert "member 2: the shard has no member" in str(_no_other_bytes(ds, MIDDLE, shard, offset))
-    assert ds[MIDDLE + 1]["txt"] == _caption(MIDDLE + 1)
+    for body in _bodies(impl):
+        with _body(body):
+            ds = TarDataset(ds.index_path)
+            assert "member 2: the shard has no member" in str(_no_other_bytes(ds, MIDDLE, shard, offset))
+            assert ds[MIDDLE + 1]["txt"] == _caption(MIDDLE + 1)
 
 
-@pytest.mark.parametrize("pad", [0, 1, 15, 16, 17, 47, 48, 49])
+@pytest.mark.parametrize("pad", [0, 1, 15, 16, 17, 47, 48, 49, 50, 51, 52, 53, 63, 64, 65, 111, 112, 113, 114, 115])
 def test_a_gnu_sparse_record_anywhere_in_the_pax_records_is_read(pad: int, impl: str, tmp_path: Path) -> None:
     """A record's key turned into ``GNU.sparse.name`` (a sparse member, which tarindex skips, renamed as tarfile
-    reads it) after a record of ``pad`` bytes of value: its ``G`` and ``N`` on either side of each 16- and 32-byte
-    step of the C search. The records are parsed and the read is stale."""
+    reads it) after a record of ``pad`` bytes of value: its ``G`` and ``N`` on either side of each 16-, 32- and
+    64-byte step of the C search. The records are parsed and the read is stale, with every body of the C check."""
     shard = _pax_shard(tmp_path / "d", lambda name, size: {"comment": "c" * pad, "XNU.sparse.name": name})
     ds = _built(shard)
     assert check_dataset(ds, expected_samples(shard)) == N
@@ -576,9 +614,11 @@ def test_a_gnu_sparse_record_anywhere_in_the_pax_records_is_read(pad: int, impl:
     old = b"XNU.sparse.name=" + name.encode()
     _in_place(shard, _pax_edit(shard, name, old, b"GNU.sparse.name=" + f"{MIDDLE + 900:06d}.txt".encode()), restore_mtime=True)
     assert _members(shard)[f"{MIDDLE + 900:06d}.txt"].size == 700  # what tarfile reads now
-    ds = TarDataset(ds.index_path)
-    assert "member 2: the shard has no member" in str(_no_other_bytes(ds, MIDDLE, shard, offset))
-    assert ds[MIDDLE + 1]["txt"] == _caption(MIDDLE + 1)
+    for body in _bodies(impl):
+        with _body(body):
+            ds = TarDataset(ds.index_path)
+            assert "member 2: the shard has no member" in str(_no_other_bytes(ds, MIDDLE, shard, offset))
+            assert ds[MIDDLE + 1]["txt"] == _caption(MIDDLE + 1)
 
 
 @pytest.mark.parametrize("pad", [480, 2000])
