@@ -10,10 +10,11 @@ edited with its checksum recomputed is then a :class:`~tarindex.errors.StaleInde
 bytes. The member data is not checked: bytes changed in place under headers that still say the same name,
 type and size (a caption rewritten to the same length) are read as they are now.
 
-Three steps. :func:`_plain_agrees` accepts the common shape with no call per field (each member's own header
-right before its data, alone or after one PAX header whose records cannot rename or resize it (:func:`_inert`:
-webdataset's ``TarWriter``, GNU tar ``--format=posix``); the name ``key.ext``, the size and checksum fields as the
-common writers spell them; an ASCII header's checksum against one adler32 sum). :func:`_agrees` accepts the other
+Three steps. :func:`_plain_agrees` accepts the common shape with one read of a member's header fields and no
+call per field (each member's own header right before its data, alone or after one PAX header with one block of
+records that cannot rename or resize it (:func:`_inert`: webdataset's ``TarWriter``, GNU tar ``--format=posix``);
+the name ``key.ext``, the size and checksum fields as the common writers spell them; an ASCII header's checksum
+against one adler32 sum, save a PAX header byte for byte the same as one found valid before). :func:`_agrees` accepts the other
 common shapes (PAX and GNU long-name headers, other spellings, non-ASCII headers, a directory between members).
 The C reader (``_speedups.c``, ``headers_agree``) makes the same check, a plain header field by field and any
 other shape with the C header step (``tar_step``). Whatever none of them accepts goes to :func:`_judge`, the
