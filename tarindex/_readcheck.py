@@ -82,17 +82,16 @@ def _plain_agrees(buf: bytes, key: bytes, members: Sequence[tuple[int, int, int]
         return False
     own_fields, gap_fields, rests = _HEADERS.get(klen) or _layouts(klen)
     prefix = key + b"."
-    pos = 0
+    at = 0  # where the member's headers start: after the previous member's data, rounded up to a block
     for e, mo, ms in members:
-        own = mo - BLOCK
-        at = (pos + BLOCK - 1) & -BLOCK
+        own = mo - 512  # block sizes as literals here: constants when compiled, not a global's lookup and arithmetic
         if at == own:
             dotted, rest, size_field, chk, typ, ustar_prefix = own_fields(buf, own)
-        elif own - at == 2 * BLOCK:  # one PAX header, then one block of its records
+        elif own - at == 1024:  # one PAX header, then one block of its records
             pax_size, pax_chk, pax_typ, records, dotted, rest, size_field, chk, typ, ustar_prefix = gap_fields(buf, at)
             seen = _PAX_SEEN.get(pax_chk)
             if seen is None or not buf.startswith(seen, at):
-                header = buf[at : at + BLOCK]
+                header = buf[at : at + 512]
                 if (
                     pax_typ != _PAX or not _SIZES.get(pax_size) or not header.isascii()
                     or (_adler32(header) & 0xFFFF) != (_CHECKSUMS.get(pax_chk) or _expected(pax_chk))
@@ -101,7 +100,7 @@ def _plain_agrees(buf: bytes, key: bytes, members: Sequence[tuple[int, int, int]
                 if len(_PAX_SEEN) >= 256:
                     _PAX_SEEN.clear()
                 _PAX_SEEN[pax_chk] = header
-            if (112 in records or 115 in records) and _TOUCHY.search(buf, at + BLOCK, at + BLOCK + _SIZES[pax_size]):  # "p", "s"
+            if (112 in records or 115 in records) and _TOUCHY.search(buf, at + 512, at + 512 + _SIZES[pax_size]):  # "p", "s"
                 return False
         else:
             return False
@@ -111,7 +110,7 @@ def _plain_agrees(buf: bytes, key: bytes, members: Sequence[tuple[int, int, int]
             or typ not in _REGULAR or ustar_prefix or not header.isascii() or (_adler32(header) & 0xFFFF) != (_CHECKSUMS.get(chk) or _expected(chk))
         ):  # fmt: skip
             return False
-        pos = mo + ms
+        at = (mo + ms + 511) & -512
     return True
 
 
