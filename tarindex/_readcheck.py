@@ -14,9 +14,9 @@ Three steps. :func:`_plain_agrees` accepts the common shape with one read of a m
 call per field (each member's own header right before its data, alone or after one PAX header with one block of
 records that cannot rename or resize it (:func:`_inert`: webdataset's ``TarWriter``, GNU tar ``--format=posix``);
 the name ``key.ext``, the size and checksum fields as the common writers spell them; an ASCII header's checksum
-against one adler32 sum, save a PAX header byte for byte the same as one found valid before). :func:`_agrees` accepts the other
-common shapes (PAX and GNU long-name headers, other spellings, non-ASCII headers, a directory between members).
-The C reader (``_speedups.c``, ``headers_agree``) makes the same check, a plain header field by field and any
+against one adler32 sum, save a PAX header byte for byte the same as one found valid before). :func:`_agrees`
+accepts the other common shapes (PAX and GNU long-name headers, other spellings, non-ASCII headers, a directory
+between members). The C reader (``_speedups.c``, ``headers_agree``) makes the same check, a plain header field by field and any
 other shape with the C header step (``tar_step``). Whatever none of them accepts goes to :func:`_judge`, the
 reference: the range is walked by the build's own walker and grouped by its own rules
 (:func:`tarindex.tar.iter_tar`, :func:`tarindex.grouping.group_members`), and must give exactly this record, or
@@ -78,7 +78,7 @@ def _plain_agrees(buf: bytes, key: bytes, members: Sequence[tuple[int, int, int]
     ...)."""
     klen = len(key)
     base = key[key.rfind(b"/") + 1 :]
-    if not members or klen > 98 or not base or 46 in base or key[:2] == b"__":  # the key the common split makes: _plain
+    if not members or klen > 98 or not base or 46 in base or key[:2] == b"__":  # 46: "."; the key the common split makes: _plain
         return False
     own_fields, gap_fields, rests = _HEADERS.get(klen) or _layouts(klen)
     prefix = key + b"."
