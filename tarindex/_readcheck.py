@@ -10,12 +10,13 @@ edited with its checksum recomputed is then a :class:`~tarindex.errors.StaleInde
 bytes. The member data is not checked: bytes changed in place under headers that still say the same name,
 type and size (a caption rewritten to the same length) are read as they are now.
 
-Three steps. :func:`_plain_agrees` accepts the common shape with no call per field (each member's own header
-right before its data, alone or after one PAX header whose records cannot rename or resize it (:func:`_inert`:
-webdataset's ``TarWriter``, GNU tar ``--format=posix``); the name ``key.ext``, the size and checksum fields as the
-common writers spell them; an ASCII header's checksum against one adler32 sum). :func:`_agrees` accepts the other
-common shapes (PAX and GNU long-name headers, other spellings, non-ASCII headers, a directory between members).
-The C reader (``_speedups.c``, ``headers_agree``) makes the same check, a plain header field by field and any
+Three steps. :func:`_plain_agrees` accepts the common shape with one read of a member's header fields and no
+call per field (each member's own header right before its data, alone or after one PAX header with one block of
+records that cannot rename or resize it (:func:`_inert`: webdataset's ``TarWriter``, GNU tar ``--format=posix``);
+the name ``key.ext``, the size and checksum fields as the common writers spell them; an ASCII header's checksum
+against one adler32 sum, save a PAX header byte for byte the same as one found valid before). :func:`_agrees`
+accepts the other common shapes (PAX and GNU long-name headers, other spellings, non-ASCII headers, a directory
+between members). The C reader (``_speedups.c``, ``headers_agree``) makes the same check, a plain header field by field and any
 other shape with the C header step (``tar_step``). Whatever none of them accepts goes to :func:`_judge`, the
 reference: the range is walked by the build's own walker and grouped by its own rules
 (:func:`tarindex.tar.iter_tar`, :func:`tarindex.grouping.group_members`), and must give exactly this record, or
@@ -28,7 +29,7 @@ import re
 import struct
 import tarfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import zip_longest
 from typing import Any
 
@@ -42,12 +43,12 @@ _END = bytes(2 * BLOCK)  # what ends the walk of one sample's range: an end-of-a
 _PAX, _LONGNAME = ord("x"), ord("L")
 _adler32 = zlib.adler32
 _FIELDS = struct.Struct("124x12s20xB188xB")  # a header's size field, type and the first byte of its ustar prefix
-_PLAIN = struct.Struct("100s24x12s12x8sB188xB")  # name, size and checksum fields, type, the ustar prefix's first byte
-_TAILS: dict[str, bytes] = {}  # _tail
-_NOT_PLAIN = b"/"  # _tail of an extension a name field does not show by itself (no extension is "/")
+_Fields = Callable[[bytes, int], tuple[Any, ...]]  # a Struct's unpack_from
+_HEADERS: dict[int, tuple[_Fields, _Fields, dict[str, bytes]]] = {}  # _layouts, by key length
+_NO_REST = b"/" * 100  # _rest of an extension a name field does not show by itself: longer than any rest
+_PAX_SEEN: dict[bytes, bytes] = {}  # PAX headers _plain_agrees found valid, by checksum field (emptied past 256)
 _CHECKSUMS: dict[bytes, int] = {}  # _expected
 _SIZE_FIELDS: dict[int, bytes] = {}  # _size_field
-_PAX_FIELDS = struct.Struct("124x12s12x8sB")  # a PAX header's size field, checksum field and type
 _SIZES = {b"%011o\x00" % n: n for n in range(BLOCK)}  # PAX sizes in the common spelling: records of one block
 _TOUCHY = re.compile(rb"path=|size=|GNU\.sparse")  # what a PAX record that renames or resizes holds (_inert)
 _REGULAR = frozenset(b"0\x007")  # a regular file's types (NUL: unless its name ends in "/")
@@ -64,42 +65,76 @@ def _summed(buf: bytes, at: int) -> bool:
 
 
 def _plain_agrees(buf: bytes, key: bytes, members: Sequence[tuple[int, int, int]], exts: Sequence[str]) -> bool:
-    """Whether every member's headers are the common shape and say what the record says, compared field by field
-    with no call per field: the member's own header right before its data, alone or after one PAX header whose
-    records cannot rename or resize it (:func:`_inert`); a regular file named exactly ``key.ext`` (no ustar
-    prefix); the size and checksum fields spelled as GNU tar, tarfile and webdataset spell them; each header's
-    checksum its byte sum. An ASCII header's byte sum is at most 512 x 127 < 65521, so adler32's low half (1 + the
-    sum) gives it exactly in one call, compared with what the checksum field asks for (:func:`_expected`, kept per
-    field). ``False`` is not a verdict: :func:`_agrees` looks again (other spellings, non-ASCII headers, ...)."""
+    """Whether every member's headers are the common shape and say what the record says, with one read of each
+    member's header fields (:func:`_layouts`) and no call per field: the member's own header right before its data,
+    alone or after one PAX header of one block of records that cannot rename or resize it (:func:`_inert`); a
+    regular file named exactly ``key.ext`` (no ustar prefix); the size and checksum fields spelled as GNU tar,
+    tarfile and webdataset spell them; each header's checksum its byte sum. An ASCII header's byte sum is at most
+    512 x 127 < 65521, so adler32's low half (1 + the sum) gives it exactly in one call, compared with what the
+    checksum field asks for (:func:`_expected`, kept per field). A PAX header byte for byte the same as one found
+    valid before (webdataset's: the same for every member with records of one length) is not summed again
+    (``_PAX_SEEN``), and its records go to the search only when they hold a ``p`` or an ``s`` (every name it looks
+    for holds one). ``False`` is not a verdict: :func:`_agrees` looks again (other spellings, non-ASCII headers,
+    ...)."""
+    klen = len(key)
     base = key[key.rfind(b"/") + 1 :]
-    if not members or not base or b"." in base or key[:2] == b"__":  # the key the common split makes: _plain
+    if not members or klen > 98 or not base or 46 in base or key[:2] == b"__":  # 46: "."; the key the common split makes: _plain
         return False
+    own_fields, gap_fields, rests = _HEADERS.get(klen) or _layouts(klen)
     prefix = key + b"."
-    pos = 0
+    at = 0  # where the member's headers start: after the previous member's data, rounded up to a block
     for e, mo, ms in members:
-        own = mo - BLOCK
-        at = (pos + BLOCK - 1) & ~(BLOCK - 1)
-        if own < at:  # no room for the member's header after the previous member's data
-            return False
-        if at != own:  # one PAX header first, then its records
-            field, chk, typ = _PAX_FIELDS.unpack_from(buf, at)
-            header = buf[at : at + BLOCK]
-            n = _SIZES.get(field) if typ == _PAX else None
-            if (
-                n is None or not own - at - 2 * BLOCK < n <= own - at - BLOCK or not header.isascii()
-                or (_adler32(header) & 0xFFFF) != (_CHECKSUMS.get(chk) or _expected(chk)) or _TOUCHY.search(buf, at + BLOCK, at + BLOCK + n)
-            ):  # fmt: skip
+        own = mo - 512  # block sizes as literals here: constants when compiled, not a global's lookup and arithmetic
+        if at == own:
+            dotted, rest, size_field, chk, typ, ustar_prefix = own_fields(buf, own)
+        elif own - at == 1024:  # one PAX header, then one block of its records
+            pax_size, pax_chk, pax_typ, records, dotted, rest, size_field, chk, typ, ustar_prefix = gap_fields(buf, at)
+            seen = _PAX_SEEN.get(pax_chk)
+            if seen is None or not buf.startswith(seen, at):
+                header = buf[at : at + 512]
+                if (
+                    pax_typ != _PAX or not _SIZES.get(pax_size) or not header.isascii()
+                    or (_adler32(header) & 0xFFFF) != (_CHECKSUMS.get(pax_chk) or _expected(pax_chk))
+                ):  # fmt: skip
+                    return False
+                if len(_PAX_SEEN) >= 256:
+                    _PAX_SEEN.clear()
+                _PAX_SEEN[pax_chk] = header
+            if (112 in records or 115 in records) and _TOUCHY.search(buf, at + 512, at + 512 + _SIZES[pax_size]):  # "p", "s"
                 return False
-        tail = _TAILS.get(exts[e]) or _tail(exts[e])
-        name, size_field, chk, typ, ustar_prefix = _PLAIN.unpack_from(buf, own)
+        else:
+            return False
         header = buf[own:mo]
         if (
-            tail is _NOT_PLAIN or typ not in _REGULAR or ustar_prefix or size_field != (_SIZE_FIELDS.get(ms) or _size_field(ms)) or name != (prefix + tail).ljust(100, b"\x00")
-            or not header.isascii() or (_adler32(header) & 0xFFFF) != (_CHECKSUMS.get(chk) or _expected(chk))
+            dotted != prefix or rest != (rests.get(exts[e]) or _rest(rests, exts[e], klen)) or size_field != (_SIZE_FIELDS.get(ms) or _size_field(ms))
+            or typ not in _REGULAR or ustar_prefix or not header.isascii() or (_adler32(header) & 0xFFFF) != (_CHECKSUMS.get(chk) or _expected(chk))
         ):  # fmt: skip
             return False
-        pos = mo + ms
+        at = (mo + ms + 511) & -512
     return True
+
+
+def _layouts(klen: int) -> tuple[_Fields, _Fields, dict[str, bytes]]:
+    """The reads of a member's header fields for a key of ``klen`` bytes (at most 98), kept in ``_HEADERS``: its
+    own header alone (the key and its dot, the rest of the name field, the size and checksum fields, the type,
+    the first byte of the ustar prefix), and one PAX header, its block of records and its own header (the PAX
+    header's size and checksum fields and type, the records, then the same); with the rests of the name field
+    that :func:`_rest` gave, by extension."""
+    own = f"{klen + 1}s{99 - klen}s24x12s12x8sB188xB"
+    got = _HEADERS[klen] = (struct.Struct(own).unpack_from, struct.Struct("124x12s12x8sB355x512s" + own).unpack_from, {})
+    return got
+
+
+def _rest(rests: dict[str, bytes], ext: str, klen: int) -> bytes:
+    """The rest of a name field ``key.ext`` after the key's dot, for a key of ``klen`` bytes: the extension (utf-8,
+    surrogateescape) and NULs up to the field's 100 bytes; ``_NO_REST`` when the name does not fit or does not
+    show the member by itself (a ``/`` or a leading ``__``: :func:`_named` compares). Kept in ``rests`` (the
+    extensions of the indexes read: a few; emptied past 4,096)."""
+    if len(rests) >= 4096:
+        rests.clear()
+    tail = ext.encode("utf-8", "surrogateescape")
+    got = rests[ext] = _NO_REST if ext[:2] == "__" or "/" in ext or len(tail) > 99 - klen else tail.ljust(99 - klen, b"\x00")
+    return got
 
 
 def _size_field(size: int) -> bytes:
@@ -120,16 +155,6 @@ def _expected(field: bytes) -> int:
     digits = field[:6]
     common = field[6:] == b"\x00 " and digits.isdigit() and b"8" not in digits and b"9" not in digits
     got = _CHECKSUMS[field] = int(digits, 8) + 1 - 8 * 32 + sum(field) if common else -1
-    return got
-
-
-def _tail(ext: str) -> bytes:
-    """An extension as a member name ends with it after the key's dot (utf-8, surrogateescape), or ``_NOT_PLAIN``
-    when a name field holding ``key.ext`` does not show the member by itself (a ``/`` or a leading ``__``:
-    :func:`_named` compares); kept in ``_TAILS`` (the extensions of the indexes read: a few; emptied past 4,096)."""
-    if len(_TAILS) >= 4096:
-        _TAILS.clear()
-    got = _TAILS[ext] = _NOT_PLAIN if ext[:2] == "__" or "/" in ext else ext.encode("utf-8", "surrogateescape")
     return got
 
 

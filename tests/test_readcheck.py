@@ -546,6 +546,34 @@ def test_a_header_summing_to_its_checksum_plus_65521_is_stale(impl: str, tmp_pat
     assert "bad header checksum" in str(error) and f"at offset {at}" in str(error)
 
 
+def test_a_pax_header_one_byte_off_a_valid_one_read_before_is_stale(impl: str, tmp_path: Path) -> None:
+    """PAX headers byte for byte the same (tarfile's, records of one length), one of them changed in a byte its
+    checksum field does not follow, read after one of the others: the Python check, which sums a PAX header the
+    same as one it found valid no more, sums this one, and the read says its checksum does not hold."""
+    shard = tmp_path / "d" / "pax.tar"
+    shard.parent.mkdir(parents=True)
+    with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in _specs(N):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.pax_headers = len(data), 1_700_000_000, {"comment": "one length"}
+            tf.addfile(info, io.BytesIO(data))
+    ds = _built(shard)
+    offset = ds.index.record(MIDDLE)[1]
+    members = _members(shard)
+    at, before = members[f"{MIDDLE:06d}.txt"].offset, members[f"{MIDDLE - 1:06d}.txt"].offset
+
+    def edit(data: bytearray) -> None:
+        assert data[at + 156] == ord("x") and data[at : at + 512] == data[before : before + 512]
+        assert data[at + 4] == ord("@")  # "././@PaxHeader"
+        data[at + 4] = ord("A")
+
+    _in_place(shard, edit, restore_mtime=True)
+    fresh = TarDataset(ds.index_path)
+    assert fresh[MIDDLE - 1]["txt"] == _caption(MIDDLE - 1)  # its PAX header, unchanged, found valid first
+    error = _no_other_bytes(fresh, MIDDLE, shard, offset)
+    assert "bad header checksum" in str(error) and f"at offset {at}" in str(error)
+
+
 def _bodies(impl: str) -> list[str | None]:
     """The C check's bodies this CPU has (``_speedups._plain_body``), or ``[None]`` in the Python lane."""
     if impl != "c":
