@@ -196,10 +196,12 @@ static inline int pax_hits(const unsigned char *d, size_t n, size_t at, uint64_t
 
 static inline __attribute__((always_inline)) int pax_touchy(const unsigned char *d, size_t n, int wide) {
 #ifdef __SSE2__
-    if (n <= 128) { /* times only, as webdataset and GNU tar write them: two fixed steps and one branch */
-        uint64_t lo = pax_marks64(d, wide), hi = pax_marks64(d + 64, wide);
-        lo &= n >= 64 ? ~0ULL : (1ULL << n) - 1; /* the padding after the records */
-        hi &= n >= 128 ? ~0ULL : n <= 64 ? 0 : (1ULL << (n - 64)) - 1;
+    if (n <= 64) { /* one time, as webdataset writes it: one step and one branch */
+        uint64_t lo = pax_marks64(d, wide) & (n == 64 ? ~0ULL : (1ULL << n) - 1); /* less the padding after the records */
+        return __builtin_expect(lo != 0, 0) && pax_hits(d, n, 0, lo);
+    }
+    if (n <= 128) { /* three times, as GNU tar writes them: two steps and one branch */
+        uint64_t lo = pax_marks64(d, wide), hi = pax_marks64(d + 64, wide) & (n == 128 ? ~0ULL : (1ULL << (n - 64)) - 1);
         return __builtin_expect((lo | hi) != 0, 0) && (pax_hits(d, n, 0, lo) || pax_hits(d, n, 64, hi));
     }
     for (size_t i = 0; i < n; i += 64) {
