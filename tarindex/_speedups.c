@@ -861,7 +861,7 @@ static PyObject *read_fd(Reader *self, int fd, const Record *r, PyObject *index)
         }
     }
     KeyText key;
-    key_text(r, &key); /* before the read: its stores are in the cache by the time the check loads them */
+    key_text(r, &key);
     int err;
     ssize_t got = read_range(fd, iov, niov, r->offset, &err);
     if (err || got < 0 || (uint64_t)got < r->size) {

@@ -172,8 +172,12 @@ __attribute__((target("avx512bw,avx512f"))) static inline uint64_t pax_marks_avx
     __mmask64 gnu = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8('G')) & _mm512_cmpeq_epi8_mask(after, _mm512_set1_epi8('N'));
     return (uint64_t)(key | gnu);
 }
-
 #endif
+
+/* A mask of the low n bits (n <= 64): the bytes of a 64-byte step that lie before n. */
+static inline uint64_t low_bits(size_t n) {
+    return n >= 64 ? ~0ULL : (1ULL << n) - 1;
+}
 
 /* The marks of pax_marks for the 64 bytes at d, a bit a byte: one AVX-512BW step (wide 2), two AVX2 steps (1)
  * or four SSE2 steps (0). */
@@ -197,17 +201,15 @@ static inline int pax_hits(const unsigned char *d, size_t n, size_t at, uint64_t
 static inline __attribute__((always_inline)) int pax_touchy(const unsigned char *d, size_t n, int wide) {
 #ifdef __SSE2__
     if (n <= 64) { /* one time, as webdataset writes it: one step and one branch */
-        uint64_t lo = pax_marks64(d, wide) & (n == 64 ? ~0ULL : (1ULL << n) - 1); /* less the padding after the records */
+        uint64_t lo = pax_marks64(d, wide) & low_bits(n); /* less the padding after the records */
         return __builtin_expect(lo != 0, 0) && pax_hits(d, n, 0, lo);
     }
     if (n <= 128) { /* three times, as GNU tar writes them: two steps and one branch */
-        uint64_t lo = pax_marks64(d, wide), hi = pax_marks64(d + 64, wide) & (n == 128 ? ~0ULL : (1ULL << (n - 64)) - 1);
+        uint64_t lo = pax_marks64(d, wide), hi = pax_marks64(d + 64, wide) & low_bits(n - 64);
         return __builtin_expect((lo | hi) != 0, 0) && (pax_hits(d, n, 0, lo) || pax_hits(d, n, 64, hi));
     }
     for (size_t i = 0; i < n; i += 64) {
-        uint64_t hits = pax_marks64(d + i, wide);
-        if (n - i < 64) hits &= (1ULL << (n - i)) - 1;
-        if (pax_hits(d, n, i, hits)) return 1;
+        if (pax_hits(d, n, i, pax_marks64(d + i, wide) & low_bits(n - i))) return 1;
     }
     return 0;
 #else
@@ -246,7 +248,7 @@ static inline int same(const unsigned char *a, const unsigned char *b, size_t n)
  * into one register where they lie (the tail at lane klen, masked lanes neither read nor faulted), one
  * compare. */
 __attribute__((target("avx512bw,avx512f"))) static inline int name_agrees_avx512(const unsigned char *h, const tar_expect *e, size_t n) {
-    __mmask64 all = n >= 64 ? ~0ULL : (1ULL << n) - 1, key = (1ULL << e->klen) - 1; /* klen < n */
+    __mmask64 all = low_bits(n), key = low_bits(e->klen);
     __m512i want = _mm512_or_si512(_mm512_maskz_loadu_epi8(key, e->key),
                                    _mm512_maskz_loadu_epi8(all & ~key, (const void *)((uintptr_t)e->tail - e->klen)));
     return _mm512_mask_cmpneq_epi8_mask(all, _mm512_maskz_loadu_epi8(all, h), want) == 0;

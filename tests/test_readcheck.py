@@ -268,6 +268,32 @@ def _edits(shard: Path) -> list[Callable[[bytearray], None]]:
     return [checksum(own[3]), checksum(pax[4]), rename, resize, lengthen, pax_path]
 
 
+def _bodies(impl: str) -> list[str | None]:
+    """The C check's bodies this CPU has (``_speedups._plain_body``), or ``[None]`` in the Python lane."""
+    if impl != "c":
+        return [None]
+    from tarindex._native import SPEEDUPS
+
+    assert SPEEDUPS is not None
+    bodies: list[str | None] = [body for body in ("avx512", "avx2", "base") if SPEEDUPS._plain_body(body)]
+    SPEEDUPS._plain_body(None)
+    return bodies
+
+
+@contextlib.contextmanager
+def _body(name: str | None) -> Iterator[None]:
+    """The C check's body ``name`` in use (None: the CPU's best), the CPU's best again after."""
+    from tarindex._native import SPEEDUPS
+
+    if SPEEDUPS is not None and name is not None:
+        assert SPEEDUPS._plain_body(name)
+    try:
+        yield
+    finally:
+        if SPEEDUPS is not None:
+            SPEEDUPS._plain_body(None)
+
+
 def _decisions(ds: TarDataset, handed: list[int]) -> list[tuple[object, ...]]:
     """Each sample's read: the indexes handed to the Python check by it, and what it gave (the bytes or the error)."""
     out: list[tuple[object, ...]] = []
@@ -289,11 +315,7 @@ def test_every_body_of_the_c_check_decides_alike(tmp_path: Path, monkeypatch: py
     from conftest import require_c_extension
 
     require_c_extension()
-    from tarindex._native import SPEEDUPS
-
-    assert SPEEDUPS is not None
-    bodies = [body for body in ("avx512", "avx2", "base") if SPEEDUPS._plain_body(body)]
-    SPEEDUPS._plain_body(None)
+    bodies = _bodies("c")
     handed: list[int] = []
     real = _Dataset._read_py
 
@@ -310,10 +332,10 @@ def test_every_body_of_the_c_check_decides_alike(tmp_path: Path, monkeypatch: py
             shard = _shard(writer, tmp_path / f"{writer}-edit{k}", n=12)
             indexes.append(_built(shard).index_path)
             _in_place(shard, edit, restore_mtime=True)
-    try:
-        decided = {body: [_decisions(TarDataset(index), handed) for index in indexes] for body in bodies if SPEEDUPS._plain_body(body)}
-    finally:
-        SPEEDUPS._plain_body(None)
+    decided = {}
+    for body in bodies:
+        with _body(body):
+            decided[body] = [_decisions(TarDataset(index), handed) for index in indexes]
     first = decided[bodies[0]]
     for body in bodies[1:]:
         assert decided[body] == first, body
@@ -572,32 +594,6 @@ def test_a_pax_header_one_byte_off_a_valid_one_read_before_is_stale(impl: str, t
     assert fresh[MIDDLE - 1]["txt"] == _caption(MIDDLE - 1)  # its PAX header, unchanged, found valid first
     error = _no_other_bytes(fresh, MIDDLE, shard, offset)
     assert "bad header checksum" in str(error) and f"at offset {at}" in str(error)
-
-
-def _bodies(impl: str) -> list[str | None]:
-    """The C check's bodies this CPU has (``_speedups._plain_body``), or ``[None]`` in the Python lane."""
-    if impl != "c":
-        return [None]
-    from tarindex._native import SPEEDUPS
-
-    assert SPEEDUPS is not None
-    bodies: list[str | None] = [body for body in ("avx512", "avx2", "base") if SPEEDUPS._plain_body(body)]
-    SPEEDUPS._plain_body(None)
-    return bodies
-
-
-@contextlib.contextmanager
-def _body(name: str | None) -> Iterator[None]:
-    """The C check's body ``name`` in use (None: the CPU's best), the CPU's best again after."""
-    from tarindex._native import SPEEDUPS
-
-    if SPEEDUPS is not None and name is not None:
-        assert SPEEDUPS._plain_body(name)
-    try:
-        yield
-    finally:
-        if SPEEDUPS is not None:
-            SPEEDUPS._plain_body(None)
 
 
 @pytest.mark.parametrize("layout", ["decoy", "alone", "first"])
